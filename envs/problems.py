@@ -1,0 +1,380 @@
+"""Math problems: the data rows the environment poses (DESIGN.md section 6).
+
+A `Problem` is one question with its gold answer. This module owns:
+
+* `extract_boxed` -- the content of the last `\\boxed{...}` in a text. The same function
+  reads gold answers out of MATH solutions and final answers out of agent responses.
+* `row_to_problem` -- one raw data row (MATH or GSM8K format) to a `Problem`.
+* `load_problems` -- a list of problems from a local JSON/JSONL file, a Hugging Face
+  dataset id, or the project's own generated arithmetic task (the offline default).
+* `make_arithmetic_problems` -- that generated task.
+
+The gold answer is kept exactly as the data gives it (a LaTeX string). It is never passed
+through a "last number in the text" extraction: DESIGN.md section 7 records how the
+reference evaluator turned the gold `\\frac{1}{2}` into `2` that way. Malformed rows raise a
+`ValueError` naming the file and line; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One math question.
+
+    problem:  the question text shown to the agents.
+    answer:   the gold answer as a LaTeX string (e.g. `\\frac{1}{2}`), as the data gives it.
+    level:    difficulty label, e.g. "Level 3" ("" when the data has none).
+    type:     subject label, e.g. "Algebra" ("" when the data has none).
+    solution: a worked solution, "" when the data has none.
+    """
+
+    problem: str
+    answer: str
+    level: str
+    type: str
+    solution: str = ""
+
+
+# ---------------------------------------------------------------------------------------
+# \boxed{...} extraction
+# ---------------------------------------------------------------------------------------
+
+# `\boxed` or `\fbox`, but not a longer command such as `\boxedfoo`.
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def _matching_brace_end(text: str, open_index: int) -> int | None:
+    """Index just past the `}` that closes the `{` at `open_index`, or None if unclosed.
+
+    Escaped braces `\\{` and `\\}` (literal braces in LaTeX) do not count.
+    """
+    depth = 0
+    index = open_index
+    while index < len(text):
+        char = text[index]
+        if char == "\\":
+            index += 2  # skip the escaped character, e.g. `\{`
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+        index += 1
+    return None
+
+
+def _braceless_argument_end(text: str, start: int) -> int:
+    """End of the argument of the brace-less form `\\boxed 5`: up to whitespace or `$`."""
+    end = start
+    while end < len(text) and not text[end].isspace() and text[end] != "$":
+        end += 1
+    return end
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, or brace-less `\\boxed 5`).
+
+    Braces nest: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. A box inside a box counts as
+    part of the outer one. Returns None when the text has no box, or when its last box is
+    never closed (e.g. a response cut off mid-answer): the final answer is then missing,
+    and an earlier box is not a substitute for it.
+    """
+    last_content: str | None = None
+    search_from = 0
+    while (match := _BOX_COMMAND.search(text, search_from)) is not None:
+        argument_start = match.end()
+        while argument_start < len(text) and text[argument_start].isspace():
+            argument_start += 1
+        if argument_start < len(text) and text[argument_start] == "{":
+            closing_end = _matching_brace_end(text, argument_start)
+            if closing_end is None:
+                return None  # the last box is unclosed
+            last_content = text[argument_start + 1 : closing_end - 1]
+            search_from = closing_end
+        elif argument_start > match.end():  # `\boxed 5`: needs whitespace after the command
+            argument_end = _braceless_argument_end(text, argument_start)
+            if argument_end > argument_start:
+                last_content = text[argument_start:argument_end]
+            search_from = max(argument_end, match.end())
+        else:
+            search_from = match.end()  # e.g. `\boxed` at the very end: no argument
+    return last_content
+
+
+# ---------------------------------------------------------------------------------------
+# Raw rows -> Problem
+# ---------------------------------------------------------------------------------------
+
+_GSM8K_ANSWER_MARK = "####"
+# A comma between digits is a thousands separator: 1,000 -> 1000.
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d)")
+
+
+def _split_gsm8k_answer(answer_text: str) -> tuple[str, str]:
+    """(worked solution, gold answer) from a GSM8K `answer` field "...\\n#### 1,000"."""
+    solution, _, gold = answer_text.rpartition(_GSM8K_ANSWER_MARK)
+    return solution.strip(), _THOUSANDS_COMMA.sub("", gold.strip())
+
+
+def _text_field(row: dict, key: str, where: str) -> str | None:
+    """The string value of `row[key]`, None if absent; numbers become strings."""
+    value = row.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(
+            f"{where}: field {key!r} should be a string, got {type(value).__name__}. "
+            f"Fix the row so {key!r} holds text."
+        )
+    return str(value)
+
+
+def _level_label(level: object) -> str:
+    """MATH writes levels as "Level 3"; some copies (MATH-500) store the bare number 3."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        return f"Level {level}"
+    return "" if level is None else str(level)
+
+
+def row_to_problem(row: dict, where: str) -> Problem:
+    """Turn one raw data row into a `Problem`; `where` (e.g. "file.jsonl:17") names it in errors.
+
+    Formats understood:
+    * MATH: `problem` + `solution`; gold = content of the last `\\boxed{}` of the solution.
+      An explicit `answer` field (as in MATH-500) wins when present.
+    * GSM8K: `question` + `answer`, where the gold follows `#### ` at the end of `answer`
+      (thousands commas removed: `1,000` -> `1000`); the text before it is the solution.
+    """
+    if not isinstance(row, dict):
+        raise ValueError(
+            f"{where}: expected a JSON object with 'problem' (or 'question') and a gold answer, "
+            f"got {type(row).__name__}."
+        )
+
+    question = _text_field(row, "problem", where)
+    if question is None:
+        question = _text_field(row, "question", where)
+    if question is None or not question.strip():
+        raise ValueError(
+            f"{where}: no question text. Give the row a non-empty 'problem' field "
+            f"(MATH format) or 'question' field (GSM8K format)."
+        )
+
+    answer_field = _text_field(row, "answer", where)
+    solution = _text_field(row, "solution", where) or ""
+    if answer_field is not None and _GSM8K_ANSWER_MARK in answer_field:
+        solution, gold = _split_gsm8k_answer(answer_field)
+    elif answer_field is not None:
+        gold = answer_field.strip()
+    elif solution:
+        gold = (extract_boxed(solution) or "").strip()
+        if not gold:
+            raise ValueError(
+                f"{where}: the 'solution' has no non-empty \\boxed{{...}} to take the gold "
+                f"answer from. Box the final answer in the solution, or add an 'answer' field."
+            )
+    else:
+        gold = ""
+    if not gold:
+        raise ValueError(
+            f"{where}: no gold answer found. Add an 'answer' field, or a 'solution' whose "
+            f"final answer is written as \\boxed{{...}} (MATH format), or end the 'answer' "
+            f"with '#### <number>' (GSM8K format)."
+        )
+
+    return Problem(
+        problem=question,
+        answer=gold,
+        level=_level_label(row.get("level")),
+        type=str(row.get("type") or row.get("subject") or ""),
+        solution=solution,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Sources: local files, the Hugging Face hub, the generated arithmetic task
+# ---------------------------------------------------------------------------------------
+
+
+def _read_jsonl_rows(path: Path) -> Iterator[tuple[dict, str]]:
+    """(row, "path:line") for every non-blank line of a JSONL file."""
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                message = f"{where}: not valid JSON ({error.msg}). Fix or remove the line."
+                raise ValueError(message) from None
+            yield row, where
+
+
+def _read_json_rows(path: Path) -> list[tuple[dict, str]]:
+    """(row, "path[index]") for every element of a JSON file holding a list of rows."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: not valid JSON ({error.msg}).") from None
+    if not isinstance(data, list):
+        raise ValueError(
+            f"{path}: expected a JSON list of rows, got {type(data).__name__}. "
+            f"Store the rows as a list, or as one JSON object per line in a .jsonl file."
+        )
+    return [(row, f"{path}[{index}]") for index, row in enumerate(data)]
+
+
+def _read_file_rows(path: Path) -> Iterable[tuple[dict, str]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"problem file not found: {path}")
+    return _read_jsonl_rows(path) if path.suffix == ".jsonl" else _read_json_rows(path)
+
+
+def _read_hub_rows(source: str, split: str) -> Iterator[tuple[dict, str]]:
+    """Rows of a Hugging Face dataset `id` or `id:config` (needs `datasets` and internet)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            f"loading the Hugging Face dataset {source!r} needs the `datasets` package and "
+            f"internet access: pip install datasets. Offline, use a local .jsonl/.json file "
+            f"or the generated 'arithmetic' task."
+        ) from None
+    dataset_id, _, config = source.partition(":")
+    dataset = datasets.load_dataset(dataset_id, config or None, split=split)
+    for index, row in enumerate(dataset):
+        yield dict(row), f"{source} [{split}] row {index}"
+
+
+def _rows_to_problems(
+    rows: Iterable[tuple[dict, str]], limit: int | None, skip_malformed: bool
+) -> list[Problem]:
+    """Convert rows until `limit` problems are made. A malformed row raises, or, with
+    `skip_malformed`, is left out with a warning that names it."""
+    problems: list[Problem] = []
+    for row, where in rows:
+        if limit is not None and len(problems) >= limit:
+            break
+        try:
+            problems.append(row_to_problem(row, where))
+        except ValueError as error:
+            if not skip_malformed:
+                raise
+            warnings.warn(f"skipping a malformed row: {error}", stacklevel=3)
+    return problems
+
+
+def _parse_arithmetic_levels(spec: str) -> tuple[int, ...]:
+    """Levels from the part after "arithmetic:", e.g. "1,2,3" -> (1, 2, 3)."""
+    try:
+        return tuple(int(level) for level in spec.split(","))
+    except ValueError:
+        raise ValueError(
+            f"bad arithmetic levels {spec!r}: write them as 'arithmetic:1,2,3'."
+        ) from None
+
+
+def load_problems(
+    source: str,
+    split: str = "train",
+    limit: int | None = None,
+    seed: int = 0,
+    *,
+    skip_malformed: bool = False,
+) -> list[Problem]:
+    """Load problems from `source`, keeping the first `limit` of them.
+
+    source:
+    * "arithmetic" (levels 1 and 2) or "arithmetic:1,2,3,4": the generated task, see
+      `make_arithmetic_problems`; `split` ("train"/"test") and `seed` pick the rows.
+    * a path ending in .jsonl (one row per line) or .json (a list of rows): the file is the
+      split, so `split` and `seed` are not used;
+    * anything else: a Hugging Face dataset id, optionally `id:config`
+      (e.g. "openai/gsm8k:main"), loaded with the `datasets` package.
+
+    A malformed row raises a ValueError naming it (file:line). With `skip_malformed=True`
+    it is left out with a warning instead (two rows of MATH's train split have solutions that
+    end in an empty `\\boxed{}`).
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    if source == "arithmetic" or source.startswith("arithmetic:"):
+        level_spec = source.partition(":")[2]
+        levels = _parse_arithmetic_levels(level_spec) if level_spec else (1, 2)
+        problems = make_arithmetic_problems(split, seed=seed, levels=levels)
+        return problems if limit is None else problems[:limit]
+    if source.endswith((".jsonl", ".json")):
+        rows = _read_file_rows(Path(source))
+    else:
+        rows = _read_hub_rows(source, split)
+    return _rows_to_problems(rows, limit, skip_malformed)
+
+
+# The generated task. Each level: (operator, left operands, right operands).
+_ARITHMETIC_LEVELS = {
+    1: ("+", range(10), range(10)),  # one-digit addition: 100 pairs
+    2: ("*", range(10), range(10)),  # one-digit multiplication: 100 pairs
+    3: ("+", range(10, 100), range(10)),  # two-digit plus one-digit: 900 pairs
+    4: ("*", range(10, 100), range(10)),  # two-digit times one-digit: 900 pairs
+}
+ARITHMETIC_TEST_FRACTION = 0.25
+
+
+def _arithmetic_problem(level: int, operator: str, left: int, right: int) -> Problem:
+    result = left + right if operator == "+" else left * right
+    return Problem(
+        problem=f"What is {left} {operator} {right}?",
+        answer=str(result),
+        level=f"Level {level}",
+        type="Arithmetic",
+        solution=f"{left} {operator} {right} = {result}, so the answer is $\\boxed{{{result}}}$.",
+    )
+
+
+def _arithmetic_level_split(level: int, split: str, seed: int) -> list[Problem]:
+    """One level's rows of one split. Each level is shuffled and cut on its own, so a
+    problem's split never depends on which other levels are requested."""
+    operator, lefts, rights = _ARITHMETIC_LEVELS[level]
+    problems = [_arithmetic_problem(level, operator, a, b) for a in lefts for b in rights]
+    # A string seed is hashed deterministically (not by Python's randomised str hash).
+    random.Random(f"arithmetic-seed{seed}-level{level}").shuffle(problems)
+    test_count = max(1, round(ARITHMETIC_TEST_FRACTION * len(problems)))
+    return problems[:test_count] if split == "test" else problems[test_count:]
+
+
+def make_arithmetic_problems(
+    split: str, seed: int = 0, levels: tuple[int, ...] | list[int] = (1, 2)
+) -> list[Problem]:
+    """The project's offline task, in MATH's schema, e.g. "What is 7 + 5?" -> "12".
+
+    Levels: 1 one-digit addition, 2 one-digit multiplication, 3 two-digit plus one-digit,
+    4 two-digit times one-digit. Every operand pair of a level is enumerated; 25% of each
+    level (at least 1) is "test", the rest "train". The same seed gives the same lists;
+    train and test never share a problem. The result is shuffled (levels mixed) so that
+    taking the first N rows samples every requested level.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    unknown = [level for level in levels if level not in _ARITHMETIC_LEVELS]
+    if unknown or not levels:
+        raise ValueError(
+            f"arithmetic levels must be a non-empty subset of {sorted(_ARITHMETIC_LEVELS)}, "
+            f"got {list(levels)}"
+        )
+    problems = []
+    for level in dict.fromkeys(levels):  # each requested level once, in order
+        problems += _arithmetic_level_split(level, split, seed)
+    random.Random(f"arithmetic-seed{seed}-{split}-mix").shuffle(problems)
+    return problems

@@ -1,0 +1,264 @@
+"""Multi-agent PPO math: credit assignment, advantages, losses, and the agent-by-agent schedule.
+
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (action-level and token-level
+advantages, trust-region agent-by-agent update). DESIGN.md §4–5. Pure tensor math: this module
+imports nothing of ours, so every function can be checked against a hand-worked table.
+
+Symbols and shapes
+
+    B     episodes in the batch            T   steps per episode (horizon H)
+    N     agents, in the topological order σ of D
+    K     length of a flattened chain (K = T·N at the action level)
+    r     rewards            [B, T, N]     V   critic values V_φ(ô^i_t)        [B, T, N]
+    done  episode ended at t [B, T]        γ   discount between steps
+    γ_a   discount between agents of one step (default 1: agents are not time steps)
+    λ     GAE parameter      ρ   probability ratio π_new / π_old     M   HAPPO weight [B, T]
+
+Action level (Eqs. of DESIGN §4): the episode is flattened into the chain
+(t, σ_1), (t, σ_2), …, (t, σ_N), (t+1, σ_1), … and
+
+    δ_k = r_k + γ_next · V_next · (1 − done) − V_k                                  (TD error)
+    Â_k = δ_k + γ_next · λ · (1 − done) · Â_{k+1},      R_k = Â_k + V_k               (GAE)
+
+where "next" is the next agent of the same step (γ_next = γ_a, never cut by done) or the first
+agent of step t+1 (γ_next = γ, cut by done). By the multi-agent advantage decomposition
+A(o, a^{1:N}) = Σ_i A^i(o, a^{1:i−1}, a^i), agent i's advantage measures how its action moves the
+value seen by the next agent.
+
+The update (DESIGN §5):
+
+    L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO)
+    L^V = E[ max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²) ]    (clipped value loss)
+    KL  ≈ (ρ − 1) − log ρ                                              (k3 estimator)
+
+and the trust-region agent-by-agent update: in a random permutation of the agents, update one
+agent at a time, starting from M = 1; after agent i_m is updated, M ← M · ρ^{i_m} (detached,
+recomputed with its new weights), so agent i_{m+1} optimises M · Â.
+
+Deviations / choices (each a named option where the paper leaves it open): credit assignment
+`last` | `equal` | `shared`; advantages normalised per agent over its real samples only (explicit
+masks; an exact zero advantage is data, never padding); the approximate-KL early stop is checked
+before the optimiser step of the minibatch that would exceed it.
+"""
+from __future__ import annotations
+
+import torch
+
+CREDIT_OPTIONS = ("last", "equal", "shared")
+
+
+# ---------------------------------------------------------------------------------------------
+# Credit assignment: where the team reward R(s_t, a_t) lands among the agents of step t
+# ---------------------------------------------------------------------------------------------
+
+def place_team_reward(team_reward: torch.Tensor, num_agents: int, credit: str) -> torch.Tensor:
+    """[B, T] team reward → [B, T, N] per-agent rewards r^i_t.
+
+    last:   R on the last agent of the step (σ_N), 0 on the others (default)
+    equal:  R / N to each agent
+    shared: R to each agent
+    """
+    if credit not in CREDIT_OPTIONS:
+        raise ValueError(f"credit={credit!r}: choose one of {CREDIT_OPTIONS}")
+    B, T = team_reward.shape
+    if credit == "last":
+        rewards = torch.zeros(B, T, num_agents, dtype=team_reward.dtype)
+        rewards[:, :, -1] = team_reward
+        return rewards
+    scale = 1.0 / num_agents if credit == "equal" else 1.0
+    return team_reward.unsqueeze(-1).expand(B, T, num_agents) * scale
+
+
+# ---------------------------------------------------------------------------------------------
+# GAE along a chain (shared by the action level and the token level)
+# ---------------------------------------------------------------------------------------------
+
+def chain_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    next_discounts: torch.Tensor,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE along a chain of K decisions, each with its own discount to the next one.
+
+    rewards, values, next_values, next_discounts: [B, K]. next_discounts[k] = γ_next · (1 − done)
+    for the hop from k to k+1 (0 where the chain ends). Returns (advantages, returns), [B, K].
+
+        δ_k = r_k + next_discounts_k · next_values_k − V_k
+        Â_k = δ_k + next_discounts_k · λ · Â_{k+1}
+    """
+    deltas = rewards + next_discounts * next_values - values  # [B, K]
+    advantages = torch.zeros_like(deltas)
+    running = torch.zeros_like(deltas[:, 0])
+    for k in reversed(range(deltas.shape[1])):
+        running = deltas[:, k] + next_discounts[:, k] * lam * running
+        advantages[:, k] = running
+    return advantages, advantages + values
+
+
+def action_level_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    gamma_agent: float,
+    lam: float,
+    last_value: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Action-level advantages Â^i_t and returns R^i_t over the (step, agent) chain.
+
+    rewards, values: [B, T, N]; dones: [B, T] (1 where the episode ended at step t, which cuts
+    the hop (t, σ_N) → (t+1, σ_1)); last_value: [B], V(ô^{σ_1}_T) after the last step, for
+    trajectories that were cut off without ending (None: zero). Returns two [B, T, N] tensors.
+    """
+    B, T, N = values.shape
+    dones = dones.to(values.dtype)
+    if last_value is None:
+        last_value = torch.zeros(B, dtype=values.dtype)
+    # Next value of (t, n): V(t, n+1) inside the step; V(t+1, σ_1) across steps.
+    next_values = torch.empty_like(values)
+    next_values[:, :, :-1] = values[:, :, 1:]
+    next_values[:, :-1, -1] = values[:, 1:, 0]
+    next_values[:, -1, -1] = last_value
+    # Discount of the hop out of (t, n): γ_agent inside the step, γ · (1 − done_t) across steps.
+    next_discounts = torch.full_like(values, gamma_agent)
+    next_discounts[:, :, -1] = gamma * (1.0 - dones)
+    advantages, returns = chain_gae(
+        rewards.reshape(B, T * N), values.reshape(B, T * N),
+        next_values.reshape(B, T * N), next_discounts.reshape(B, T * N), lam,
+    )
+    return advantages.reshape(B, T, N), returns.reshape(B, T, N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masked statistics
+# ---------------------------------------------------------------------------------------------
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over entries with mask = 1 (0 when the mask is empty)."""
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(Â − mean) / (std + eps) over the real entries (mask = 1); masked entries become 0.
+
+    The mask is explicit: an advantage that is exactly 0 is a real sample and is normalised
+    like any other (the reference repo treated exact zeros as padding).
+    """
+    mask = mask.to(advantages.dtype)
+    mean = masked_mean(advantages, mask)
+    var = masked_mean((advantages - mean) ** 2, mask)
+    return (advantages - mean) / (var.sqrt() + eps) * mask
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 − Var[R − V] / Var[R] over real entries: 1 is a perfect critic, ≤ 0 no better than a constant."""
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    residual = returns - values
+    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    if var_returns.item() == 0:
+        return float("nan")
+    return 1.0 - (var_residual / var_returns).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses
+# ---------------------------------------------------------------------------------------------
+
+def approx_kl(new_logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(π_old ‖ π_new): E[(ρ − 1) − log ρ], ρ = exp(log π_new − log π_old)."""
+    log_ratio = new_logprob - old_logprob
+    return masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+
+
+def clipped_surrogate_loss(
+    new_logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    happo_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """−L^i = −E[min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â)] over real entries (any shape, all alike).
+
+    happo_weight is M (detached; None means M = 1). Returns (loss to minimise, stats) with
+    stats = {clip_fraction, approx_kl} as floats.
+    """
+    ratio = torch.exp(new_logprob - old_logprob)
+    weighted = advantages if happo_weight is None else happo_weight.detach() * advantages
+    unclipped = ratio * weighted
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * weighted
+    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
+    with torch.no_grad():
+        clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).to(ratio.dtype), mask).item()
+        kl = approx_kl(new_logprob, old_logprob, mask).item()
+    return loss, {"clip_fraction": clip_fraction, "approx_kl": kl}
+
+
+def clipped_value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None,
+) -> torch.Tensor:
+    """½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]; clip_eps None: plain ½ E[(V − R)²]."""
+    unclipped = (new_values - returns) ** 2
+    if clip_eps is None:
+        return 0.5 * masked_mean(unclipped, mask)
+    clipped_values = old_values + torch.clamp(new_values - old_values, -clip_eps, clip_eps)
+    clipped = (clipped_values - returns) ** 2
+    return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+
+
+def kl_to_reference(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(π ‖ π_ref) from samples of π: E[(r − 1) − log r], r = π_ref / π."""
+    log_r = ref_logprob - logprob
+    return masked_mean(torch.expm1(log_r) - log_r, mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trust-region agent-by-agent update (HAPPO) and the reference repo's round-robin schedule
+# ---------------------------------------------------------------------------------------------
+
+def agent_update_order(order: tuple[str, ...], mode: str, generator: torch.Generator) -> list[str]:
+    """The sequence i_1, …, i_N in which agents are updated this iteration.
+
+    mode "random": a fresh random permutation (the paper's construction);
+    mode "topological": σ itself.
+    """
+    if mode == "topological":
+        return list(order)
+    if mode == "random":
+        return [order[k] for k in torch.randperm(len(order), generator=generator).tolist()]
+    raise ValueError(f"update_order={mode!r}: choose 'random' or 'topological'")
+
+
+def agents_to_train(
+    update_order: list[str], order: tuple[str, ...], iteration: int, agent_iteration_interval: int
+) -> list[str]:
+    """Round-robin schedule of the reference repo: K > 0 trains only agent σ[⌊iteration / K⌋ mod N]
+    and freezes the others; K = 0 trains every agent, in `update_order`."""
+    if agent_iteration_interval <= 0:
+        return list(update_order)
+    return [order[(iteration // agent_iteration_interval) % len(order)]]
+
+
+def update_happo_weight(
+    happo_weight: torch.Tensor,
+    new_logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    mask: torch.Tensor,
+    ratio_clip: float | None = None,
+) -> torch.Tensor:
+    """M ← M · ρ^{i_m}, with ρ^{i_m} = π^{i_m}_new / π^{i_m}_old recomputed after agent i_m's update.
+
+    All arguments [B, T] (one entry per joint action). Entries with mask = 0 (agent i_m did not
+    act there) keep their M. ratio_clip bounds the factor to [1/c, c] (None: unbounded).
+    """
+    ratio = torch.exp((new_logprob - old_logprob).detach())
+    if ratio_clip is not None:
+        ratio = ratio.clamp(1.0 / ratio_clip, ratio_clip)
+    return torch.where(mask.bool(), happo_weight * ratio, happo_weight)

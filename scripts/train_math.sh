@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The main job: MARFT on the math task. Every default can be overridden by an environment
+# variable below, and any other marft.py option can be appended: bash scripts/train_math.sh --lam 0.9
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+
+MODEL="${MODEL:-smollm2}"            # smollm2 (embedded), a local HF folder, or a hub id
+DATA="${DATA:-arithmetic}"           # arithmetic (generated), a MATH/GSM8K .jsonl, or an HF dataset id
+EVAL_DATA="${EVAL_DATA:-}"           # held-out file (default: arithmetic test split / tail of DATA)
+AGENTS="${AGENTS:-chain}"            # single | chain | chain3 | chain4 | parallel | profile.json
+LEVEL="${LEVEL:-action}"             # action (token level: see issue tracker)
+ITERATIONS="${ITERATIONS:-12}"
+BATCH_SIZE="${BATCH_SIZE:-16}"       # problems per iteration
+LR="${LR:-2e-4}"
+SEED="${SEED:-1}"
+OUTPUT_DIR="${OUTPUT_DIR:-runs}"
+
+if [ "$LEVEL" != "action" ]; then
+  echo "LEVEL=$LEVEL: only the action level is implemented so far" >&2
+  exit 2
+fi
+
+exec python marft.py \
+  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" \
+  --iterations "$ITERATIONS" --batch_size "$BATCH_SIZE" --lr "$LR" --seed "$SEED" \
+  --output_dir "$OUTPUT_DIR" "$@"

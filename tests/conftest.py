@@ -1,0 +1,35 @@
+"""Shared fixtures: one torch thread, a tiny random Llama with the real SmolLM2 tokenizer."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide Llama (random weights) saved with the embedded model's tokenizer and
+    chat template: the whole agents/critic machinery in a fraction of a second per pass."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    import agents
+
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

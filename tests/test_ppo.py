@@ -1,0 +1,417 @@
+"""Tests of `ppo.py`: credit assignment, action-level GAE, losses, and the agent-by-agent schedule.
+
+Every expected number below is worked out by hand from the equations of DESIGN.md §4–5 (the
+derivation is in the comments) — never by calling the code under test or re-running its loop.
+
+Chain notation for B = 1, T = 2, N = 2: k = 0..3 is (t, σ_n) = (0,σ1), (0,σ2), (1,σ1), (1,σ2).
+
+    δ_k = r_k + γ_next · V_next · (1 − done) − V_k
+    Â_k = δ_k + γ_next · λ · (1 − done) · Â_{k+1},      R_k = Â_k + V_k
+
+with γ_next = γ_agent inside a step (never cut by done) and γ across steps (cut by done_t).
+"""
+
+import math
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest
+import torch
+
+import ppo
+
+TOL = dict(atol=1e-6, rtol=0)
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def close(actual, expected, msg=""):
+    torch.testing.assert_close(actual, t(expected), **TOL, msg=msg or None)
+
+
+# ---------------------------------------------------------------------------------------------
+# action_level_gae: hand-worked tables
+# ---------------------------------------------------------------------------------------------
+
+GAMMA, GAMMA_AGENT, LAM = 0.9, 0.8, 0.5
+# rewards r[t][n] and values V[t][n] for B = 1, T = 2, N = 2; V(ô^{σ1}_T) after the last step = 4.
+R_TABLE = [[[1.0, 2.0], [-1.0, 3.0]]]
+V_TABLE = [[[0.5, 1.0], [2.0, -0.5]]]
+LAST_V = [4.0]
+
+
+def test_action_level_gae_with_done_at_step_0_cuts_only_the_hop_between_steps():
+    adv, ret = ppo.action_level_gae(t(R_TABLE), t(V_TABLE), t([[1.0, 0.0]]), GAMMA, GAMMA_AGENT, LAM, t(LAST_V))
+    # δ(1,σ2) = r + γ·V_last·(1−done_1) − V(1,σ2) = 3 + 0.9·4·1 − (−0.5)   = 7.1
+    # δ(1,σ1) = r + γ_a·V(1,σ2)              − V(1,σ1) = −1 + 0.8·(−0.5) − 2  = −3.4
+    # δ(0,σ2) = r + γ·V(1,σ1)·(1−done_0)     − V(0,σ2) = 2 + 0.9·2·0 − 1      = 1.0   (hop cut)
+    # δ(0,σ1) = r + γ_a·V(0,σ2)              − V(0,σ1) = 1 + 0.8·1 − 0.5      = 1.3
+    # Â(1,σ2) = 7.1
+    # Â(1,σ1) = −3.4 + γ_a·λ·7.1 = −3.4 + 0.4·7.1 = −0.56
+    # Â(0,σ2) = 1.0 + γ·λ·0·Â(1,σ1) = 1.0                                       (hop cut)
+    # Â(0,σ1) = 1.3 + γ_a·λ·1.0 = 1.3 + 0.4 = 1.7
+    close(adv, [[[1.7, 1.0], [-0.56, 7.1]]])
+    # R = Â + V: 1.7+0.5, 1.0+1.0, −0.56+2, 7.1−0.5
+    close(ret, [[[2.2, 2.0], [1.44, 6.6]]])
+
+
+def test_action_level_gae_without_done():
+    adv, ret = ppo.action_level_gae(t(R_TABLE), t(V_TABLE), t([[0.0, 0.0]]), GAMMA, GAMMA_AGENT, LAM, t(LAST_V))
+    # step 1 is unchanged: δ = [−3.4, 7.1], Â = [−0.56, 7.1]
+    # δ(0,σ2) = 2 + 0.9·V(1,σ1) − 1 = 2 + 1.8 − 1 = 2.8
+    # Â(0,σ2) = 2.8 + γ·λ·Â(1,σ1) = 2.8 + 0.45·(−0.56) = 2.8 − 0.252 = 2.548
+    # Â(0,σ1) = 1.3 + 0.4·2.548 = 1.3 + 1.0192 = 2.3192
+    close(adv, [[[2.3192, 2.548], [-0.56, 7.1]]])
+    close(ret, [[[2.3192 + 0.5, 2.548 + 1.0], [-0.56 + 2.0, 7.1 - 0.5]]])
+
+
+def test_action_level_gae_last_value_defaults_to_zero():
+    adv, _ = ppo.action_level_gae(t(R_TABLE), t(V_TABLE), t([[0.0, 0.0]]), GAMMA, GAMMA_AGENT, LAM)
+    # δ(1,σ2) = 3 + 0.9·0 + 0.5 = 3.5; Â(1,σ1) = −3.4 + 0.4·3.5 = −2.0
+    # Â(0,σ2) = 2.8 + 0.45·(−2.0) = 1.9;  Â(0,σ1) = 1.3 + 0.4·1.9 = 2.06
+    close(adv, [[[2.06, 1.9], [-2.0, 3.5]]])
+
+
+def test_done_does_not_cut_the_hop_between_agents_of_the_same_step():
+    # T = 1, N = 2, the episode ends at step 0. The hop σ1 → σ2 is inside the step: kept.
+    adv, ret = ppo.action_level_gae(t([[[0.0, 2.0]]]), t([[[0.5, 1.0]]]), t([[1.0]]), GAMMA, GAMMA_AGENT, LAM,
+                                    t([100.0]))
+    # δ(σ2) = 2 + γ·100·(1−1) − 1 = 1   (last_value ignored: the episode ended)
+    # δ(σ1) = 0 + γ_a·V(σ2) − V(σ1) = 0.8·1 − 0.5 = 0.3   (not 0 − 0.5 = −0.5: no cut)
+    # Â(σ1) = 0.3 + γ_a·λ·Â(σ2) = 0.3 + 0.4·1 = 0.7       (not 0.3: no cut)
+    close(adv, [[[0.7, 1.0]]], "done must only cut the hop (t, σ_N) → (t+1, σ_1)")
+    close(ret, [[[1.2, 2.0]]])
+
+
+def test_action_level_gae_batch_rows_are_independent():
+    # Row 0 is the done-at-step-0 table; row 1 the same data without done.
+    r = t(R_TABLE * 2)
+    v = t(V_TABLE * 2)
+    adv, _ = ppo.action_level_gae(r, v, t([[1.0, 0.0], [0.0, 0.0]]), GAMMA, GAMMA_AGENT, LAM, t([4.0, 4.0]))
+    close(adv, [[[1.7, 1.0], [-0.56, 7.1]], [[2.3192, 2.548], [-0.56, 7.1]]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Credit assignment
+# ---------------------------------------------------------------------------------------------
+
+TEAM = [[1.0, 2.0], [-3.0, 0.0]]  # [B=2, T=2]
+
+
+def test_place_team_reward_last():
+    r = ppo.place_team_reward(t(TEAM), 3, "last")
+    assert r.shape == (2, 2, 3)
+    close(r, [[[0, 0, 1.0], [0, 0, 2.0]], [[0, 0, -3.0], [0, 0, 0]]])
+
+
+def test_place_team_reward_equal():
+    r = ppo.place_team_reward(t(TEAM), 3, "equal")
+    third = 1.0 / 3.0
+    close(r, [[[third] * 3, [2 * third] * 3], [[-1.0] * 3, [0.0] * 3]])
+    # the per-step sum over agents is the team reward
+    close(r.sum(-1), TEAM)
+
+
+def test_place_team_reward_shared():
+    r = ppo.place_team_reward(t(TEAM), 3, "shared")
+    close(r, [[[1.0] * 3, [2.0] * 3], [[-3.0] * 3, [0.0] * 3]])
+
+
+def test_place_team_reward_unknown_option_raises():
+    with pytest.raises(ValueError, match="credit"):
+        ppo.place_team_reward(t(TEAM), 2, "first")
+
+
+# One step, N = 2, team reward 2, V = [0.5, 1.0], done; γ_a = 0.8, λ = 0.5.
+@pytest.mark.parametrize(
+    "credit, expected",
+    [
+        # last: r = [0, 2]. δ(σ2) = 2 − 1 = 1; δ(σ1) = 0 + 0.8·1 − 0.5 = 0.3; Â(σ1) = 0.3 + 0.4·1 = 0.7
+        ("last", [0.7, 1.0]),
+        # equal: r = [1, 1]. δ(σ2) = 1 − 1 = 0; δ(σ1) = 1 + 0.8 − 0.5 = 1.3; Â(σ1) = 1.3 + 0.4·0 = 1.3
+        ("equal", [1.3, 0.0]),
+        # shared: r = [2, 2]. δ(σ2) = 2 − 1 = 1; δ(σ1) = 2 + 0.8 − 0.5 = 2.3; Â(σ1) = 2.3 + 0.4·1 = 2.7
+        ("shared", [2.7, 1.0]),
+    ],
+)
+def test_credit_option_through_gae(credit, expected):
+    rewards = ppo.place_team_reward(t([[2.0]]), 2, credit)
+    adv, _ = ppo.action_level_gae(rewards, t([[[0.5, 1.0]]]), t([[1.0]]), GAMMA, GAMMA_AGENT, LAM)
+    close(adv, [[expected]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+# ---------------------------------------------------------------------------------------------
+
+def test_one_agent_one_step_gamma_lambda_one_gives_r_minus_v():
+    adv, ret = ppo.action_level_gae(t([[[3.0]]]), t([[[1.25]]]), t([[1.0]]), 1.0, 1.0, 1.0)
+    close(adv, [[[1.75]]])  # R − V = 3 − 1.25
+    close(ret, [[[3.0]]])
+
+
+def test_gamma_lambda_one_is_monte_carlo_return_minus_value():
+    # N = 1, T = 3, done at the end: Â_t = Σ_{s≥t} r_s − V_t
+    adv, _ = ppo.action_level_gae(t([[[1.0], [2.0], [3.0]]]), t([[[0.5], [1.0], [1.5]]]), t([[0.0, 0.0, 1.0]]),
+                                  1.0, 1.0, 1.0)
+    close(adv, [[[6 - 0.5], [5 - 1.0], [3 - 1.5]]])
+
+
+def test_lambda_zero_gives_one_step_td_errors():
+    adv, ret = ppo.action_level_gae(t(R_TABLE), t(V_TABLE), t([[0.0, 0.0]]), GAMMA, GAMMA_AGENT, 0.0, t(LAST_V))
+    # the δ's of the no-done table: [1.3, 2.8, −3.4, 7.1]
+    close(adv, [[[1.3, 2.8], [-3.4, 7.1]]])
+    # R = δ + V = r + γ_next·V_next: 1 + 0.8·1, 2 + 0.9·2, −1 + 0.8·(−0.5), 3 + 0.9·4
+    close(ret, [[[1.8, 3.8], [-1.4, 6.6]]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Clipped surrogate
+# ---------------------------------------------------------------------------------------------
+
+EPS = 0.2
+# ratios ρ and advantages Â; the last sample is masked out (mask 0).
+RATIOS = [1.1, 1.5, 1.5, 0.5, 0.5, 3.0]
+ADVS = [2.0, 1.0, -1.0, -2.0, 3.0, 100.0]
+MASK = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+OLD_LP = [-1.0, -2.0, -0.5, -3.0, -1.5, -1.0]
+
+
+def _new_logprob():
+    return t([o + math.log(r) for o, r in zip(OLD_LP, RATIOS)]).requires_grad_(True)
+
+
+def test_clipped_surrogate_loss_value_and_stats():
+    new = _new_logprob()
+    loss, stats = ppo.clipped_surrogate_loss(new, t(OLD_LP), t(ADVS), t(MASK), EPS)
+    # per sample min(ρÂ, clip(ρ, 0.8, 1.2)Â):
+    #   ρ=1.1, Â= 2: min(2.2, 2.2)   = 2.2    inside the range
+    #   ρ=1.5, Â= 1: min(1.5, 1.2)   = 1.2    clipped (the bound that matters for Â > 0)
+    #   ρ=1.5, Â=−1: min(−1.5, −1.2) = −1.5   outside, but the unclipped term is the min
+    #   ρ=0.5, Â=−2: min(−1.0, −1.6) = −1.6   clipped (the bound that matters for Â < 0)
+    #   ρ=0.5, Â= 3: min(1.5, 2.4)   = 1.5    outside, unclipped term is the min
+    # mean over the 5 real samples = (2.2 + 1.2 − 1.5 − 1.6 + 1.5) / 5 = 0.36; loss = −0.36
+    assert loss.item() == pytest.approx(-0.36, abs=1e-9)
+    # |ρ − 1| > 0.2 for 4 of the 5 real samples
+    assert stats["clip_fraction"] == pytest.approx(0.8)
+    # k3 = (ρ − 1) − ln ρ: 0.1 − ln 1.1, 2·(0.5 − ln 1.5), 2·(−0.5 + ln 2); mean over 5
+    k3 = ((0.1 - math.log(1.1)) + 2 * (0.5 - math.log(1.5)) + 2 * (-0.5 + math.log(2.0))) / 5
+    assert stats["approx_kl"] == pytest.approx(k3, abs=1e-9)
+    assert stats["approx_kl"] == pytest.approx(0.1160108, abs=1e-6)
+
+
+def test_clipped_surrogate_gradient():
+    new = _new_logprob()
+    loss, _ = ppo.clipped_surrogate_loss(new, t(OLD_LP), t(ADVS), t(MASK), EPS)
+    loss.backward()
+    # ∂(−ρÂ/n)/∂ log π_new = −ρÂ/n for the unclipped branch; 0 where the clipped (constant) branch is
+    # the min; 0 for the masked sample. n = 5.
+    #   ρ=1.1, Â=2 : −1.1·2/5   = −0.44
+    #   clipped    : 0
+    #   ρ=1.5, Â=−1: −1.5·(−1)/5 = 0.3
+    #   clipped    : 0
+    #   ρ=0.5, Â=3 : −0.5·3/5    = −0.3
+    #   masked     : 0
+    close(new.grad, [-0.44, 0.0, 0.3, 0.0, -0.3, 0.0])
+    assert new.grad[1].item() == 0.0 and new.grad[3].item() == 0.0, "clipped sample must have exactly 0 gradient"
+
+
+def test_clipped_surrogate_with_happo_weight():
+    M = t([2.0, 0.5, 1.0, 3.0, 1.0, 7.0]).requires_grad_(True)
+    new = _new_logprob()
+    loss, _ = ppo.clipped_surrogate_loss(new, t(OLD_LP), t(ADVS), t(MASK), EPS, happo_weight=M)
+    # M·Â = [4, 0.5, −1, −6, 3, (700 masked)]
+    #   ρ=1.1: min(4.4, 4.4)          = 4.4
+    #   ρ=1.5: min(0.75, 1.2·0.5=0.6) = 0.6
+    #   ρ=1.5: min(−1.5, −1.2)        = −1.5
+    #   ρ=0.5: min(−3.0, 0.8·(−6)=−4.8) = −4.8
+    #   ρ=0.5: min(1.5, 2.4)          = 1.5
+    # mean = (4.4 + 0.6 − 1.5 − 4.8 + 1.5)/5 = 0.2/5 = 0.04
+    assert loss.item() == pytest.approx(-0.04, abs=1e-9)
+    loss.backward()
+    # gradient −ρ·M·Â/n on unclipped branches: −1.1·4/5 = −0.88, −1.5·(−1)/5 = 0.3, −0.5·3/5 = −0.3
+    close(new.grad, [-0.88, 0.0, 0.3, 0.0, -0.3, 0.0])
+    assert M.grad is None or torch.all(M.grad == 0), "M must be detached: no gradient flows into it"
+
+
+def test_clipped_surrogate_masked_entries_contribute_nothing():
+    # Changing the masked sample's ratio and advantage leaves loss and stats unchanged.
+    base, s1 = ppo.clipped_surrogate_loss(_new_logprob(), t(OLD_LP), t(ADVS), t(MASK), EPS)
+    new2 = _new_logprob().detach().clone()
+    new2[-1] = OLD_LP[-1] + math.log(0.01)
+    adv2 = t(ADVS[:-1] + [-1e4])
+    other, s2 = ppo.clipped_surrogate_loss(new2, t(OLD_LP), adv2, t(MASK), EPS)
+    assert base.item() == pytest.approx(-0.36, abs=1e-9)
+    assert other.item() == pytest.approx(base.item(), abs=1e-12)
+    assert s2 == pytest.approx(s1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clipped value loss (½ E[max(...)] as documented in ppo.py)
+# ---------------------------------------------------------------------------------------------
+
+V_NEW = [1.0, 1.5, 1.5, -1.0, 0.0, 10.0]
+V_OLD = [0.9, 1.0, 1.0, 0.0, 1.0, 0.0]
+RET = [2.0, 2.0, 1.0, 0.5, -1.0, -10.0]
+V_MASK = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+
+
+def test_clipped_value_loss_clipped():
+    new = t(V_NEW).requires_grad_(True)
+    loss = ppo.clipped_value_loss(new, t(V_OLD), t(RET), t(V_MASK), 0.2)
+    # V_clip = V_old + clip(V − V_old, ±0.2); per sample max((V−R)², (V_clip−R)²):
+    #   V=1.0,V_old=0.9,R=2 : V_clip=1.0 : max(1.00, 1.00) = 1.00
+    #   V=1.5,V_old=1.0,R=2 : V_clip=1.2 : max(0.25, 0.64) = 0.64   (clipped term wins)
+    #   V=1.5,V_old=1.0,R=1 : V_clip=1.2 : max(0.25, 0.04) = 0.25
+    #   V=−1, V_old=0,  R=.5: V_clip=−.2 : max(2.25, 0.49) = 2.25
+    #   V=0,  V_old=1,  R=−1: V_clip=0.8 : max(1.00, 3.24) = 3.24   (clipped term wins)
+    # ½ · (1 + 0.64 + 0.25 + 2.25 + 3.24) / 5 = ½ · 7.38 / 5 = 0.738
+    assert loss.item() == pytest.approx(0.738, abs=1e-9)
+    loss.backward()
+    # ∂ ½(V−R)²/n = (V−R)/n where the unclipped term wins; 0 where the clipped (constant) term wins
+    #   (1−2)/5 = −0.2, 0, (1.5−1)/5 = 0.1, (−1−0.5)/5 = −0.3, 0, masked 0
+    close(new.grad, [-0.2, 0.0, 0.1, -0.3, 0.0, 0.0])
+
+
+def test_clipped_value_loss_without_clipping():
+    loss = ppo.clipped_value_loss(t(V_NEW), t(V_OLD), t(RET), t(V_MASK), None)
+    # ½ · (1 + 0.25 + 0.25 + 2.25 + 1) / 5 = ½ · 4.75 / 5 = 0.475
+    assert loss.item() == pytest.approx(0.475, abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantage normalisation
+# ---------------------------------------------------------------------------------------------
+
+def test_normalize_advantages_uses_only_real_entries_and_keeps_exact_zeros():
+    adv = t([[1.0, 0.0], [3.0, 99.0]])
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    out = ppo.normalize_advantages(adv, mask)
+    # real entries 1, 0, 3: mean 4/3; deviations −1/3, −4/3, 5/3; var = (1 + 16 + 25)/9/3 = 14/9;
+    # std = √14/3, so (Â − mean)/std = −1/√14, −4/√14, 5/√14
+    s = math.sqrt(14.0)
+    close(out, [[-1 / s, -4 / s], [5 / s, 0.0]])
+    # the exact-zero advantage is data: −4/√14 ≈ −1.069, not left at 0 as padding
+    assert out[0, 1].item() == pytest.approx(-1.0690450, abs=1e-6), "an exact zero advantage must be normalised"
+    assert out[1, 1].item() == 0.0, "a masked entry must come out 0"
+
+
+def test_normalize_advantages_ignores_masked_value():
+    a = ppo.normalize_advantages(t([1.0, 0.0, 3.0, 99.0]), t([1.0, 1.0, 1.0, 0.0]))
+    b = ppo.normalize_advantages(t([1.0, 0.0, 3.0, -5e3]), t([1.0, 1.0, 1.0, 0.0]))
+    torch.testing.assert_close(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# HAPPO weight M
+# ---------------------------------------------------------------------------------------------
+
+def test_update_happo_weight_multiplies_only_where_mask_is_one():
+    M = t([[1.0, 2.0, 0.5, 3.0]])
+    old = t([[-1.0, -1.0, -2.0, -0.5]])
+    ratios = [2.0, 0.5, 4.0, 0.25]
+    new = (old + t([[math.log(r) for r in ratios]])).requires_grad_(True)
+    mask = t([[1.0, 0.0, 1.0, 1.0]])
+    out = ppo.update_happo_weight(M, new, old, mask)
+    # M·ρ where mask = 1: 1·2, (2 kept), 0.5·4, 3·0.25
+    close(out, [[2.0, 2.0, 2.0, 0.75]])
+    assert not out.requires_grad, "the new M must be detached"
+    # ratio_clip = 1.5 bounds ρ to [1/1.5, 1.5] = [2/3, 1.5]:
+    # 1·1.5, (2 kept), 0.5·1.5, 3·(2/3)
+    out = ppo.update_happo_weight(M, new, old, mask, ratio_clip=1.5)
+    close(out, [[1.5, 2.0, 0.75, 2.0]])
+
+
+def test_two_agent_sequential_update_worked_example():
+    # Agent 1 (updated first, M = 1) changes its log-probs so ρ¹ = [1.25, 0.8].
+    old1 = t([[-1.0, -2.0]])
+    new1 = old1 + t([[math.log(1.25), math.log(0.8)]])
+    M = ppo.update_happo_weight(torch.ones(1, 2, dtype=torch.float64), new1, old1, torch.ones(1, 2))
+    close(M, [[1.25, 0.8]])
+    # Agent 2: ρ² = [1.1, 1.3], Â = [2, −1], ε = 0.2; it optimises M·Â = [2.5, −0.8]:
+    #   min(1.1·2.5, 1.1·2.5) = 2.75;  min(1.3·(−0.8), 1.2·(−0.8)) = min(−1.04, −0.96) = −1.04
+    #   loss = −(2.75 − 1.04)/2 = −0.855
+    old2 = t([[-0.7, -1.2]])
+    new2 = old2 + t([[math.log(1.1), math.log(1.3)]])
+    loss, _ = ppo.clipped_surrogate_loss(new2, old2, t([[2.0, -1.0]]), torch.ones(1, 2), EPS, happo_weight=M)
+    assert loss.item() == pytest.approx(-0.855, abs=1e-9)
+    # without M it would be −(2.2 + min(−1.3, −1.2))/2 = −(2.2 − 1.3)/2 = −0.45
+    plain, _ = ppo.clipped_surrogate_loss(new2, old2, t([[2.0, -1.0]]), torch.ones(1, 2), EPS)
+    assert plain.item() == pytest.approx(-0.45, abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------------
+
+SIGMA = ("planner", "solver", "verifier")
+
+
+def test_agent_update_order_topological():
+    assert ppo.agent_update_order(SIGMA, "topological", torch.Generator().manual_seed(0)) == list(SIGMA)
+
+
+def test_agent_update_order_random():
+    orders = []
+    for seed in range(20):
+        order = ppo.agent_update_order(SIGMA, "random", torch.Generator().manual_seed(seed))
+        assert sorted(order) == sorted(SIGMA) and len(order) == 3
+        again = ppo.agent_update_order(SIGMA, "random", torch.Generator().manual_seed(seed))
+        assert order == again, "same generator seed must give the same order"
+        orders.append(tuple(order))
+    assert len(set(orders)) > 1, "random mode must not always give the same order"
+
+
+def test_agent_update_order_unknown_mode_raises():
+    with pytest.raises(ValueError, match="update_order"):
+        ppo.agent_update_order(SIGMA, "reverse", torch.Generator().manual_seed(0))
+
+
+def test_agents_to_train_round_robin():
+    # K = 2, N = 3: agent σ[⌊it/2⌋ mod 3]: it 0,1 → 0; 2,3 → 1; 4,5 → 2; 6 → 0
+    update_order = ["verifier", "planner", "solver"]
+    got = [ppo.agents_to_train(update_order, SIGMA, it, 2) for it in range(7)]
+    assert got == [["planner"], ["planner"], ["solver"], ["solver"], ["verifier"], ["verifier"], ["planner"]]
+
+
+def test_agents_to_train_all_agents_when_k_is_zero():
+    update_order = ["verifier", "planner", "solver"]
+    for it in range(3):
+        assert ppo.agents_to_train(update_order, SIGMA, it, 0) == update_order
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics
+# ---------------------------------------------------------------------------------------------
+
+def test_explained_variance_hand_case():
+    # real entries V = [1, 2, 3], R = [1, 2, 4]; a masked 4th entry is ignored
+    # Var R: mean 7/3, squares 16/9 + 1/9 + 25/9 = 42/9, /3 = 14/9
+    # R − V = [0, 0, 1]: mean 1/3, squares 1/9 + 1/9 + 4/9 = 6/9, /3 = 2/9
+    # EV = 1 − (2/9)/(14/9) = 1 − 1/7 = 6/7
+    ev = ppo.explained_variance(t([1.0, 2.0, 3.0, 0.0]), t([1.0, 2.0, 4.0, 100.0]), t([1.0, 1.0, 1.0, 0.0]))
+    assert ev == pytest.approx(6 / 7, abs=1e-9)
+    # perfect critic → 1
+    assert ppo.explained_variance(t([1.0, 5.0]), t([1.0, 5.0]), t([1.0, 1.0])) == pytest.approx(1.0)
+    # constant returns → undefined
+    assert math.isnan(ppo.explained_variance(t([1.0, 5.0]), t([2.0, 2.0]), t([1.0, 1.0])))
+
+
+def test_kl_to_reference_k3():
+    # r = π_ref/π = [2, 1] on the real samples, the third is masked.
+    lp = t([-1.0, -2.0, -3.0])
+    ref = t([-1.0 + math.log(2.0), -2.0, -3.0 + 5.0])
+    kl = ppo.kl_to_reference(lp, ref, t([1.0, 1.0, 0.0]))
+    # k3 = (r − 1) − ln r: (1 − ln 2) + 0, mean over 2 = (1 − ln 2)/2 ≈ 0.1534264
+    # (the reversed ratio π/π_ref = 0.5 would give (−0.5 + ln 2)/2 ≈ 0.0965736)
+    assert kl.item() == pytest.approx((1 - math.log(2.0)) / 2, abs=1e-9)
+    assert kl.item() == pytest.approx(0.1534264, abs=1e-6)
+
+
+def test_approx_kl_direction():
+    # ρ = π_new/π_old = 2: (2 − 1) − ln 2 ≈ 0.3068528 (the reversed ratio ½ gives −½ + ln 2 ≈ 0.1931)
+    kl = ppo.approx_kl(t([math.log(2.0)]), t([0.0]), t([1.0]))
+    assert kl.item() == pytest.approx(1 - math.log(2.0), abs=1e-9)
