@@ -212,7 +212,8 @@ def generate(
             for row, p in enumerate(chunk):
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
-            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            output = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                                    generation_config=config).cpu()
             for row in output[:, width:].tolist():
                 response = row[: row.index(eos_id) + 1] if eos_id in row else row
                 responses.append(response)
@@ -257,22 +258,40 @@ def token_logprobs_and_entropy(
     """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
 
     Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
-    the k-th response token (left-aligned, L = longest response).
+    the k-th response token (left-aligned, L = longest response); on the model's device.
     """
     input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
-    hidden = decoder_hidden_states(model, input_ids, attention_mask)  # [n, L_total, H]
+    device = model.device
+    hidden = decoder_hidden_states(model, input_ids.to(device), attention_mask.to(device))  # [n, L_total, H]
     n, longest = len(response_ids), max(len(r) for r in response_ids)
     # The hidden state at position (prompt_len − 1 + k) predicts response token k.
-    offsets = torch.arange(longest)
-    response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids]).unsqueeze(1)).float()
-    positions = (prompt_lengths.unsqueeze(1) - 1 + offsets.unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
+    offsets = torch.arange(longest, device=device)
+    response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
+    positions = (prompt_lengths.to(device).unsqueeze(1) - 1 + offsets.unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
     gathered = hidden.gather(1, positions.unsqueeze(-1).expand(n, longest, hidden.shape[-1]))  # [n, L, H]
     logits = model.get_base_model().lm_head(gathered) / (temperature if temperature > 0 else 1.0)
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # [n, L, V]
-    targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids])
+    targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
     token_entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask
     return token_logprob, token_entropy, response_mask
+
+
+def token_logprobs(
+    model: PeftModel,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    adapter: str | None,
+    pad_id: int,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable).
+
+    Token-level MARFT treats every token as an action; adapter None gives the reference policy.
+    """
+    with active_adapter(model, adapter):
+        token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature)
+    return token_logprob.cpu(), token_entropy.cpu(), mask.cpu()
 
 
 def action_logprobs(
@@ -290,8 +309,7 @@ def action_logprobs(
     """
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation={normalisation!r}: choose one of {NORMALISATIONS}")
-    with active_adapter(model, adapter):
-        token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature)
+    token_logprob, token_entropy, mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature)
     lengths = mask.sum(-1).clamp(min=1.0)
     action_logprob = token_logprob.sum(-1)
     if normalisation == "mean":

@@ -8,6 +8,7 @@ system prompt and the actions it depends on, the critic knows whose turn it is a
 said so far in the step:
 
     V^i_t = V_φ(ô^i_t) = w · h_φ(ô^i_t)[last prompt token] + b                 (action level)
+    V(ô^i_t, w_<k) = w · h_φ(ô^i_t ⊕ w_<k)[last position] + b                  (token level)
 
 h_φ is the base model's last hidden layer under the `critic` adapter; (w, b) is a Linear(H, 1)
 head, zero-initialised so that V ≡ 0 before training. Option: one critic per agent (adapter
@@ -51,9 +52,34 @@ def action_values(
     empty_responses = [[] for _ in prompt_ids]
     input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, empty_responses, pad_id)
     with active_adapter(model, adapter):
-        hidden = decoder_hidden_states(model, input_ids, attention_mask)  # [n, L, H]
-    last = hidden[torch.arange(len(prompt_ids)), prompt_lengths - 1]  # [n, H]
-    return value_heads[adapter](last).squeeze(-1)
+        hidden = decoder_hidden_states(model, input_ids.to(model.device), attention_mask.to(model.device))  # [n, L, H]
+    last = hidden[torch.arange(len(prompt_ids), device=hidden.device), prompt_lengths.to(hidden.device) - 1]  # [n, H]
+    return value_heads[adapter](last).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables
+
+
+def token_values(
+    model: PeftModel,
+    value_heads: torch.nn.ModuleDict,
+    adapter: str,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int,
+) -> torch.Tensor:
+    """Token-level values V_φ(ô, w_<k) for k = 1 … K of each response, [n, L] (0 on padding).
+
+    Column k is read at the position that predicts token k (prompt_len − 1 + k), so column 0 is
+    the action-level value V_φ(ô) and the critic shares the policy's view of each token.
+    """
+    input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
+    device = model.device
+    with active_adapter(model, adapter):
+        hidden = decoder_hidden_states(model, input_ids.to(device), attention_mask.to(device))  # [n, L_total, H]
+    longest = max(len(r) for r in response_ids)
+    offsets = torch.arange(longest, device=device)
+    positions = (prompt_lengths.to(device).unsqueeze(1) - 1 + offsets).clamp(max=hidden.shape[1] - 1)  # [n, L]
+    gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
+    mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
+    return (value_heads[adapter](gathered).squeeze(-1) * mask).cpu()
 
 
 def critic_parameters(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str) -> list[torch.nn.Parameter]:

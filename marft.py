@@ -29,7 +29,8 @@ Deviations from the paper and choices it leaves open (each a named option below)
 - All randomness of iteration k is re-seeded from (seed, k) at its start, so a run resumed from
   a checkpoint replays exactly the iterations an uninterrupted run would (same machine, same
   thread count). The checkpoint therefore stores the iteration, not generator states.
-- Only the action level is implemented here (DESIGN §4 "Action level").
+- Both levels share one code path: every per-sample table is [S, L] with a mask, L = 1 at the
+  action level and L = the longest response at the token level (`--level`).
 
 Usage: python marft.py --help
 """
@@ -105,10 +106,14 @@ class Config:
     """longer unrolled observations keep their last tokens (the same ids are used everywhere)"""
 
     # --- advantages ---
+    level: str = "action"
+    """action: one decision per response (action-level MARFT) | token: one decision per token"""
     gamma: float = 1.0
     """γ: discount between steps"""
     gamma_agent: float = 1.0
     """γ_agent: discount between agents within a step"""
+    gamma_token: float = 1.0
+    """γ_token: discount between tokens of one action (token level)"""
     lam: float = 0.95
     """λ of GAE"""
     credit: str = "last"
@@ -141,6 +146,8 @@ class Config:
     """agent-by-agent update order: random (a permutation per iteration) | topological (σ)"""
     agent_iteration_interval: int = 0
     """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo); 0: all agents"""
+    happo_ratio_clip: float = 2.0
+    """bound c: each updated agent's per-action ratio enters M clipped to [1/c, c] (0: unbounded)"""
     critic_warmup_iterations: int = 0
     """iterations that train only the critic before the policies move"""
 
@@ -149,6 +156,8 @@ class Config:
     """evaluate every this many iterations (0: only at the start and the end)"""
     eval_samples: int = 2
     """samples per held-out problem for eval/accuracy (pass@1 averaged over samples)"""
+    eval_greedy: bool = True
+    """also decode the held-out problems greedily (eval/accuracy_greedy)"""
     seed: int = 1
     """seed of everything (data order, sampling, update order)"""
     output_dir: str = "runs"
@@ -161,6 +170,8 @@ class Config:
     """how many checkpoints to keep"""
     threads: int = 0
     """torch threads (0: all cores)"""
+    device: str = "auto"
+    """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     generation_batch_size: int = 64
     """prompts per generate() call"""
     forward_batch_size: int = 16
@@ -232,6 +243,9 @@ def validate(cfg: Config) -> None:
     for option in ("gamma", "gamma_agent", "lam"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
     need(0 < cfg.top_p <= 1, "top_p", "must lie in (0, 1]")
+    need(cfg.level in ("action", "token"), "level", "choose action or token")
+    need(0 <= cfg.gamma_token <= 1, "gamma_token", "must lie in [0, 1]")
+    need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
     need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
@@ -245,6 +259,8 @@ def validate(cfg: Config) -> None:
         load_organisation(cfg.agents)
     except ValueError as err:
         raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
+    need(cfg.device == "auto" or cfg.device == "cpu" or (cfg.device.startswith("cuda") and torch.cuda.is_available()),
+         "device", "use auto, cpu, or cuda[:k] on a machine where torch sees a GPU")
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
 
@@ -358,51 +374,96 @@ def run_episodes(model, tokenizer, org: Organisation, problems: list[Problem], g
     return out
 
 
-def grid(values: torch.Tensor, rollout: Rollout, num_agents: int) -> torch.Tensor:
-    """Scatter per-sample values [S] into [B, T, N] (zeros where no action was taken)."""
+def grid(table: torch.Tensor, rollout: Rollout, num_agents: int) -> torch.Tensor:
+    """Scatter a per-sample table [S, ...] into [B, T, N, ...] (zeros where no action was taken)."""
     B, T = rollout.step_mask.shape
-    out = torch.zeros(B, T, num_agents, dtype=values.dtype)
-    out[rollout.episode, rollout.step, rollout.agent_index] = values
+    out = torch.zeros(B, T, num_agents, *table.shape[1:], dtype=table.dtype)
+    out[rollout.episode, rollout.step, rollout.agent_index] = table
     return out
+
+
+def samples_of(rollout: Rollout, agent: int) -> list[int]:
+    return [s for s, n in enumerate(rollout.agent_index) if n == agent]
+
+
+# ---------------------------------------------------------------------------------------------
+# The level: every per-sample table is [S, L] with a mask; L = 1 at the action level (one
+# decision per action), L = the longest response at the token level (one decision per token).
+# ---------------------------------------------------------------------------------------------
+
+def policy_logprobs(model, prompts, responses, adapter, pad_id, cfg: Config):
+    """log π per decision, entropy, mask: [n, L] (action level: [n, 1], normalised per `normalisation`)."""
+    if cfg.level == "token":
+        return agents_lib.token_logprobs(model, prompts, responses, adapter, pad_id, cfg.temperature)
+    logprob, entropy = agents_lib.action_logprobs(model, prompts, responses, adapter, pad_id, cfg.normalisation, cfg.temperature)
+    return logprob.unsqueeze(-1), entropy.unsqueeze(-1), torch.ones(len(prompts), 1)
+
+
+def critic_values(model, value_heads, adapter, prompts, responses, pad_id, cfg: Config) -> torch.Tensor:
+    """V_φ per decision, [n, L]: V(ô) at the action level, V(ô, w_<k) at the token level."""
+    if cfg.level == "token":
+        return critic_lib.token_values(model, value_heads, adapter, prompts, responses, pad_id)
+    return critic_lib.action_values(model, value_heads, adapter, prompts, pad_id).unsqueeze(-1)
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. Old log-probs and values (no grad, batched per agent)
 # ---------------------------------------------------------------------------------------------
 
-def samples_of(rollout: Rollout, agent: int) -> list[int]:
-    return [s for s, n in enumerate(rollout.agent_index) if n == agent]
-
-
 @torch.no_grad()
 def evaluate_samples(model, value_heads, tokenizer, org: Organisation, rollout: Rollout, cfg: Config):
-    """log π^i_old(a | ô), V_φ(ô), and log π_ref(a | ô) (only when kl_coef > 0), each [S]."""
+    """log π^i_old, V_φ, log π_ref (only when kl_coef > 0) and the decision mask, each [S, L]."""
     S, pad = len(rollout.prompt_ids), tokenizer.pad_token_id
-    old_logprob, values, ref_logprob = torch.zeros(S), torch.zeros(S), torch.zeros(S)
+    L = max(len(r) for r in rollout.response_ids) if cfg.level == "token" else 1
+    old_logprob, values, ref_logprob, mask = (torch.zeros(S, L) for _ in range(4))
     for n, role in enumerate(org.order):
         idx = samples_of(rollout, n)
         for start in range(0, len(idx), cfg.forward_batch_size):
             chunk = idx[start : start + cfg.forward_batch_size]
             prompts = [rollout.prompt_ids[s] for s in chunk]
             responses = [rollout.response_ids[s] for s in chunk]
-            old_logprob[chunk], _ = agents_lib.action_logprobs(
-                model, prompts, responses, agents_lib.policy_adapter_name(role, cfg.shared_adapter),
-                pad, cfg.normalisation, cfg.temperature)
-            values[chunk] = critic_lib.action_values(
-                model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent), prompts, pad)
+            logprob, _, chunk_mask = policy_logprobs(model, prompts, responses,
+                                                     agents_lib.policy_adapter_name(role, cfg.shared_adapter), pad, cfg)
+            width = logprob.shape[1]
+            old_logprob[chunk, :width], mask[chunk, :width] = logprob, chunk_mask
+            values[chunk, :width] = critic_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
+                                                  prompts, responses, pad, cfg)
             if cfg.kl_coef > 0:
-                ref_logprob[chunk], _ = agents_lib.action_logprobs(model, prompts, responses, None, pad, cfg.normalisation, cfg.temperature)
-    return old_logprob, values, ref_logprob
+                ref_logprob[chunk, :width] = policy_logprobs(model, prompts, responses, None, pad, cfg)[0]
+    return old_logprob, values, ref_logprob, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Advantages
+# ---------------------------------------------------------------------------------------------
+
+def compute_advantages(org: Organisation, rollout: Rollout, old_values, mask, cfg: Config):
+    """r^i_t by credit assignment, then GAE over the (step, agent) chain — or the token chain."""
+    N = len(org.order)
+    rewards = ppo.place_team_reward(rollout.team_reward, N, cfg.credit)  # [B, T, N]
+    where = (rollout.episode, rollout.step, rollout.agent_index)
+    if cfg.level == "token":
+        advantages, returns = ppo.token_level_gae(rewards, grid(old_values, rollout, N), grid(mask, rollout, N),
+                                                  rollout.dones, cfg.gamma, cfg.gamma_agent, cfg.gamma_token, cfg.lam)
+        return advantages[where], returns[where]  # [S, L]
+    advantages, returns = ppo.action_level_gae(rewards, grid(old_values[:, 0], rollout, N), rollout.dones,
+                                               cfg.gamma, cfg.gamma_agent, cfg.lam)
+    return advantages[where].unsqueeze(-1), returns[where].unsqueeze(-1)  # [S, 1]
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. Trust-region agent-by-agent update of the policies
 # ---------------------------------------------------------------------------------------------
 
-def update_agents(model, tokenizer, org, rollout, cfg, optimisers, old_logprob, ref_logprob, advantages,
+def update_agents(model, tokenizer, org, rollout, cfg, optimisers, old_logprob, ref_logprob, advantages, mask,
                   iteration: int, generator: torch.Generator) -> dict:
     """Update the agents one at a time (HAPPO): agent i_{m+1} optimises M · Â with
-    M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update."""
+    M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update.
+
+    At the token level ρ^{i_l} is the agent's per-action ratio (the product of its token ratios),
+    bounded to [1/c, c] by happo_ratio_clip: the product over a long response can otherwise
+    explode or vanish and swamp the next agent's advantages.
+    """
     stats: dict[str, float] = {}
     pad = tokenizer.pad_token_id
     episode, step = torch.tensor(rollout.episode), torch.tensor(rollout.step)
@@ -414,44 +475,49 @@ def update_agents(model, tokenizer, org, rollout, cfg, optimisers, old_logprob, 
         adapter = agents_lib.policy_adapter_name(role, cfg.shared_adapter)
         params = agents_lib.adapter_parameters(model, adapter)
         idx = torch.tensor(samples_of(rollout, n))
-        # Advantage normalisation per agent over its real samples (explicit mask: all ones here).
-        agent_adv = ppo.normalize_advantages(advantages[idx], torch.ones(len(idx)))
+        # Advantage normalisation per agent over its real decisions (explicit mask).
+        agent_adv = ppo.normalize_advantages(advantages[idx], mask[idx])
         losses, kls, clips, entropies, stopped = [], [], [], [], False
         for epoch in range(cfg.ppo_epochs):
             for chunk in torch.randperm(len(idx), generator=generator).split(cfg.minibatch_size):
                 samples = idx[chunk]
-                new_lp, entropy = agents_lib.action_logprobs(
-                    model, [rollout.prompt_ids[s] for s in samples], [rollout.response_ids[s] for s in samples],
-                    adapter, pad, cfg.normalisation, cfg.temperature)
-                ones = torch.ones(len(samples))
-                kl = ppo.approx_kl(new_lp.detach(), old_logprob[samples], ones).item()
+                new_lp, entropy, _ = policy_logprobs(model, [rollout.prompt_ids[s] for s in samples],
+                                                     [rollout.response_ids[s] for s in samples], adapter, pad, cfg)
+                width = new_lp.shape[1]  # [n, L'] with L' ≤ L: the minibatch's longest response
+                old, decision_mask = old_logprob[samples, :width], mask[samples, :width]
+                kl = ppo.approx_kl(new_lp.detach(), old, decision_mask).item()
                 if cfg.target_kl > 0 and kl > cfg.target_kl:  # checked before the step it would waste
                     stopped = True
                     break
-                loss, s = ppo.clipped_surrogate_loss(new_lp, old_logprob[samples], agent_adv[chunk], ones, cfg.clip_eps,
-                                                     happo_weight[episode[samples], step[samples]])
-                total = loss - cfg.ent_coef * entropy.mean()
+                weight = happo_weight[episode[samples], step[samples]].unsqueeze(-1)  # M per joint action, [n, 1]
+                loss, s = ppo.clipped_surrogate_loss(new_lp, old, agent_adv[chunk, :width], decision_mask, cfg.clip_eps, weight)
+                entropy_mean = ppo.masked_mean(entropy, decision_mask)
+                total = loss - cfg.ent_coef * entropy_mean
                 if cfg.kl_coef > 0:
-                    total = total + cfg.kl_coef * ppo.kl_to_reference(new_lp, ref_logprob[samples], ones)
+                    total = total + cfg.kl_coef * ppo.kl_to_reference(new_lp, ref_logprob[samples, :width], decision_mask)
                 optimisers[adapter].zero_grad(set_to_none=True)
                 total.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 optimisers[adapter].step()
                 losses.append(loss.item()); kls.append(s["approx_kl"]); clips.append(s["clip_fraction"])
-                entropies.append(entropy.mean().item())
+                entropies.append(entropy_mean.item())
             if stopped:
                 break
         if m < len(to_train) - 1:  # M ← M · ρ^{i_m}, with agent i_m's new weights
             with torch.no_grad():
-                new_lp = torch.cat([agents_lib.action_logprobs(
-                    model, [rollout.prompt_ids[s] for s in chunk], [rollout.response_ids[s] for s in chunk],
-                    adapter, pad, cfg.normalisation, cfg.temperature)[0] for chunk in idx.split(cfg.forward_batch_size)])
-            new_grid = torch.zeros_like(happo_weight); old_grid = torch.zeros_like(happo_weight)
-            acted = torch.zeros_like(happo_weight)
-            new_grid[episode[idx], step[idx]] = new_lp
-            old_grid[episode[idx], step[idx]] = old_logprob[idx]
+                log_ratio = torch.zeros(len(idx))
+                for chunk in torch.arange(len(idx)).split(cfg.forward_batch_size):
+                    samples = idx[chunk]
+                    new_lp, _, _ = policy_logprobs(model, [rollout.prompt_ids[s] for s in samples],
+                                                   [rollout.response_ids[s] for s in samples], adapter, pad, cfg)
+                    width = new_lp.shape[1]
+                    # log ρ of the whole action: Σ over its decisions (one at the action level)
+                    log_ratio[chunk] = ((new_lp - old_logprob[samples, :width]) * mask[samples, :width]).sum(-1)
+            new_grid, acted = torch.zeros_like(happo_weight), torch.zeros_like(happo_weight)
+            new_grid[episode[idx], step[idx]] = log_ratio
             acted[episode[idx], step[idx]] = 1.0
-            happo_weight = ppo.update_happo_weight(happo_weight, new_grid, old_grid, acted)
+            happo_weight = ppo.update_happo_weight(happo_weight, new_grid, torch.zeros_like(new_grid), acted,
+                                                   cfg.happo_ratio_clip if cfg.happo_ratio_clip > 0 else None)
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
         stats[f"losses/policy_loss/{role}"] = mean(losses)
         stats[f"losses/approx_kl/{role}"] = mean(kls)
@@ -466,9 +532,9 @@ def update_agents(model, tokenizer, org, rollout, cfg, optimisers, old_logprob, 
 # 5. Critic update
 # ---------------------------------------------------------------------------------------------
 
-def update_critic(model, value_heads, tokenizer, org, rollout, cfg, optimisers, old_values, returns,
+def update_critic(model, value_heads, tokenizer, org, rollout, cfg, optimisers, old_values, returns, mask,
                   generator: torch.Generator) -> dict:
-    """Minimise the clipped value loss of every critic on its agents' samples."""
+    """Minimise the clipped value loss of every critic on its agents' decisions."""
     pad, losses = tokenizer.pad_token_id, []
     by_critic: dict[str, list[int]] = {}
     for s, n in enumerate(rollout.agent_index):
@@ -479,9 +545,11 @@ def update_critic(model, value_heads, tokenizer, org, rollout, cfg, optimisers, 
         for epoch in range(cfg.ppo_epochs):
             for chunk in torch.randperm(len(idx), generator=generator).split(cfg.minibatch_size):
                 samples = idx[chunk]
-                new_values = critic_lib.action_values(model, value_heads, adapter, [rollout.prompt_ids[s] for s in samples], pad)
-                loss = ppo.clipped_value_loss(new_values, old_values[samples], returns[samples], torch.ones(len(samples)),
-                                              cfg.value_clip if cfg.value_clip > 0 else None)
+                new_values = critic_values(model, value_heads, adapter, [rollout.prompt_ids[s] for s in samples],
+                                           [rollout.response_ids[s] for s in samples], pad, cfg)
+                width = new_values.shape[1]
+                loss = ppo.clipped_value_loss(new_values, old_values[samples, :width], returns[samples, :width],
+                                              mask[samples, :width], cfg.value_clip if cfg.value_clip > 0 else None)
                 optimisers[adapter].zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -501,12 +569,14 @@ def evaluate(model, tokenizer, org, held_out, grader, cfg: Config) -> dict:
     torch.manual_seed(cfg.seed + 424242)  # the same sampling noise at every evaluation
     sampled = run_episodes(model, tokenizer, org, held_out * cfg.eval_samples, grader, cfg,
                            agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens))
-    greedy = run_episodes(model, tokenizer, org, held_out, grader, cfg, agents_lib.Sampling(0.0, 1.0, cfg.max_new_tokens))
-    return {
+    metrics = {
         "eval/accuracy": sum(sampled.solved) / len(sampled.solved),
-        "eval/accuracy_greedy": sum(greedy.solved) / len(greedy.solved),
         "eval/unparseable_rate": sampled.unparseable / max(sampled.graded_answers, 1),
     }
+    if cfg.eval_greedy:
+        greedy = run_episodes(model, tokenizer, org, held_out, grader, cfg, agents_lib.Sampling(0.0, 1.0, cfg.max_new_tokens))
+        metrics["eval/accuracy_greedy"] = sum(greedy.solved) / len(greedy.solved)
+    return metrics
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,8 +621,8 @@ def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:
         result = set_peft_model_state_dict(model, load_file(weights), adapter_name=adapter)
         if result.unexpected_keys:
             raise SystemExit(f"--resume: adapter {adapter!r} in {weights} does not fit the model: {result.unexpected_keys[:3]}")
-    value_heads.load_state_dict(torch.load(folder / "value_heads.pt"))
-    saved_optimisers = torch.load(folder / "optimizers.pt")
+    value_heads.load_state_dict(torch.load(folder / "value_heads.pt", map_location=model.device))
+    saved_optimisers = torch.load(folder / "optimizers.pt", map_location=model.device)
     for name, opt in optimisers.items():
         opt.load_state_dict(saved_optimisers[name])
     return json.loads((folder / "state.json").read_text())
@@ -601,7 +671,9 @@ def build(cfg: Config):
     torch.manual_seed(cfg.seed)  # LoRA A matrices
     model = agents_lib.attach_adapters(base_model, policy_adapters + critic_adapters,
                                        agents_lib.lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
-    value_heads = critic_lib.make_value_heads(base_model.config.hidden_size, critic_adapters)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    model.to(device)
+    value_heads = critic_lib.make_value_heads(base_model.config.hidden_size, critic_adapters).to(device)
     optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
     optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
                        for a in critic_adapters})
@@ -611,7 +683,6 @@ def build(cfg: Config):
 def train(cfg: Config) -> dict:
     wall_start = time.time()
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
-    org = load_organisation(cfg.agents)
     train_problems, held_out = load_task(cfg)
     if cfg.resume:
         run_dir = Path(cfg.resume)
@@ -640,6 +711,7 @@ def train(cfg: Config) -> dict:
             initial = evaluate(model, tokenizer, org, held_out, grader, cfg)
             metrics_log.write(0, initial)
             summary["initial"] = initial
+            write_json_atomically(summary_path, summary)
         progress = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc="MARFT", dynamic_ncols=True)
         for iteration in progress:
             it_start = time.perf_counter()
@@ -652,31 +724,27 @@ def train(cfg: Config) -> dict:
             rollout = run_episodes(model, tokenizer, org, batch, grader, cfg, sampling)
             t_rollout = time.perf_counter() - t0
 
-            # 2. Old log-probs log π^i_old(a | ô) and values V_φ(ô), on the very prompt ids of the rollout.
+            # 2. Old log-probs log π^i_old and values V_φ, on the very prompt ids of the rollout.
             t0 = time.perf_counter()
-            old_logprob, old_values, ref_logprob = evaluate_samples(model, value_heads, tokenizer, org, rollout, cfg)
+            old_logprob, old_values, ref_logprob, mask = evaluate_samples(model, value_heads, tokenizer, org, rollout, cfg)
             t_values = time.perf_counter() - t0
 
-            # 3. Advantages: r^i_t by credit assignment, then GAE over the (step, agent) chain.
+            # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain.
             t0 = time.perf_counter()
-            N = len(org.order)
-            rewards = ppo.place_team_reward(rollout.team_reward, N, cfg.credit)  # [B, T, N]
-            adv_grid, ret_grid = ppo.action_level_gae(rewards, grid(old_values, rollout, N), rollout.dones,
-                                                      cfg.gamma, cfg.gamma_agent, cfg.lam)
-            where = (rollout.episode, rollout.step, rollout.agent_index)
-            advantages, returns = adv_grid[where], ret_grid[where]  # [S]
+            advantages, returns = compute_advantages(org, rollout, old_values, mask, cfg)  # [S, L]
             t_adv = time.perf_counter() - t0
 
             # 4. Trust-region agent-by-agent policy updates (skipped while the critic warms up).
             t0 = time.perf_counter()
             if iteration >= cfg.critic_warmup_iterations:
                 metrics.update(update_agents(model, tokenizer, org, rollout, cfg, optimisers, old_logprob, ref_logprob,
-                                             advantages, iteration, generator))
+                                             advantages, mask, iteration, generator))
             t_policy = time.perf_counter() - t0
 
             # 5. Critic: clipped value loss toward the GAE returns.
             t0 = time.perf_counter()
-            metrics.update(update_critic(model, value_heads, tokenizer, org, rollout, cfg, optimisers, old_values, returns, generator))
+            metrics.update(update_critic(model, value_heads, tokenizer, org, rollout, cfg, optimisers, old_values, returns,
+                                         mask, generator))
             t_critic = time.perf_counter() - t0
 
             # 6. Held-out evaluation, metrics, checkpoint.
@@ -693,14 +761,15 @@ def train(cfg: Config) -> dict:
                 "charts/unparseable_rate": rollout.unparseable / max(rollout.graded_answers, 1),
                 "charts/response_tokens": generated_tokens / len(rollout.response_ids),
                 "charts/truncated_prompts": rollout.truncated_prompts,
-                "losses/explained_variance": ppo.explained_variance(old_values, returns, torch.ones(len(returns))),
+                "losses/explained_variance": ppo.explained_variance(old_values, returns, mask),
                 "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
                 "time/rollout": t_rollout, "time/values": t_values, "time/advantages": t_adv,
                 "time/policy_update": t_policy, "time/critic_update": t_critic, "time/eval": t_eval,
                 "time/iteration": time.perf_counter() - it_start,
             })
             for n, role in enumerate(org.order):
-                metrics[f"charts/value_mean/{role}"] = old_values[samples_of(rollout, n)].mean().item()
+                agent_samples = samples_of(rollout, n)
+                metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old_values[agent_samples], mask[agent_samples]).item()
             elapsed = elapsed_before + time.time() - wall_start
             metrics["time/elapsed"] = elapsed
             metrics_log.write(done_iterations, metrics)
@@ -708,15 +777,20 @@ def train(cfg: Config) -> dict:
             if "eval/accuracy" in metrics:
                 summary["final"] = {k: v for k, v in metrics.items() if k.startswith("eval/")}
                 summary["final_iteration"] = done_iterations
+                write_json_atomically(summary_path, summary)
             progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{summary.get('final', summary.get('initial', {})).get('eval/accuracy', float('nan')):.2f}")
 
     summary["wall_seconds"] = elapsed_before + time.time() - wall_start
     summary["run_dir"] = str(run_dir)
-    tmp = summary_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    os.replace(tmp, summary_path)
+    write_json_atomically(summary_path, summary)
     print_summary(summary)
     return summary
+
+
+def write_json_atomically(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def print_summary(summary: dict) -> None:

@@ -131,6 +131,59 @@ def action_level_gae(
     return advantages.reshape(B, T, N), returns.reshape(B, T, N)
 
 
+def token_level_gae(
+    token_rewards_at_end: torch.Tensor,
+    token_values: torch.Tensor,
+    token_mask: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    gamma_agent: float,
+    gamma_token: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level advantages and returns: every token is an action (DESIGN §4 "Token level").
+
+    token_rewards_at_end: [B, T, N], the reward r^i_t placed on agent i (credit assignment),
+    paid at the last token of its action; token_values: [B, T, N, L], V(ô^i_t, w_<k) read at the
+    position that predicts token k; token_mask: [B, T, N, L], 1 on real tokens (a response cut at
+    max_new_tokens simply ends: its last token is a normal last token, not `done`); dones: [B, T].
+
+    Bellman backup along the token chain (t, σ_1, w_1 … w_K), (t, σ_2, …), …, (t+1, σ_1, …):
+
+        inside an action    Q(ô, w_<k, w_k) = γ_token · V(ô, w_≤k)                 (no reward)
+        at its last token   Q = r^i_t + γ_next · V(first token position of the next agent)
+                            γ_next = γ_agent inside the step, γ · (1 − done_t) across steps
+
+    and GAE with λ along the chain. Padding tokens get exactly zero advantage and return.
+    Returns (advantages, returns), both [B, T, N, L].
+    """
+    B, T, N, L = token_values.shape
+    mask = token_mask.bool()
+    lengths = token_mask.sum(-1).long()  # [B, T, N]
+    # Per-token reward and discount of the hop to the next token in the chain, on the grid.
+    position = torch.arange(L).expand(B, T, N, L)
+    is_last = mask & (position == (lengths - 1).unsqueeze(-1))
+    rewards = torch.where(is_last, token_rewards_at_end.unsqueeze(-1).expand(B, T, N, L), torch.zeros(()))
+    hop_discount = torch.full((B, T, N, L), gamma_token, dtype=token_values.dtype)
+    end_of_action = torch.full((B, T, N), gamma_agent, dtype=token_values.dtype)
+    end_of_action[:, :, -1] = gamma * (1.0 - dones.to(token_values.dtype))
+    hop_discount = torch.where(is_last, end_of_action.unsqueeze(-1).expand(B, T, N, L), hop_discount)
+    advantages = torch.zeros_like(token_values)
+    returns = torch.zeros_like(token_values)
+    for b in range(B):
+        # Compress episode b's real tokens into one chain, in (t, σ, k) order.
+        chain = mask[b].reshape(-1).nonzero().squeeze(-1)  # [K_b]
+        if chain.numel() == 0:
+            continue
+        values = token_values[b].reshape(-1)[chain]
+        next_values = torch.cat([values[1:], values.new_zeros(1)])  # the chain ends after its last token
+        adv, ret = chain_gae(rewards[b].reshape(-1)[chain].unsqueeze(0), values.unsqueeze(0), next_values.unsqueeze(0),
+                             hop_discount[b].reshape(-1)[chain].unsqueeze(0), lam)
+        advantages[b].view(-1)[chain] = adv[0]
+        returns[b].view(-1)[chain] = ret[0]
+    return advantages, returns
+
+
 # ---------------------------------------------------------------------------------------------
 # Masked statistics
 # ---------------------------------------------------------------------------------------------

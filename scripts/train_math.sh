@@ -8,19 +8,14 @@ MODEL="${MODEL:-smollm2}"            # smollm2 (embedded), a local HF folder, or
 DATA="${DATA:-arithmetic}"           # arithmetic (generated), a MATH/GSM8K .jsonl, or an HF dataset id
 EVAL_DATA="${EVAL_DATA:-}"           # held-out file (default: arithmetic test split / tail of DATA)
 AGENTS="${AGENTS:-chain}"            # single | chain | chain3 | chain4 | parallel | profile.json
-LEVEL="${LEVEL:-action}"             # action (token level: see issue tracker)
+LEVEL="${LEVEL:-action}"             # action | token (one PPO decision per response, or per token)
 ITERATIONS="${ITERATIONS:-12}"
 BATCH_SIZE="${BATCH_SIZE:-16}"       # problems per iteration
 LR="${LR:-2e-4}"
 SEED="${SEED:-1}"
 OUTPUT_DIR="${OUTPUT_DIR:-runs}"
 
-if [ "$LEVEL" != "action" ]; then
-  echo "LEVEL=$LEVEL: only the action level is implemented so far" >&2
-  exit 2
-fi
-
 exec python marft.py \
-  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" \
+  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" --level "$LEVEL" \
   --iterations "$ITERATIONS" --batch_size "$BATCH_SIZE" --lr "$LR" --seed "$SEED" \
   --output_dir "$OUTPUT_DIR" "$@"

@@ -164,3 +164,17 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
     resumed = metrics_without_timings(tmp_path / "interrupted")
     assert [r["iteration"] for r in resumed] == [0, 1, 2]
     assert straight == resumed
+
+
+@pytest.mark.slow
+def test_training_raises_the_reward_of_the_embedded_model(tmp_path):
+    """A short real run: the two-agent chain on one-digit addition, held-out accuracy must rise."""
+    summary = marft.train(marft.parse_args([
+        "--arithmetic_levels", "1", "--iterations", "4", "--batch_size", "8", "--minibatch_size", "8",
+        "--eval_problems", "12", "--eval_samples", "2", "--no-eval_greedy", "--max_new_tokens", "24",
+        "--lr", "3e-4", "--output_dir", str(tmp_path), "--run_name", "learn", "--seed", "2", "--threads", "2",
+    ]))
+    rows = metrics_without_timings(tmp_path / "learn")
+    assert summary["final"]["eval/accuracy"] >= summary["initial"]["eval/accuracy"] + 0.15, summary
+    train_rewards = [r["charts/reward"] for r in rows[1:]]
+    assert sum(train_rewards[2:]) > sum(train_rewards[:2]), train_rewards
