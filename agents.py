@@ -227,19 +227,16 @@ def generate(
 def right_padded_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
     """Concatenate prompt ⊕ response, right-padded (positions stay 0..L−1, as at generation).
 
-    Returns input_ids [n, L], attention_mask [n, L], response_mask [n, L] (1 on response tokens),
-    prompt_lengths [n].
+    Returns input_ids [n, L], attention_mask [n, L], prompt_lengths [n].
     """
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     n, width = len(lengths), max(lengths)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((n, width), dtype=torch.long)
-    response_mask = torch.zeros((n, width), dtype=torch.float32)
     for row, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         input_ids[row, : len(p) + len(r)] = torch.tensor(p + r)
         attention_mask[row, : len(p) + len(r)] = 1
-        response_mask[row, len(p) : len(p) + len(r)] = 1.0
-    return input_ids, attention_mask, response_mask, torch.tensor([len(p) for p in prompt_ids])
+    return input_ids, attention_mask, torch.tensor([len(p) for p in prompt_ids])
 
 
 def decoder_hidden_states(model: PeftModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -260,7 +257,7 @@ def token_logprobs_and_entropy(
     Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
     the k-th response token (left-aligned, L = longest response); on the model's device.
     """
-    input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
+    input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
     device = model.device
     hidden = decoder_hidden_states(model, input_ids.to(device), attention_mask.to(device))  # [n, L_total, H]
     n, longest = len(response_ids), max(len(r) for r in response_ids)

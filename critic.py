@@ -50,7 +50,7 @@ def action_values(
 ) -> torch.Tensor:
     """V_φ(ô) for a batch of unrolled-observation prompts [n]: the head at the last prompt token."""
     empty_responses = [[] for _ in prompt_ids]
-    input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, empty_responses, pad_id)
+    input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, empty_responses, pad_id)
     with active_adapter(model, adapter):
         hidden = decoder_hidden_states(model, input_ids.to(model.device), attention_mask.to(model.device))  # [n, L, H]
     last = hidden[torch.arange(len(prompt_ids), device=hidden.device), prompt_lengths.to(hidden.device) - 1]  # [n, H]
@@ -70,7 +70,7 @@ def token_values(
     Column k is read at the position that predicts token k (prompt_len − 1 + k), so column 0 is
     the action-level value V_φ(ô) and the critic shares the policy's view of each token.
     """
-    input_ids, attention_mask, _, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
+    input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
     device = model.device
     with active_adapter(model, adapter):
         hidden = decoder_hidden_states(model, input_ids.to(device), attention_mask.to(device))  # [n, L_total, H]

@@ -14,7 +14,8 @@ One iteration (the paper's algorithm box):
 
     1. rollout      for t = 0 … H−1: for j in σ: a^j_t ~ π^j(· | ô^j_t); env.step(a_t) → R_t, done_t
     2. evaluate     log π^j_old(a^j_t | ô^j_t), V_φ(ô^j_t) (and log π_ref for the KL option)
-    3. advantages   r^i_t by credit assignment; Â, R by GAE over the (step, agent) chain
+    3. advantages   r^i_t by credit assignment; Â, R by GAE over the (step, agent) chain,
+                    or over the token chain with --level token
     4. agents       in a random permutation, each agent maximises E[min(ρ M Â, clip(ρ) M Â)],
                     then M ← M · ρ^{agent} (trust-region agent-by-agent update)
     5. critic       minimise the clipped value loss toward R
@@ -29,6 +30,8 @@ Deviations from the paper and choices it leaves open (each a named option below)
 - All randomness of iteration k is re-seeded from (seed, k) at its start, so a run resumed from
   a checkpoint replays exactly the iterations an uninterrupted run would (same machine, same
   thread count). The checkpoint therefore stores the iteration, not generator states.
+- The HAPPO factor of each updated agent is bounded to [1/c, c] (`happo_ratio_clip`, c = 2): at
+  the token level it is a product of many token ratios and would otherwise explode or vanish.
 - Both levels share one code path: every per-sample table is [S, L] with a mask, L = 1 at the
   action level and L = the longest response at the token level (`--level`).
 
@@ -50,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 import agents as agents_lib
@@ -84,6 +89,8 @@ class Config:
     """held-out problems; empty: the arithmetic test split, or the last eval_problems rows of `data`"""
     arithmetic_levels: str = "1,2"
     """levels of the generated task: 1 a+b, 2 a*b (one digit), 3 two-digit+one-digit, 4 two-digit*one-digit"""
+    skip_malformed_rows: bool = False
+    """leave out malformed data rows with a warning naming each (default: stop at the first, naming file and line)"""
     eval_problems: int = 50
     """number of held-out problems evaluated"""
     horizon: int = 1
@@ -284,10 +291,10 @@ def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
         train = make_arithmetic_problems("train", seed=cfg.seed, levels=levels)
         held_out = make_arithmetic_problems("test", seed=cfg.seed, levels=levels)
     else:
-        train = load_problems(cfg.data, split="train", seed=cfg.seed)
+        train = load_problems(cfg.data, split="train", seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
         held_out = []
     if cfg.eval_data:
-        held_out = load_problems(cfg.eval_data, split="test", seed=cfg.seed)
+        held_out = load_problems(cfg.eval_data, split="test", seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
     elif cfg.data != "arithmetic":
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
@@ -606,9 +613,6 @@ def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimiser
 
 def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:
     """Restore the last checkpoint into freshly built adapters (they stay trainable)."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
     root = run_dir / "checkpoints"
     if not (root / "latest").is_file():
         raise SystemExit(f"--resume {run_dir}: no checkpoint yet (checkpoints/latest missing); start a new run instead")

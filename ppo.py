@@ -25,6 +25,12 @@ agent of step t+1 (γ_next = γ, cut by done). By the multi-agent advantage deco
 A(o, a^{1:N}) = Σ_i A^i(o, a^{1:i−1}, a^i), agent i's advantage measures how its action moves the
 value seen by the next agent.
 
+Token level (DESIGN §4): every token is an action. Inside an action there is no reward and the
+discount is γ_token, Q(ô, w_<k, w_k) = γ_token V(ô, w_≤k); the last token of agent i's action
+collects r^i_t and hops to the first token of the next agent (γ_a) or of step t+1 (γ, cut by
+done). GAE runs along this whole token chain (`token_level_gae`), and the losses below apply
+per token with a mask, so padding never carries advantage, loss or entropy.
+
 The update (DESIGN §5):
 
     L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO)
@@ -38,7 +44,8 @@ recomputed with its new weights), so agent i_{m+1} optimises M · Â.
 Deviations / choices (each a named option where the paper leaves it open): credit assignment
 `last` | `equal` | `shared`; advantages normalised per agent over its real samples only (explicit
 masks; an exact zero advantage is data, never padding); the approximate-KL early stop is checked
-before the optimiser step of the minibatch that would exceed it.
+before the optimiser step of the minibatch that would exceed it; each agent's factor entering M
+may be bounded to [1/c, c] (needed at the token level, where ρ^i is a product of token ratios).
 """
 from __future__ import annotations
 
