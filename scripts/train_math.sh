@@ -2,6 +2,8 @@
 # The main job: MARFT on the math task. Every default can be overridden by an environment
 # variable below, and any other marft.py option can be appended: bash scripts/train_math.sh --lam 0.9
 set -euo pipefail
+BACKEND="${BACKEND:-hf}"             # hf (transformers generate) | vllm (installed on first use)
+if [ "$BACKEND" = "vllm" ]; then export MARFT_VLLM=1; fi
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 
 MODEL="${MODEL:-smollm2}"            # smollm2 (embedded), a local HF folder, or a hub id
@@ -16,6 +18,6 @@ SEED="${SEED:-1}"
 OUTPUT_DIR="${OUTPUT_DIR:-runs}"
 
 exec python marft.py \
-  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" --level "$LEVEL" \
+  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" --level "$LEVEL" --backend "$BACKEND" \
   --iterations "$ITERATIONS" --batch_size "$BATCH_SIZE" --lr "$LR" --seed "$SEED" \
   --output_dir "$OUTPUT_DIR" "$@"

@@ -85,7 +85,7 @@ def test_update_of_one_agent_leaves_the_other_bit_identical(setup):
 
 def test_greedy_generation_is_argmax_and_stops_at_eos(setup):
     model, tokenizer, _ = setup
-    responses = agents.generate(model, tokenizer, PROMPTS, "planner", agents.Sampling(0.0, 1.0, 6), batch_size=3)
+    responses = agents.generate(model, tokenizer, PROMPTS, "planner", agents.Sampling(0.0, 1.0, 6), batch_size=3).token_ids
     for prompt, response in zip(PROMPTS, responses):
         assert 1 <= len(response) <= 6
         assert tokenizer.eos_token_id not in response[:-1]  # cut at (and including) the first EOS
@@ -105,6 +105,21 @@ def test_sampling_is_reproducible_with_the_seed(setup):
     torch.manual_seed(7)
     second = agents.generate(model, tokenizer, PROMPTS, "solver", sampling, batch_size=2)
     assert first == second
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature):
+    """The backend's own log-probs equal an independent forward pass at logits / T (left padding
+    in the generation batch must not shift them)."""
+    model, tokenizer, _ = setup
+    torch.manual_seed(3)
+    actions = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(temperature, 1.0, 5), batch_size=3)
+    for prompt, response, logprobs in zip(PROMPTS, actions.token_ids, actions.logprobs):
+        assert len(logprobs) == len(response)
+        with agents.active_adapter(model, "solver"), torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0] / temperature
+        expected = [torch.log_softmax(logits[len(prompt) - 1 + k], -1)[token].item() for k, token in enumerate(response)]
+        assert logprobs == pytest.approx(expected, abs=1e-4)
 
 
 def test_critic_value_reads_the_last_prompt_token_and_trains_only_critic_parameters(setup):
@@ -148,3 +163,53 @@ def test_embedded_model_loads_from_its_cache():
     assert model.config.model_type == "llama" and model.config.vocab_size == 49152
     assert tokenizer.eos_token == "<|im_end|>"
     assert not any(p.requires_grad for p in model.parameters())  # the base stays frozen
+
+
+def test_base_model_weights_exist_once_whatever_the_number_of_agents(tiny_model_dir):
+    """All agents (and the critic) share one copy of the base weights: adding agents adds only
+    their LoRA matrices. Counted by distinct storages, so a hidden copy would show."""
+    def weight_bytes(roles):
+        base, _ = agents.load_base_model(str(tiny_model_dir))
+        base_storages = {p.untyped_storage().data_ptr() for p in base.parameters()}
+        base_bytes = sum(p.untyped_storage().nbytes() for p in base.parameters())
+        model = agents.attach_adapters(base, roles + ["critic"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+        shared, lora = {}, {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            (lora if "lora_" in name else shared)[p.untyped_storage().data_ptr()] = p.untyped_storage().nbytes()
+        assert set(shared) == base_storages  # the very tensors of the base model, not copies
+        assert sum(shared.values()) == base_bytes
+        return sum(shared.values()), sum(lora.values())
+
+    one_shared, one_lora = weight_bytes(["solver"])
+    four_shared, four_lora = weight_bytes(["planner", "solver", "checker", "writer"])
+    assert four_shared == one_shared
+    assert four_lora == pytest.approx(one_lora * 5 / 2)  # 2 adapters (agent + critic) → 5 adapters
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_alone(tiny_model_dir):
+    """Checkpointing recomputes activations: the gradient of log π must not change, and the
+    decoder layers must be back in eval mode (KV cache on) once the pass is over."""
+    def gradients(checkpointing: bool):
+        base, tokenizer = agents.load_base_model(str(tiny_model_dir))
+        torch.manual_seed(0)
+        model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.1)
+        if checkpointing:
+            agents.enable_gradient_checkpointing(model)
+        calls = []
+        base.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *_: calls.append(1))
+        logprob, _ = agents.action_logprobs(model, PROMPTS, RESPONSES, "solver", tokenizer.pad_token_id, "sum", 1.0)
+        logprob.sum().backward()
+        assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
+        assert not any(layer.training for layer in base.model.layers)
+        greedy = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(0.0, 1.0, 4), 3).token_ids
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, greedy
+
+    plain, plain_greedy = gradients(False)
+    checkpointed, checkpointed_greedy = gradients(True)
+    assert plain.keys() == checkpointed.keys() and plain
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-6)
+    assert checkpointed_greedy == plain_greedy

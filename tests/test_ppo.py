@@ -315,13 +315,13 @@ def test_update_happo_weight_multiplies_only_where_mask_is_one():
     ratios = [2.0, 0.5, 4.0, 0.25]
     new = (old + t([[math.log(r) for r in ratios]])).requires_grad_(True)
     mask = t([[1.0, 0.0, 1.0, 1.0]])
-    out = ppo.update_happo_weight(M, new, old, mask)
+    out = ppo.update_happo_weight(M, new - old, mask)
     # M·ρ where mask = 1: 1·2, (2 kept), 0.5·4, 3·0.25
     close(out, [[2.0, 2.0, 2.0, 0.75]])
     assert not out.requires_grad, "the new M must be detached"
     # ratio_clip = 1.5 bounds ρ to [1/1.5, 1.5] = [2/3, 1.5]:
     # 1·1.5, (2 kept), 0.5·1.5, 3·(2/3)
-    out = ppo.update_happo_weight(M, new, old, mask, ratio_clip=1.5)
+    out = ppo.update_happo_weight(M, new - old, mask, ratio_clip=1.5)
     close(out, [[1.5, 2.0, 0.75, 2.0]])
 
 
@@ -329,7 +329,7 @@ def test_two_agent_sequential_update_worked_example():
     # Agent 1 (updated first, M = 1) changes its log-probs so ρ¹ = [1.25, 0.8].
     old1 = t([[-1.0, -2.0]])
     new1 = old1 + t([[math.log(1.25), math.log(0.8)]])
-    M = ppo.update_happo_weight(torch.ones(1, 2, dtype=torch.float64), new1, old1, torch.ones(1, 2))
+    M = ppo.update_happo_weight(torch.ones(1, 2, dtype=torch.float64), new1 - old1, torch.ones(1, 2))
     close(M, [[1.25, 0.8]])
     # Agent 2: ρ² = [1.1, 1.3], Â = [2, −1], ε = 0.2; it optimises M·Â = [2.5, −0.8]:
     #   min(1.1·2.5, 1.1·2.5) = 2.75;  min(1.3·(−0.8), 1.2·(−0.8)) = min(−1.04, −0.96) = −1.04

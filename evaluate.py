@@ -1,0 +1,513 @@
+"""Evaluate the base model or a checkpoint of a MARFT run on a math data set.
+
+Paper: MARFT (Liao et al., arXiv 2504.16129). DESIGN.md §5, §6. The agents play exactly the
+episodes of training (`rollout.run_episodes`: every agent acts in σ order on its unrolled
+observation ô^j_t, the environment grades the graded roles), for any organisation N and any
+dependency function D, and any horizon.
+
+What is evaluated:
+  * `--run RUN_DIR`: a checkpoint of a run written by marft.py (default: the one named by
+    RUN_DIR/checkpoints/latest). The organisation, the LoRA shapes, the horizon, the format
+    penalty, the sampling settings and the seed come from RUN_DIR/config.json.
+  * without `--run`: the base model (`--model`) with organisation `--agents`. Every agent gets a
+    fresh adapter, whose LoRA B = 0 makes it exactly the base model.
+Only the policy adapters are built; the critic plays no part in evaluation.
+
+Metrics, over P problems with k = `--samples` sampled episodes each at the temperature (the
+formulas are those of rollout.py's docstring, computed by `rollout.evaluate_policy`):
+
+    eval/accuracy           pass@1: mean over problems of c_p / k
+    eval/pass@k'            unbiased pass@k' (Chen et al. 2021) for k' = 1, 2, 4, … ≤ k, and k
+    eval/accuracy_greedy    one greedy episode per problem (--greedy, the default)
+    eval/unparseable_rate   graded answers without a parseable \\boxed{}, over all sampled graded answers
+
+c_p is the number of solved sampled episodes of problem p; an episode is solved when every graded
+answer of its last step is correct. The same numbers are broken down per level and per subject
+(`Problem.level`, `Problem.type`; rows without one are grouped as "(none)").
+
+A transcript is one complete sampled episode: the problem, its gold answer, and for every step
+each agent's role and response text in σ order, then the step's graded outcomes
+(role → correct | wrong | unparseable) and team reward R_t.
+
+Output: a table on stdout, then the first `--transcripts` transcripts, and one JSON file
+(`--out`) holding what was evaluated, the metrics, the breakdowns, the transcripts and the wall
+time. The sampling noise is seeded as in training (`evaluate_policy` seeds torch from --seed), so
+`--run R --limit <eval_problems> --samples <eval_samples>` on the arithmetic task plays the
+problems, and draws the noise, of the run's own held-out evaluation at that checkpoint.
+
+Generation uses the transformers backend (`agents.generate`). TODO: a vLLM backend
+(`agents.VLLMGenerator`, as marft.make_generator builds it) for large evaluations.
+
+Usage:
+    python evaluate.py                                                # base model, chain, generated held-out task
+    python evaluate.py --run runs/chain-seed1-20250101-120000         # the run's latest checkpoint
+    python evaluate.py --run runs/<name> --checkpoint iter_000006 --data ../shared/data/math_test.jsonl --limit 200
+    python evaluate.py --agents chain3 --data ../shared/data/gsm8k_test.jsonl --samples 8 --transcripts 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+import agents as agents_lib
+from envs import Grader, Problem, load_problems
+from flex_pomdp import Organisation, load_organisation
+from rollout import Rollout, evaluate_policy, pass_at_k, solved_counts
+
+# The run settings evaluate.py reads from a run's config.json (written by marft.py).
+RUN_KEYS = ("model", "agents", "shared_adapter", "lora_rank", "lora_alpha", "lora_targets", "horizon",
+            "format_penalty", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "arithmetic_levels", "seed")
+# The same settings for the base model (marft.Config's defaults). Any LoRA shape gives the base
+# model itself: a fresh adapter has B = 0.
+BASE_SETTINGS = dict(model="smollm2", agents="chain", shared_adapter=False, lora_rank=16, lora_alpha=32.0,
+                     lora_targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", horizon=1,
+                     format_penalty=0.0, max_new_tokens=32, max_prompt_tokens=1024, temperature=1.0, top_p=1.0,
+                     arithmetic_levels="1,2", seed=1)
+NO_GROUP = "(none)"  # the group of rows without a level or subject
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    what = parser.add_argument_group("what to evaluate")
+    what.add_argument("--run", default=None,
+                      help="run folder written by marft.py (has config.json and checkpoints/); default: the base model")
+    what.add_argument("--checkpoint", default=None,
+                      help="checkpoint of --run, e.g. iter_000012 (default: the one checkpoints/latest names)")
+    what.add_argument("--model", default=None,
+                      help="base model without --run: smollm2 (embedded), a local HF folder or a hub id "
+                           "(default: smollm2); with --run it comes from config.json")
+    what.add_argument("--agents", default=None,
+                      help="organisation without --run: single | chain | chain3 | chain4 | parallel, or a profile "
+                           "JSON file (default: chain); with --run it comes from config.json")
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", default="arithmetic",
+                      help="arithmetic (the generated held-out task; with --run its levels and seed), arithmetic:1,2,3 "
+                           "(levels), a MATH/GSM8K .jsonl/.json file, or an HF dataset id (default: arithmetic)")
+    data.add_argument("--split", default="test",
+                      help="split of the generated task or of an HF dataset (a file is its own split; default: test)")
+    data.add_argument("--limit", type=int, default=None, help="evaluate the first N problems (default: all)")
+    data.add_argument("--shuffle", action="store_true",
+                      help="shuffle the problems with --seed before --limit takes the first N (MATH files are sorted "
+                           "by subject: their first 200 rows are all Algebra)")
+    data.add_argument("--skip_malformed_rows", action="store_true",
+                      help="leave out malformed data rows with a warning (default: stop at the first, naming it)")
+    sampling = parser.add_argument_group("sampling and metrics")
+    sampling.add_argument("--samples", type=int, default=4,
+                          help="k: sampled episodes per problem (pass@1 averaged over k, pass@k' for k' = 1, 2, 4, ... "
+                               "and k; default: 4)")
+    sampling.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
+                          help="also play one greedy episode per problem (eval/accuracy_greedy; default: on)")
+    sampling.add_argument("--temperature", type=float, default=None,
+                          help="sampling temperature (default: the run's, else 1.0)")
+    sampling.add_argument("--max_new_tokens", type=int, default=None,
+                          help="longest response in tokens (default: the run's, else 32)")
+    sampling.add_argument("--seed", type=int, default=None,
+                          help="seed of the sampling noise, of the --shuffle order and, without --run, of the generated "
+                               "task's split (default: the run's seed, else 1)")
+    out = parser.add_argument_group("output and machine")
+    out.add_argument("--transcripts", type=int, default=3,
+                     help="print and store the first N sampled episodes in full (default: 3)")
+    out.add_argument("--out", default=None,
+                     help="JSON file to write (default: RUN/eval-<checkpoint>-<data>.json with --run, "
+                          "else ./eval-base-<data>.json)")
+    out.add_argument("--threads", type=int, default=0, help="torch threads (default 0: all cores)")
+    out.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="device of the model (default auto: cuda when available, else cpu)")
+    out.add_argument("--generation_batch_size", type=int, default=64, help="prompts per generate() call (default: 64)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    validate(args)
+    return args
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Fail at start, naming the option, for every value that cannot work."""
+    if args.run is not None and (args.model is not None or args.agents is not None):
+        raise SystemExit("--model/--agents cannot be combined with --run: a run's model and organisation come from its "
+                         "config.json. Drop them to evaluate the run, or drop --run to evaluate a base model.")
+    if args.checkpoint is not None and args.run is None:
+        raise SystemExit("--checkpoint needs --run (the run folder whose checkpoint to evaluate)")
+    for option in ("samples", "generation_batch_size", "max_new_tokens", "limit"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise SystemExit(f"--{option}={value}: must be at least 1")
+    for option in ("transcripts", "threads"):
+        if getattr(args, option) < 0:
+            raise SystemExit(f"--{option}={getattr(args, option)}: must be 0 or more")
+    if args.temperature is not None and args.temperature <= 0:
+        raise SystemExit(f"--temperature={args.temperature}: must be positive (greedy decoding is --greedy)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device=cuda: torch sees no GPU here; use --device cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# The run folder: config.json and checkpoints/<iter_XXXXXX>/adapters/<adapter>/
+# ---------------------------------------------------------------------------------------------
+
+def read_run_config(run_dir: Path) -> dict:
+    """The RUN_KEYS of a run's config.json, as a plain dict."""
+    if not run_dir.is_dir():
+        raise SystemExit(f"--run {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise SystemExit(f"--run {run_dir}: no config.json there; give a run folder written by marft.py")
+    config = json.loads(path.read_text())
+    missing = [key for key in RUN_KEYS if key not in config]
+    if missing:
+        raise SystemExit(f"{path} lacks {missing}: it was not written by this version of marft.py; "
+                         "add these keys with the values the run used")
+    return {key: config[key] for key in RUN_KEYS}
+
+
+def checkpoint_folder(run_dir: Path, name: str | None) -> Path:
+    """RUN/checkpoints/<name>, by default the checkpoint that checkpoints/latest names."""
+    root = run_dir / "checkpoints"
+    available = sorted(p.name for p in root.glob("iter_*") if p.is_dir()) if root.is_dir() else []
+    listing = f"checkpoints there: {', '.join(available)}" if available else "the run has no checkpoints yet"
+    if name is None:
+        if not (root / "latest").is_file():
+            raise SystemExit(f"--run {run_dir}: checkpoints/latest is missing ({listing}); "
+                             "pass --checkpoint NAME, or train the run for at least one iteration")
+        name = (root / "latest").read_text().strip()
+    folder = root / name
+    if not (folder / "adapters").is_dir():
+        raise SystemExit(f"--run {run_dir}: checkpoint {name!r} not found ({listing}); pass one of them as --checkpoint")
+    return folder
+
+
+def check_adapter_files(folder: Path, model, adapters: list[str]) -> None:
+    """Each saved adapter exists and has one tensor per LoRA parameter of the built adapter: a
+    config.json whose lora_targets disagree with the checkpoint would otherwise load silently."""
+    for adapter in adapters:
+        weights = folder / adapter / "adapter_model.safetensors"
+        if not weights.is_file():
+            saved = sorted(p.name for p in folder.iterdir() if (p / "adapter_model.safetensors").is_file())
+            raise SystemExit(f"checkpoint {folder.parent.name} has no adapter {adapter!r} (no {weights}); it holds "
+                             f"{saved}. The run's config.json (agents, shared_adapter) does not match this checkpoint.")
+        with safe_open(str(weights), framework="pt") as f:
+            saved_tensors = len(list(f.keys()))
+        built = len(agents_lib.adapter_parameters(model, adapter))
+        if saved_tensors != built:
+            raise SystemExit(f"{weights} holds {saved_tensors} LoRA tensors but the adapter built from config.json has "
+                             f"{built}: its lora_targets do not match the checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# The policies: base model + one LoRA adapter per agent (shared: one for all)
+# ---------------------------------------------------------------------------------------------
+
+def policy_adapters(org: Organisation, shared_adapter: bool) -> list[str]:
+    """θ^i of every agent, each name once, in σ order."""
+    return list(dict.fromkeys(agents_lib.policy_adapter_name(role, shared_adapter) for role in org.order))
+
+
+def build_policies(settings: dict, org: Organisation, checkpoint: Path | None = None, device: str = "cpu"):
+    """(model, tokenizer): the base model with fresh policy adapters (B = 0, i.e. the base model),
+    then the checkpoint's adapter weights when `checkpoint` is a checkpoint folder."""
+    base_model, tokenizer = agents_lib.load_base_model(settings["model"])
+    adapters = policy_adapters(org, settings["shared_adapter"])
+    config = agents_lib.lora_config(settings["lora_rank"], settings["lora_alpha"], settings["lora_targets"].split(","))
+    model = agents_lib.attach_adapters(base_model, adapters, config)
+    if checkpoint is not None:
+        check_adapter_files(checkpoint / "adapters", model, adapters)
+        try:
+            agents_lib.load_adapter_weights(model, checkpoint / "adapters", adapters)
+        except (ValueError, RuntimeError) as err:  # RuntimeError: a lora_rank that does not match the saved shapes
+            raise SystemExit(f"{checkpoint}: {err}\nThe run's config.json (lora_rank, lora_targets) must match its "
+                             "checkpoints.") from None
+    model.to(device)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers from the rollouts (pure functions)
+# ---------------------------------------------------------------------------------------------
+
+def pass_at_k_values(samples: int) -> list[int]:
+    """k' = 1, 2, 4, … ≤ k, and k itself."""
+    ks, k = [], 1
+    while k <= samples:
+        ks.append(k)
+        k *= 2
+    return ks if ks[-1] == samples else ks + [samples]
+
+
+def pass_at_k_table(counts: list[int], samples: int) -> dict[str, float]:
+    """eval/pass@k': mean over problems of the unbiased pass@k' from c_p correct of k samples."""
+    return {f"eval/pass@{k}": sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
+            for k in pass_at_k_values(samples)}
+
+
+def ordered_metrics(metrics: dict, pass_table: dict, greedy: Rollout | None) -> dict:
+    """evaluate_policy's metrics with every pass@k' and the greedy unparseable rate, in reading order."""
+    ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_table}
+    if greedy is not None:
+        ordered["eval/accuracy_greedy"] = metrics["eval/accuracy_greedy"]
+    ordered["eval/unparseable_rate"] = metrics["eval/unparseable_rate"]
+    if greedy is not None:
+        ordered["eval/unparseable_rate_greedy"] = greedy.unparseable / max(greedy.graded_answers, 1)
+    return ordered
+
+
+def unparseable_tallies(rollout: Rollout, num_problems: int) -> list[tuple[int, int]]:
+    """(unparseable graded answers, graded answers) of each problem, over all its episodes and
+    steps, when episode b played problem b mod P."""
+    tallies = [[0, 0] for _ in range(num_problems)]
+    for b, steps in enumerate(rollout.outcomes):
+        for outcomes in steps:
+            tallies[b % num_problems][0] += sum(o == "unparseable" for o in outcomes.values())
+            tallies[b % num_problems][1] += len(outcomes)
+    return [tuple(t) for t in tallies]
+
+
+def group_label(value: str) -> str:
+    return value or NO_GROUP
+
+
+def breakdown(problems: list[Problem], field: str, counts: list[int], samples: int,
+              greedy_solved: list[bool] | None, unparseable: list[tuple[int, int]]) -> dict[str, dict]:
+    """Per value of Problem.<field> ("level" or "type"), sorted by name: problems, pass@1
+    (mean c_p / k), greedy accuracy (None without greedy) and unparseable rate (over the group's
+    sampled graded answers)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for p, problem in enumerate(problems):
+        members[group_label(getattr(problem, field))].append(p)
+    table = {}
+    for name in sorted(members):
+        ps = members[name]
+        unparseable_answers = sum(unparseable[p][0] for p in ps)
+        graded_answers = sum(unparseable[p][1] for p in ps)
+        table[name] = {
+            "problems": len(ps),
+            "pass@1": sum(counts[p] / samples for p in ps) / len(ps),
+            "accuracy_greedy": None if greedy_solved is None else sum(greedy_solved[p] for p in ps) / len(ps),
+            "unparseable_rate": unparseable_answers / max(graded_answers, 1),
+        }
+    return table
+
+
+def transcripts(rollout: Rollout, problems: list[Problem], org: Organisation, count: int) -> list[dict]:
+    """The first `count` episodes of a rollout in full: per step, every agent's response in σ order,
+    the graded outcomes and the team reward. Episode b played problems[b mod P]."""
+    result = []
+    for b in range(min(count, len(rollout.solved))):
+        problem = problems[b % len(problems)]
+        steps = []
+        for t, outcomes in enumerate(rollout.outcomes[b]):
+            actions = [{"role": org.order[rollout.agent_index[s]], "text": rollout.texts[s]}
+                       for s in range(len(rollout.texts)) if rollout.episode[s] == b and rollout.step[s] == t]
+            steps.append({"step": t, "actions": actions, "outcomes": outcomes, "reward": float(rollout.team_reward[b, t])})
+        result.append({"episode": b, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
+                       "type": problem.type, "solved": rollout.solved[b], "steps": steps})
+    return result
+
+
+def dataset_stem(data: str) -> str:
+    """A file-name-safe name of a data source: math_test.jsonl → math_test, openai/gsm8k:main → openai-gsm8k-main."""
+    if data.endswith((".jsonl", ".json")):
+        data = Path(data).stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", data).strip("-") or "data"
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+
+def number(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def format_table(report: dict) -> str:
+    """The overall row, then one row per level and per subject."""
+    metrics, what = report["metrics"], report["evaluated"]
+    lines = [
+        f"{what['checkpoint'] or 'base model'} · model {what['model']} · agents {what['agents']} "
+        f"({' → '.join(what['roles'])}) · data {what['dataset']} ({what['problems']} problems)",
+        f"{what['samples']} sample(s) per problem at T={what['temperature']}, max_new_tokens={what['max_new_tokens']}, "
+        f"seed {what['seed']}",
+        "  ".join(f"{key.removeprefix('eval/')} {value:.3f}" for key, value in metrics.items()
+                  if key.startswith("eval/pass@")),
+        "",
+        f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}",
+    ]
+
+    def row(label: str, stats: dict) -> str:
+        return (f"{label[:32]:<32} {stats['problems']:>8} {number(stats['pass@1']):>7} "
+                f"{number(stats['accuracy_greedy']):>7} {number(stats['unparseable_rate']):>12}")
+
+    lines.append(row("all", {"problems": what["problems"], "pass@1": metrics["eval/accuracy"],
+                             "accuracy_greedy": metrics.get("eval/accuracy_greedy"),
+                             "unparseable_rate": metrics["eval/unparseable_rate"]}))
+    for kind, key in (("level", "by_level"), ("subject", "by_subject")):
+        for name, stats in report[key].items():
+            lines.append(row(f"{kind}: {name}", stats))
+    lines.append(f"wall time {report['wall_seconds']:.0f} s ({report['wall_seconds'] / 60:.1f} min)")
+    return "\n".join(lines)
+
+
+def format_transcript(transcript: dict) -> str:
+    lines = [f"--- episode {transcript['episode']} ({'solved' if transcript['solved'] else 'not solved'}) "
+             f"[{transcript['level'] or NO_GROUP} · {transcript['type'] or NO_GROUP}]",
+             f"problem: {transcript['problem']}", f"gold answer: {transcript['answer']}"]
+    for step in transcript["steps"]:
+        for action in step["actions"]:
+            lines.append(f"[step {step['step']}] {action['role']}: {action['text'].strip()}")
+        outcomes = ", ".join(f"{role} {outcome}" for role, outcome in step["outcomes"].items())
+        lines.append(f"[step {step['step']}] graded: {outcomes}; reward {step['reward']:.3f}")
+    return "\n".join(lines)
+
+
+def write_json_atomically(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def progress_printer(generate_actions, org: Organisation):
+    """Wrap a GenerateActions function to print one line per (phase, step, agent) generation.
+
+    run_episodes calls it once per agent per step, in σ order: the k-th call of a phase is
+    agent σ[k mod N] at step ⌊k / N⌋."""
+    calls = {"sampled": 0, "greedy": 0}
+
+    def generate(prompt_ids, adapter, sampling):
+        phase = "greedy" if sampling.temperature == 0 else "sampled"
+        k = calls[phase]
+        calls[phase] += 1
+        started = time.perf_counter()
+        actions = generate_actions(prompt_ids, adapter, sampling)
+        role = org.order[k % len(org.order)]
+        print(f"  {phase:<7} step {k // len(org.order)}  {role:<12} {len(prompt_ids):>5} episodes  "
+              f"{time.perf_counter() - started:6.1f} s", flush=True)
+        return actions
+
+    return generate
+
+
+def resolve_settings(args: argparse.Namespace) -> tuple[Path | None, Path | None, dict]:
+    """(run folder, checkpoint folder, settings): a run's checkpoint with the run's config.json,
+    or (None, None, the base-model settings with --model and --agents)."""
+    if args.run is None:
+        return None, None, dict(BASE_SETTINGS, model=args.model or BASE_SETTINGS["model"],
+                                agents=args.agents or BASE_SETTINGS["agents"])
+    run_dir = Path(args.run)
+    settings = read_run_config(run_dir)
+    return run_dir, checkpoint_folder(run_dir, args.checkpoint), settings
+
+
+def load_eval_problems(args: argparse.Namespace, settings: dict, data_seed: int, seed: int) -> tuple[str, list[Problem]]:
+    """(source, problems): "arithmetic" is the generated task with the settings' levels; `data_seed`
+    picks its split (a run's own held-out split), `seed` the --shuffle order."""
+    source = f"arithmetic:{settings['arithmetic_levels']}" if args.data == "arithmetic" else args.data
+    try:
+        problems = load_problems(source, split=args.split, limit=None if args.shuffle else args.limit, seed=data_seed,
+                                 skip_malformed=args.skip_malformed_rows)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        raise SystemExit(f"--data={args.data!r}: {err}") from None
+    if args.shuffle:
+        random.Random(f"evaluate-shuffle-{seed}").shuffle(problems)
+        problems = problems[: args.limit]
+    if not problems:
+        raise SystemExit(f"--data={args.data!r}: no problems to evaluate")
+    return source, problems
+
+
+def output_path(args: argparse.Namespace, run_dir: Path | None, checkpoint: Path | None) -> Path:
+    """--out, else RUN/eval-<checkpoint>-<data>.json, else ./eval-base-<data>.json."""
+    if args.out:
+        return Path(args.out)
+    if run_dir is not None:
+        return run_dir / f"eval-{checkpoint.name}-{dataset_stem(args.data)}.json"
+    return Path(f"eval-base-{dataset_stem(args.data)}.json")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    wall_start = time.time()
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+
+    run_dir, checkpoint, settings = resolve_settings(args)
+    seed = settings["seed"] if args.seed is None else args.seed
+    data_seed = settings["seed"] if run_dir is not None else seed  # with a run: the run's own held-out split
+    temperature = settings["temperature"] if args.temperature is None else args.temperature
+    max_new_tokens = settings["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
+    try:
+        org = load_organisation(settings["agents"])
+    except ValueError as err:
+        raise SystemExit(f"--agents={settings['agents']!r}: {err}") from None
+    source, problems = load_eval_problems(args, settings, data_seed, seed)
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    print(f"evaluating {checkpoint or 'the base model ' + settings['model']} with agents {settings['agents']} "
+          f"on {len(problems)} problems of {source}", flush=True)
+    model, tokenizer = build_policies(settings, org, checkpoint, device)
+    generate_actions = progress_printer(
+        lambda prompt_ids, adapter, sampling: agents_lib.generate(model, tokenizer, prompt_ids, adapter, sampling,
+                                                                  args.generation_batch_size), org)
+
+    with Grader() as grader:
+        metrics, sampled, greedy = evaluate_policy(
+            generate_actions, tokenizer, org, problems, grader, samples=args.samples, temperature=temperature,
+            top_p=settings["top_p"], max_new_tokens=max_new_tokens, greedy=args.greedy, seed=seed,
+            horizon=settings["horizon"], format_penalty=settings["format_penalty"],
+            max_prompt_tokens=settings["max_prompt_tokens"], shared_adapter=settings["shared_adapter"])
+        grading_timeouts = grader.timeouts
+
+    counts = solved_counts(sampled, len(problems))
+    metrics = ordered_metrics(metrics, pass_at_k_table(counts, args.samples), greedy)
+    greedy_solved = greedy.solved if greedy is not None else None
+    tallies = unparseable_tallies(sampled, len(problems))
+    report = {
+        "evaluated": {
+            "model": settings["model"], "run": str(run_dir) if run_dir else None,
+            "checkpoint": checkpoint.name if checkpoint else None, "agents": settings["agents"],
+            "roles": list(org.order), "graded_roles": list(org.graded_roles), "shared_adapter": settings["shared_adapter"],
+            "dataset": source, "split": args.split, "limit": args.limit, "shuffled": args.shuffle, "problems": len(problems),
+            "samples": args.samples, "greedy": args.greedy, "temperature": temperature, "top_p": settings["top_p"],
+            "max_new_tokens": max_new_tokens, "max_prompt_tokens": settings["max_prompt_tokens"],
+            "horizon": settings["horizon"], "format_penalty": settings["format_penalty"], "seed": seed,
+            "backend": "hf", "device": device, "date": datetime.now().isoformat(timespec="seconds"),
+        },
+        "metrics": metrics,
+        "by_level": breakdown(problems, "level", counts, args.samples, greedy_solved, tallies),
+        "by_subject": breakdown(problems, "type", counts, args.samples, greedy_solved, tallies),
+        "diagnostics": {"truncated_prompts": sampled.truncated_prompts + (greedy.truncated_prompts if greedy else 0),
+                        "grading_timeouts": grading_timeouts,
+                        "generation_seconds": sampled.generation_seconds + (greedy.generation_seconds if greedy else 0.0)},
+        "transcripts": transcripts(sampled, problems, org, args.transcripts),
+        "wall_seconds": time.time() - wall_start,
+    }
+    out = output_path(args, run_dir, checkpoint)
+    write_json_atomically(out, report)
+
+    print("\n" + format_table(report), flush=True)
+    for transcript in report["transcripts"]:
+        print("\n" + format_transcript(transcript))
+    print(f"\nwrote {out}", flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""The benchmark suite: speed, memory and learning of marft on one machine, in one invocation.
+
+Sections (each a function returning a dict; `--skip a,b` leaves sections out):
+
+    throughput  rollout tokens/s: response tokens / seconds of `agents.generate` (hf backend) on the
+                default task's planner prompts; update tokens/s: (prompt + response) tokens / seconds
+                of a forward + backward through a policy adapter (`agents.action_logprobs`) and the
+                critic (`critic.action_values`), one minibatch at a time as in training.
+    backends    rollout tokens/s of the hf and the vLLM backend on the same prompts, the same
+                adapters (random, nonzero LoRA weights), the same thread count, after one warm-up call.
+    phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
+                update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
+                averaged over its iterations; the evaluation is reported apart.
+    memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
+                (`--agents single | chain | chain4`) at the same number of problems per iteration,
+                by default and memory-lean (`--gradient_checkpointing`, glibc mmap threshold fixed at
+                1 MiB); the ratio 4-agent / 1-agent, the base model's and one adapter's size, and the
+                mean prompt length per agent position (later agents read earlier agents' actions).
+    learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) on the default
+                task at equal wall time (`--time_limit_minutes`, which counts the evaluations too):
+                held-out accuracy at iteration 0 and at the end, and an overlay plot (scripts/plot.py).
+
+Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
+the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md. `--quick` is a smoke test
+of every section in a few minutes (CI); the full mode takes about 50 minutes on 2 cores.
+marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import agents  # noqa: E402
+import critic  # noqa: E402
+from envs import make_arithmetic_problems  # noqa: E402
+from flex_pomdp import load_organisation, unrolled_messages  # noqa: E402
+
+SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+FULL = dict(prompts=32, new_tokens=32, batch_size=16, phase_iterations=2, eval_problems=4, learning_minutes=8.0)
+QUICK = dict(prompts=4, new_tokens=8, batch_size=2, phase_iterations=1, eval_problems=2, learning_minutes=0.3)
+
+
+def machine() -> dict:
+    mem_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+    versions = {}
+    for package in ("torch", "transformers", "peft", "vllm"):
+        try:
+            versions[package] = __import__(package).__version__
+        except ImportError:
+            versions[package] = "not installed"
+    return {"date": date.today().isoformat(), "cpu_cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+            "processor": platform.processor() or platform.machine(), **versions}
+
+
+def planner_prompts(tokenizer, count: int) -> list[list[int]]:
+    """The default task's first-agent prompts (chain organisation, arithmetic train problems)."""
+    org = load_organisation("chain")
+    problems = make_arithmetic_problems("train", seed=1)[:count]
+    messages = [unrolled_messages(org, org.order[0], p.problem, {}) for p in problems]
+    return agents.tokenize_prompts(tokenizer, messages, 1024)[0]
+
+
+def policies_with_random_adapters(roles: list[str]):
+    """The embedded model with one adapter per role whose A and B are random (as after training)."""
+    base, tokenizer = agents.load_base_model("smollm2")
+    torch.manual_seed(0)
+    config = agents.lora_config(16, 32.0, LORA_TARGETS.split(","))
+    config.init_lora_weights = False
+    return agents.attach_adapters(base, roles, config), tokenizer
+
+
+def tokens_per_second(generate, prompts) -> tuple[float, int]:
+    generate(prompts[:2])  # warm-up
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    actions = generate(prompts)
+    tokens = sum(len(t) for t in actions.token_ids)
+    return tokens / (time.perf_counter() - started), tokens
+
+
+def throughput(sizes: dict, threads: int) -> dict:
+    model, tokenizer = policies_with_random_adapters(["planner", "critic"])
+    prompts = planner_prompts(tokenizer, sizes["prompts"])
+    sampling = agents.Sampling(1.0, 1.0, sizes["new_tokens"])
+    rollout_tps, _ = tokens_per_second(lambda p: agents.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
+    torch.manual_seed(0)
+    responses = agents.generate(model, tokenizer, prompts, "planner", sampling, 64).token_ids
+    heads = critic.make_value_heads(model.config.hidden_size, ["critic"])
+    pad, minibatch = tokenizer.pad_token_id, 8
+    tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+    timings = {}
+    for name in ("policy", "critic"):
+        started = time.perf_counter()
+        for start in range(0, len(prompts), minibatch):
+            p, r = prompts[start : start + minibatch], responses[start : start + minibatch]
+            if name == "policy":
+                loss = -agents.action_logprobs(model, p, r, "planner", pad, "mean", 1.0)[0].mean()
+            else:
+                loss = critic.action_values(model, heads, "critic", p, pad).pow(2).mean()
+            loss.backward()
+        timings[name] = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    return {"threads": threads, "prompts": len(prompts), "max_new_tokens": sizes["new_tokens"],
+            "rollout_tokens_per_second": rollout_tps,
+            "policy_update_tokens_per_second": tokens / timings["policy"],
+            "critic_update_tokens_per_second": tokens / timings["critic"]}
+
+
+def backends(sizes: dict, threads: int, out: Path) -> dict:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        return {"skipped": f"vLLM not importable ({err}); MARFT_VLLM=1 bash scripts/setup_env.sh installs it"}
+    roles = ["planner", "solver"]
+    model, tokenizer = policies_with_random_adapters(roles)
+    prompts = planner_prompts(tokenizer, sizes["prompts"])
+    sampling = agents.Sampling(1.0, 1.0, sizes["new_tokens"])
+    hf_tps, hf_tokens = tokens_per_second(lambda p: agents.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
+    started = time.perf_counter()
+    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), roles, 16, seed=0, max_model_len=1024 + 64,
+                                  dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=True,
+                                  sync_root=out / "runs" / "vllm-sync", threads=threads)
+    engine.sync(model)
+    startup = time.perf_counter() - started
+    try:
+        vllm_tps, vllm_tokens = tokens_per_second(lambda p: engine.generate(p, "planner", sampling, tokenizer.eos_token_id), prompts)
+        base_tps, _ = tokens_per_second(lambda p: engine.generate(p, None, sampling, tokenizer.eos_token_id), prompts)
+    finally:
+        engine.close()
+    return {"threads": threads, "prompts": len(prompts), "max_new_tokens": sizes["new_tokens"],
+            "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""),
+            "hf_tokens_per_second": hf_tps, "vllm_tokens_per_second": vllm_tps,
+            "vllm_without_lora_tokens_per_second": base_tps, "vllm_startup_seconds": startup,
+            "tokens": {"hf": hf_tokens, "vllm": vllm_tokens}}
+
+
+def run_marft(out: Path, name: str, args: list[str], threads: int, extra_env: dict | None = None) -> tuple[list[dict], float]:
+    """Run marft.py in a child process; returns (its metrics.jsonl rows, its peak RSS in MiB)."""
+    run_dir = out / "runs" / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    # The wrapper waits for marft.py and reports the largest resident set of its children.
+    wrapper = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+               "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
+    command = [sys.executable, "-c", wrapper, sys.executable, str(ROOT / "marft.py"), "--output_dir", str(out / "runs"),
+               "--run_name", name, "--threads", str(threads), *args]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(extra_env or {})}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"marft.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    peak = next(int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("PEAK_RSS_KIB"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows, peak / 1024
+
+
+def short_run_args(sizes: dict, agents_name: str, iterations: int) -> list[str]:
+    return ["--agents", agents_name, "--iterations", str(iterations), "--batch_size", str(sizes["batch_size"]),
+            "--max_new_tokens", str(sizes["new_tokens"]), "--eval_problems", str(sizes["eval_problems"]),
+            "--eval_samples", "1", "--no-eval_greedy"]
+
+
+PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync", "eval")
+# Memory-lean setting: gradient checkpointing, and glibc returning freed activation buffers to the
+# OS (a fixed mmap threshold; by default glibc raises it and keeps freed buffers on its heap).
+LEAN = (["--gradient_checkpointing"], {"MALLOC_MMAP_THRESHOLD_": "1048576"})
+
+
+def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
+    """One short run per organisation and setting: peak memory; the default chain run also gives
+    the seconds per phase."""
+    memory, phase_table = {"default": {}, "lean": {}}, {}
+    for setting in ("default", "lean"):
+        for agents_name, count in (("single", 1), ("chain", 2), ("chain4", 4)):
+            is_phase_run = setting == "default" and agents_name == "chain"
+            if "memory" in skip and not is_phase_run:
+                continue
+            args = short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1)
+            extra_args, extra_env = LEAN if setting == "lean" else ([], {})
+            rows, peak = run_marft(out, f"memory-{setting}-{agents_name}", args + extra_args, threads, extra_env)
+            memory[setting][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
+            if is_phase_run:
+                trained = [r for r in rows if r["iteration"] > 0]
+                phase_table = {"iterations": len(trained), "problems_per_iteration": sizes["batch_size"],
+                               **{f"{p}_seconds": sum(r[f"time/{p}"] for r in trained) / len(trained) for p in PHASES}}
+                phase_table["iteration_seconds_without_eval"] = sum(phase_table[f"{p}_seconds"] for p in PHASES if p != "eval")
+    if "memory" in skip:
+        return phase_table, {}
+    for setting in ("default", "lean"):
+        memory[setting]["ratio_4_to_1"] = memory[setting]["4_agents"]["peak_rss_mib"] / memory[setting]["1_agents"]["peak_rss_mib"]
+    base, tokenizer = agents.load_base_model("smollm2")
+    memory["base_model_mib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
+    model = agents.attach_adapters(base, ["one"], agents.lora_config(16, 32.0, LORA_TARGETS.split(",")))
+    memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
+    memory["prompt_tokens_by_agent_position"] = prompt_lengths_by_position(tokenizer)
+    return phase_table, memory
+
+
+def prompt_lengths_by_position(tokenizer) -> list[float]:
+    """Mean prompt tokens of each agent of chain4 when each parent's action is a typical 20-token one."""
+    org = load_organisation("chain4")
+    problems = make_arithmetic_problems("train", seed=1)[:8]
+    typical_action = "Multiply the two digits: 6 * 7 = 42. The answer is \\boxed{42}."
+    lengths = []
+    for role in org.order:
+        parents = {parent: typical_action for parent in org.parents(role)}
+        messages = [unrolled_messages(org, role, p.problem, parents) for p in problems]
+        ids = agents.tokenize_prompts(tokenizer, messages, 1024)[0]
+        lengths.append(sum(map(len, ids)) / len(ids))
+    return lengths
+
+
+def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) -> dict:
+    table = {}
+    for agents_name in ("single", "chain", "parallel"):
+        args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes), "--eval_samples", "2",
+                "--no-eval_greedy", "--seed", "1"]
+        if quick:
+            args += ["--batch_size", "2", "--max_new_tokens", "8", "--eval_problems", str(sizes["eval_problems"])]
+        rows, _ = run_marft(out, f"learning-{agents_name}", args, threads)
+        evals = [r for r in rows if "eval/accuracy" in r]
+        table[agents_name] = {"iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                              "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
+                              "pass@2_end": evals[-1].get("eval/pass@2", float("nan"))}
+    figures = out / "learning"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(out / "runs" / f"learning-{a}") for a in table),
+                    "--labels", ",".join(table), "--out", str(figures)], check=True, cwd=ROOT)
+    return {"time_limit_minutes": minutes, "runs": table,
+            "figures": [str(p.relative_to(out)) for p in sorted(figures.glob("*.png"))]}
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [f"Measured {m['date']} on {m['cpu_cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB, GPU: {m['gpu']}; "
+             f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}, vllm {m['vllm']}. "
+             f"Mode: {report['mode']}; {report['seconds'] / 60:.1f} min in all.", ""]
+    if t := report.get("throughput"):
+        lines += ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
+                  f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
+                  f"| policy update (forward + backward, prompt + response tokens) | {t['policy_update_tokens_per_second']:.0f} |",
+                  f"| critic update (forward + backward) | {t['critic_update_tokens_per_second']:.0f} |", ""]
+    if b := report.get("backends"):
+        if "skipped" in b:
+            lines += [f"Backends: skipped ({b['skipped']}).", ""]
+        else:
+            lines += [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
+                      "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
+                      f"| vLLM-CPU with the agent's LoRARequest | {b['vllm_tokens_per_second']:.0f} |",
+                      f"| vLLM-CPU, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
+                      f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s.", ""]
+    if p := report.get("phases"):
+        lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds |",
+                  "| --- | --- |"] + [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} |" for name in PHASES if name != "eval"]
+        lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** |", ""]
+    if mem := report.get("memory"):
+        lines += ["| agents | peak resident memory (MiB), default | memory-lean (checkpointing + glibc mmap threshold) |",
+                  "| --- | --- | --- |"]
+        lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} | {mem['lean'][k]['peak_rss_mib']:.0f} |"
+                  for k, v in mem["default"].items() if k.endswith("_agents")]
+        lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
+        lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** | **{mem['lean']['ratio_4_to_1']:.2f}** |", "",
+                  f"The base model ({mem['base_model_mib']:.0f} MiB) is held once whatever the number of agents; each "
+                  f"agent adds its adapter ({mem['adapter_mib']:.1f} MiB) and its Adam state (2× that). The rest of the "
+                  f"growth is activations: later agents read earlier actions, so prompts grow along chain4 "
+                  f"({lengths} tokens), and a minibatch's activations grow with them. By default glibc also keeps "
+                  f"freed activation buffers on its heap, so the peak RSS holds the largest minibatch ever seen. "
+                  f"`--gradient_checkpointing` with `MALLOC_MMAP_THRESHOLD_=1048576` keeps only layer inputs "
+                  f"and returns freed buffers: memory-lean, at the cost of slower updates.", ""]
+    if learn := report.get("learning"):
+        lines += [f"| organisation (equal wall time: {learn['time_limit_minutes']} min) | iterations | held-out pass@1 start → end | pass@2 end |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {name} | {r['iterations']} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} | {r['pass@2_end']:.2f} |"
+                  for name, r in learn["runs"].items()]
+        lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
+    return "\n".join(lines)
+
+
+def update_readme(markdown_text: str, out: Path) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"--update_readme: README.md lacks the lines {start} and {end}; add them where the results go")
+    # Image links in bench.md are relative to <out>; from the README they go through <out>.
+    prefix = os.path.relpath(out, ROOT)
+    body = markdown_text.replace("](learning/", f"]({prefix}/learning/")
+    head, rest = text.split(start, 1)
+    readme.write_text(head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke test of every section in a few minutes")
+    parser.add_argument("--out", default=str(ROOT / "results"), help="folder for bench.json, bench.md, figures and runs/")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
+    parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
+    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 8, quick 0.3)")
+    parser.add_argument("--update_readme", action="store_true", help="write bench.md into README.md's Results block")
+    args = parser.parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    if unknown := skip - set(SECTIONS):
+        raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    sizes = QUICK if args.quick else FULL
+    minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    print(f"bench: {'quick' if args.quick else 'full'} mode, {args.threads} threads, sections "
+          f"{[s for s in SECTIONS if s not in skip]}; learning runs {minutes} min each", flush=True)
+    report: dict = {"mode": "quick" if args.quick else "full", "machine": machine()}
+    started = time.perf_counter()
+
+    def section(name, function):
+        if name in skip:
+            return
+        t0 = time.perf_counter()
+        print(f"bench: {name} …", flush=True)
+        report[name] = function()
+        print(f"bench: {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    section("throughput", lambda: throughput(sizes, args.threads))
+    section("backends", lambda: backends(sizes, args.threads, out))
+    if not {"phases", "memory"} <= skip:
+        t0 = time.perf_counter()
+        print("bench: phases + memory …", flush=True)
+        report["phases"], report["memory"] = phases_and_memory(sizes, args.threads, out, skip)
+        print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
+    section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick))
+    report["seconds"] = time.perf_counter() - started
+    text = markdown(report)
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    (out / "bench.md").write_text(text + "\n")
+    print(text)
+    if args.update_readme:
+        update_readme(text, out)
+        print("bench: README.md Results block updated")
+    return report
+
+
+if __name__ == "__main__":
+    main()

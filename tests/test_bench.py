@@ -1,0 +1,50 @@
+"""scripts/bench.py: the report it writes, the README block it replaces, and a quick smoke run."""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_readme_block_is_replaced_between_the_markers_only(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:start -->\nold table\n<!-- bench:end -->\noutro\n")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    bench.update_readme("new table\n![x](learning/x.png)", tmp_path / "results")
+    assert readme.read_text() == "intro\n<!-- bench:start -->\nnew table\n![x](results/learning/x.png)\n<!-- bench:end -->\noutro\n"
+    readme.write_text("no markers here\n")
+    with pytest.raises(SystemExit, match="bench:start"):
+        bench.update_readme("new", tmp_path / "results")
+
+
+def test_unknown_section_is_refused():
+    with pytest.raises(SystemExit, match="unknown sections"):
+        bench.main(["--skip", "everything"])
+
+
+@pytest.mark.slow
+def test_quick_mode_measures_every_section(tmp_path):
+    """The CI smoke: every section runs and reports finite numbers (no claim about their size)."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--out", str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert set(bench.SECTIONS) <= set(report)
+    numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
+               report["phases"]["iteration_seconds_without_eval"], report["memory"]["default"]["ratio_4_to_1"],
+               report["memory"]["lean"]["ratio_4_to_1"]]
+    if "skipped" not in report["backends"]:
+        numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
+    assert all(math.isfinite(x) and x > 0 for x in numbers)
+    assert set(report["learning"]["runs"]) == {"single", "chain", "parallel"}
+    assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
+    text = (tmp_path / "bench.md").read_text()
+    assert "ratio 4 / 1" in text and "equal wall time" in text

