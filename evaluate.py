@@ -35,8 +35,10 @@ time. The sampling noise is seeded as in training (`evaluate_policy` seeds torch
 `--run R --limit <eval_problems> --samples <eval_samples>` on the arithmetic task plays the
 problems, and draws the noise, of the run's own held-out evaluation at that checkpoint.
 
-Generation uses the transformers backend (`agents.generate`). TODO: a vLLM backend
-(`agents.VLLMGenerator`, as marft.make_generator builds it) for large evaluations.
+Generation: `--backend hf` (default) is transformers `generate` on the policies themselves;
+`--backend vllm` starts one vLLM engine with the policies' adapters (one `LoRARequest` per agent,
+as in training), faster for large evaluations; its samples differ from hf's draws of the same
+policy, its greedy decodes agree in float32 (tests/test_vllm.py).
 
 Usage:
     python evaluate.py                                                # base model, chain, generated held-out task
@@ -47,10 +49,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import re
+import tempfile
 import time
 from collections import defaultdict
 from datetime import datetime
@@ -128,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="device of the model (default auto: cuda when available, else cpu)")
     out.add_argument("--generation_batch_size", type=int, default=64, help="prompts per generate() call (default: 64)")
+    out.add_argument("--backend", default="hf", choices=("hf", "vllm"),
+                     help="generation backend: hf (transformers generate) or vllm (one engine, one LoRARequest per "
+                          "agent; MARFT_VLLM=1 bash scripts/setup_env.sh installs it; default: hf)")
+    out.add_argument("--vllm_dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"),
+                     help="vllm: engine weight dtype (default: float32; bfloat16 is faster on a GPU)")
     return parser
 
 
@@ -460,14 +469,26 @@ def main(argv: list[str] | None = None) -> dict:
     source, problems = load_eval_problems(args, settings, data_seed, seed)
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.backend == "vllm":
+        device = "cpu"  # the policies only hand their adapters to the engine, which owns the GPU
     print(f"evaluating {checkpoint or 'the base model ' + settings['model']} with agents {settings['agents']} "
           f"on {len(problems)} problems of {source}", flush=True)
     model, tokenizer = build_policies(settings, org, checkpoint, device)
-    generate_actions = progress_printer(
-        lambda prompt_ids, adapter, sampling: agents_lib.generate(model, tokenizer, prompt_ids, adapter, sampling,
-                                                                  args.generation_batch_size), org)
+    engine = None
+    if args.backend == "vllm":  # the checkpoint's adapters, published to one engine
+        engine = agents_lib.VLLMGenerator(
+            agents_lib.model_source(settings["model"]), policy_adapters(org, settings["shared_adapter"]),
+            settings["lora_rank"], seed=seed, max_model_len=settings["max_prompt_tokens"] + max_new_tokens,
+            dtype=args.vllm_dtype, gpu_memory_utilization=0.9, tensor_parallel_size=1, enforce_eager=True,
+            sync_root=Path(tempfile.gettempdir()), threads=args.threads or os.cpu_count() or 1)
+        engine.sync(model)
+        backend = lambda prompt_ids, adapter, sampling: engine.generate(prompt_ids, adapter, sampling, tokenizer.eos_token_id)
+    else:
+        backend = lambda prompt_ids, adapter, sampling: agents_lib.generate(model, tokenizer, prompt_ids, adapter, sampling,
+                                                                            args.generation_batch_size)
+    generate_actions = progress_printer(backend, org)
 
-    with Grader() as grader:
+    with Grader() as grader, (contextlib.closing(engine) if engine else contextlib.nullcontext()):
         metrics, sampled, greedy = evaluate_policy(
             generate_actions, tokenizer, org, problems, grader, samples=args.samples, temperature=temperature,
             top_p=settings["top_p"], max_new_tokens=max_new_tokens, greedy=args.greedy, seed=seed,
@@ -488,7 +509,7 @@ def main(argv: list[str] | None = None) -> dict:
             "samples": args.samples, "greedy": args.greedy, "temperature": temperature, "top_p": settings["top_p"],
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": settings["max_prompt_tokens"],
             "horizon": settings["horizon"], "format_penalty": settings["format_penalty"], "seed": seed,
-            "backend": "hf", "device": device, "date": datetime.now().isoformat(timespec="seconds"),
+            "backend": args.backend, "device": device, "date": datetime.now().isoformat(timespec="seconds"),
         },
         "metrics": metrics,
         "by_level": breakdown(problems, "level", counts, args.samples, greedy_solved, tallies),

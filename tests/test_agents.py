@@ -213,3 +213,10 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_a
     for name in plain:
         torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-6)
     assert checkpointed_greedy == plain_greedy
+
+
+@pytest.mark.parametrize("allowed, threads, expected", [({0, 1}, 2, "0-1"), ({4, 5, 6, 7}, 2, "4-5"),
+                                                        ({2, 5, 9}, 3, "2,5,9"), ({3}, 4, "3")])
+def test_vllm_cpu_binding_uses_the_cores_this_process_may_run_on(monkeypatch, allowed, threads, expected):
+    monkeypatch.setattr(agents.os, "sched_getaffinity", lambda pid: allowed)
+    assert agents.cpu_binding(threads) == expected

@@ -30,6 +30,11 @@ def test_unknown_section_is_refused():
         bench.main(["--skip", "everything"])
 
 
+def test_render_only_needs_a_report(tmp_path):
+    with pytest.raises(SystemExit, match="run the suite first"):
+        bench.main(["--render_only", "--out", str(tmp_path)])
+
+
 @pytest.mark.slow
 def test_quick_mode_measures_every_section(tmp_path):
     """The CI smoke: every section runs and reports finite numbers (no claim about their size)."""
@@ -48,3 +53,7 @@ def test_quick_mode_measures_every_section(tmp_path):
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text
+    # --render_only rebuilds the same table from bench.json alone.
+    (tmp_path / "bench.md").unlink()
+    bench.main(["--render_only", "--out", str(tmp_path)])
+    assert (tmp_path / "bench.md").read_text() == text

@@ -33,12 +33,17 @@ def engine_and_model(tmp_path_factory):
     config = agents.lora_config(8, 16.0, ["q_proj", "v_proj"])
     config.init_lora_weights = False  # random B too: each adapter is a different policy from the start
     model = agents.attach_adapters(base, ROLES, config)
+    shared_folder = tmp_path_factory.mktemp("vllm-sync")
+    (shared_folder / "someone-elses-file").write_text("kept")
     engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, seed=0, max_model_len=512,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
-                                  enforce_eager=True, sync_root=tmp_path_factory.mktemp("vllm-sync"), threads=2)
+                                  enforce_eager=True, sync_root=shared_folder, threads=2,
+                                  max_num_batched_tokens=2048)  # a small step budget: several engine steps per call
     engine.sync(model)
     yield engine, model, tokenizer
     engine.close()
+    # close() removes the engine's own folder only, never the folder it was given.
+    assert not engine.sync_root.exists() and (shared_folder / "someone-elses-file").read_text() == "kept"
 
 
 def prompts(tokenizer, n=4):
@@ -79,6 +84,7 @@ def test_after_an_update_and_a_sync_the_engine_serves_the_new_weights(engine_and
     old_id = engine.requests["solver"].lora_int_id
     engine.sync(model)
     assert engine.requests["solver"].lora_int_id != old_id  # a fresh id, never reused
+    assert [p.name for p in engine.sync_root.iterdir()] == [f"v{engine.version:06d}"]  # only the latest on disk
     assert engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids == expected
 
 
@@ -116,13 +122,25 @@ def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path
 
 def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(engine_and_model):
     """Per-request seeds come from torch's generator: re-seeding torch replays vLLM's samples, also
-    when the prompts exceed one scheduler step's token budget (8192 tokens here)."""
+    when the prompts exceed one scheduler step's token budget (2048 tokens here)."""
     engine, model, tokenizer = engine_and_model
-    ids = prompts(tokenizer, 100)
-    assert sum(len(p) for p in ids) > 8192
+    ids = prompts(tokenizer, 30)
+    assert sum(len(p) for p in ids) > 2048
     sampling = agents.Sampling(1.0, 1.0, 3)
     torch.manual_seed(11)
     first = engine.generate(ids, "solver", sampling, tokenizer.eos_token_id)
     torch.manual_seed(11)
     second = engine.generate(ids, "solver", sampling, tokenizer.eos_token_id)
     assert first == second and len(set(map(tuple, first.token_ids))) > 1
+
+
+def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backend(tmp_path):
+    import evaluate
+
+    common = ["--limit", "6", "--samples", "1", "--transcripts", "0", "--threads", "2", "--max_new_tokens", "16"]
+    hf = evaluate.main(common + ["--out", str(tmp_path / "hf.json")])
+    vllm = evaluate.main(common + ["--backend", "vllm", "--out", str(tmp_path / "vllm.json")])
+    assert vllm["evaluated"]["backend"] == "vllm" and json.loads((tmp_path / "vllm.json").read_text())["metrics"]
+    assert vllm["metrics"]["eval/accuracy_greedy"] == hf["metrics"]["eval/accuracy_greedy"]
+    greedy_by_level = lambda report: {k: v["accuracy_greedy"] for k, v in report["by_level"].items()}
+    assert greedy_by_level(vllm) == greedy_by_level(hf)
