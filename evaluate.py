@@ -62,6 +62,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tqdm import tqdm
 
 import agents as agents_lib
 from envs import Grader, Problem, load_problems
@@ -484,8 +485,15 @@ def main(argv: list[str] | None = None) -> dict:
         engine.sync(model)
         backend = lambda prompt_ids, adapter, sampling: engine.generate(prompt_ids, adapter, sampling, tokenizer.eos_token_id)
     else:
-        backend = lambda prompt_ids, adapter, sampling: agents_lib.generate(model, tokenizer, prompt_ids, adapter, sampling,
-                                                                            args.generation_batch_size)
+        def backend(prompt_ids, adapter, sampling):
+            """agents.generate, one batch at a time under a progress bar (the same batches, so the same samples)."""
+            size, actions = args.generation_batch_size, agents_lib.Actions([], [])
+            for start in tqdm(range(0, len(prompt_ids), size), desc=f"  {adapter or 'base'}: batches of {size}",
+                              leave=False, disable=len(prompt_ids) <= size, dynamic_ncols=True):
+                batch = agents_lib.generate(model, tokenizer, prompt_ids[start : start + size], adapter, sampling, size)
+                actions.token_ids += batch.token_ids
+                actions.logprobs += batch.logprobs
+            return actions
     generate_actions = progress_printer(backend, org)
 
     with Grader() as grader, (contextlib.closing(engine) if engine else contextlib.nullcontext()):

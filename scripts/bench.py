@@ -54,7 +54,7 @@ SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 LORA_RANK = 16  # marft.py's defaults: the adapters every section measures
 FULL = dict(prompts=32, new_tokens=32, batch_size=16, phase_iterations=2, eval_problems=4, learning_minutes=8.0)
-QUICK = dict(prompts=4, new_tokens=8, batch_size=1, phase_iterations=1, eval_problems=2, learning_minutes=0.2)
+QUICK = dict(prompts=4, new_tokens=8, batch_size=1, phase_iterations=1, eval_problems=2, learning_minutes=0.1)
 
 
 def machine() -> dict:
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(ROOT / "results"), help="folder for bench.json, bench.md, figures and runs/")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
     parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
-    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 8, quick 0.2)")
+    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 8, quick 0.1)")
     parser.add_argument("--update_readme", action="store_true", help="write bench.md into README.md's Results block")
     parser.add_argument("--render_only", action="store_true",
                         help="measure nothing: rewrite <out>/bench.md (and the README block) from <out>/bench.json")

@@ -156,7 +156,7 @@ def metrics_without_timings(run_dir):
 @pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
     # Evaluate every iteration so both runs log the same keys; 24 tokens leave room for real answers.
-    common = ["--batch_size", "4", "--eval_problems", "2", "--eval_samples", "1", "--max_new_tokens", "24", "--eval_interval", "1",
+    common = ["--batch_size", "4", "--eval_problems", "2", "--eval_samples", "1", "--max_new_tokens", "24", "--eval_interval", "1", "--no-eval_greedy",
               "--minibatch_size", "4", "--ppo_epochs", "1", "--threads", "1", "--output_dir", str(tmp_path), "--seed", "5"]
     marft.train(marft.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
     marft.train(marft.parse_args(common + ["--iterations", "1", "--run_name", "interrupted"]))
