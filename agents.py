@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -228,8 +229,11 @@ def generate(
     adapter: str | None,
     sampling: Sampling,
     batch_size: int,
+    progress: str | None = None,
 ) -> Actions:
-    """The transformers backend: sample one action per prompt from π^adapter (left-padded batches)."""
+    """The transformers backend: sample one action per prompt from π^adapter (left-padded batches).
+
+    `progress`: a label for a progress bar over the batches (shown when there is more than one)."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     greedy = sampling.temperature == 0
     config = GenerationConfig(
@@ -245,7 +249,8 @@ def generate(
     )
     out = Actions([], [])
     with active_adapter(model, adapter):
-        for start in range(0, len(prompt_ids), batch_size):
+        for start in tqdm(range(0, len(prompt_ids), batch_size), desc=progress, leave=False, dynamic_ncols=True,
+                          disable=progress is None or len(prompt_ids) <= batch_size):
             chunk = prompt_ids[start : start + batch_size]
             width = max(len(p) for p in chunk)
             input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # left padding

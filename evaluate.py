@@ -62,7 +62,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from tqdm import tqdm
 
 import agents as agents_lib
 from envs import Grader, Problem, load_problems
@@ -484,16 +483,10 @@ def main(argv: list[str] | None = None) -> dict:
             sync_root=Path(tempfile.gettempdir()), threads=args.threads or os.cpu_count() or 1)
         engine.sync(model)
         backend = lambda prompt_ids, adapter, sampling: engine.generate(prompt_ids, adapter, sampling, tokenizer.eos_token_id)
-    else:
-        def backend(prompt_ids, adapter, sampling):
-            """agents.generate, one batch at a time under a progress bar (the same batches, so the same samples)."""
-            size, actions = args.generation_batch_size, agents_lib.Actions([], [])
-            for start in tqdm(range(0, len(prompt_ids), size), desc=f"  {adapter or 'base'}: batches of {size}",
-                              leave=False, disable=len(prompt_ids) <= size, dynamic_ncols=True):
-                batch = agents_lib.generate(model, tokenizer, prompt_ids[start : start + size], adapter, sampling, size)
-                actions.token_ids += batch.token_ids
-                actions.logprobs += batch.logprobs
-            return actions
+    else:  # a progress bar over each call's batches: a MATH step can take minutes
+        backend = lambda prompt_ids, adapter, sampling: agents_lib.generate(
+            model, tokenizer, prompt_ids, adapter, sampling, args.generation_batch_size,
+            progress=f"  {adapter or 'base'}: batches of {args.generation_batch_size}")
     generate_actions = progress_printer(backend, org)
 
     with Grader() as grader, (contextlib.closing(engine) if engine else contextlib.nullcontext()):

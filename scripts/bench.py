@@ -78,11 +78,16 @@ def planner_prompts(tokenizer, count: int) -> list[list[int]]:
     return agents.tokenize_prompts(tokenizer, messages, 1024)[0]
 
 
+def lora_config():
+    """marft.py's default LoRA shape (rank 16, alpha 32, every projection)."""
+    return agents.lora_config(LORA_RANK, 2.0 * LORA_RANK, LORA_TARGETS.split(","))
+
+
 def policies_with_random_adapters(roles: list[str]):
     """The embedded model with one adapter per role whose A and B are random (as after training)."""
     base, tokenizer = agents.load_base_model("smollm2")
     torch.manual_seed(0)
-    config = agents.lora_config(LORA_RANK, 2.0 * LORA_RANK, LORA_TARGETS.split(","))
+    config = lora_config()
     config.init_lora_weights = False
     return agents.attach_adapters(base, roles, config), tokenizer
 
@@ -135,7 +140,7 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
     sampling = agents.Sampling(1.0, 1.0, sizes["new_tokens"])
     hf_tps, hf_tokens = tokens_per_second(lambda p: agents.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
     started = time.perf_counter()
-    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), roles, LORA_RANK, seed=0, max_model_len=1024 + 64,
+    engine = agents.VLLMGenerator(agents.model_source("smollm2"), roles, LORA_RANK, seed=0, max_model_len=1024 + 64,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=True,
                                   sync_root=out / "runs" / "vllm-sync", threads=threads)
     engine.sync(model)
@@ -206,7 +211,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
         memory[setting]["ratio_4_to_1"] = memory[setting]["4_agents"]["peak_rss_mib"] / memory[setting]["1_agents"]["peak_rss_mib"]
     base, tokenizer = agents.load_base_model("smollm2")
     memory["base_model_mib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
-    model = agents.attach_adapters(base, ["one"], agents.lora_config(LORA_RANK, 2.0 * LORA_RANK, LORA_TARGETS.split(",")))
+    model = agents.attach_adapters(base, ["one"], lora_config())
     memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
     memory["prompt_tokens_by_agent_position"] = prompt_lengths_by_position(tokenizer)
     return phase_table, memory
