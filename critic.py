@@ -1,7 +1,7 @@
 """The centralised critic V_φ(ô^i_t): a LoRA adapter on the shared base plus a scalar value head.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (centralised training, decentralised
-execution). DESIGN.md §3.
+execution). README: "Paper ↔ code".
 
 One shared critic scores the unrolled observation of any agent. Because ô^i_t contains agent i's
 system prompt and the actions it depends on, the critic knows whose turn it is and what has been
@@ -28,6 +28,11 @@ SHARED_CRITIC = "critic"
 def critic_adapter_name(role: str, per_agent: bool) -> str:
     """The adapter φ that scores agent `role`'s observations."""
     return f"critic_{role}" if per_agent else SHARED_CRITIC
+
+
+def critic_adapter_names(order: tuple[str, ...], per_agent: bool) -> list[str]:
+    """φ of every agent's critic, each name once, in σ order."""
+    return list(dict.fromkeys(critic_adapter_name(role, per_agent) for role in order))
 
 
 def make_value_heads(hidden_size: int, adapter_names: list[str]) -> torch.nn.ModuleDict:
@@ -80,6 +85,15 @@ def token_values(
     gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
     mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
     return (value_heads[adapter](gathered).squeeze(-1) * mask).cpu()
+
+
+def decision_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
+                    response_ids: list[list[int]], pad_id: int, level: str) -> torch.Tensor:
+    """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(ô) at the action level (L = 1),
+    V(ô, w_<k) at the token level (L = the longest response)."""
+    if level == "token":
+        return token_values(model, value_heads, adapter, prompt_ids, response_ids, pad_id)
+    return action_values(model, value_heads, adapter, prompt_ids, pad_id).unsqueeze(-1)
 
 
 def critic_parameters(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str) -> list[torch.nn.Parameter]:

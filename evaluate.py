@@ -1,6 +1,6 @@
 """Evaluate the base model or a checkpoint of a MARFT run on a math data set.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129). DESIGN.md §5, §6. The agents play exactly the
+Paper: MARFT (Liao et al., arXiv 2504.16129). README: "Evaluating". The agents play exactly the
 episodes of training (`rollout.run_episodes`: every agent acts in σ order on its unrolled
 observation ô^j_t, the environment grades the graded roles), for any organisation N and any
 dependency function D, and any horizon.
@@ -8,13 +8,14 @@ dependency function D, and any horizon.
 What is evaluated:
   * `--run RUN_DIR`: a checkpoint of a run written by marft.py (default: the one named by
     RUN_DIR/checkpoints/latest). The organisation, the LoRA shapes, the horizon, the format
-    penalty, the sampling settings and the seed come from RUN_DIR/config.json.
-  * without `--run`: the base model (`--model`) with organisation `--agents`. Every agent gets a
-    fresh adapter, whose LoRA B = 0 makes it exactly the base model.
+    penalty, the sampling settings and the seed come from RUN_DIR/config.json (`run.read_config`).
+  * without `--run`: the base model (`--model`) with organisation `--agents`, every other setting
+    at its `run.Config` default. Every agent gets a fresh adapter, whose LoRA B = 0 makes it
+    exactly the base model.
 Only the policy adapters are built; the critic plays no part in evaluation.
 
 Metrics, over P problems with k = `--samples` sampled episodes each at the temperature (the
-formulas are those of rollout.py's docstring, computed by `rollout.evaluate_policy`):
+formulas are those of rollout.py's docstring, computed by `rollout.heldout_metrics`):
 
     eval/accuracy           pass@1: mean over problems of c_p / k
     eval/pass@k'            unbiased pass@k' (Chen et al. 2021) for k' = 1, 2, 4, … ≤ k, and k
@@ -31,7 +32,7 @@ each agent's role and response text in σ order, then the step's graded outcomes
 
 Output: a table on stdout, then the first `--transcripts` transcripts, and one JSON file
 (`--out`) holding what was evaluated, the metrics, the breakdowns, the transcripts and the wall
-time. The sampling noise is seeded as in training (`evaluate_policy` seeds torch from --seed), so
+time. The sampling noise is seeded as in training (`heldout_metrics` seeds torch from --seed), so
 `--run R --limit <eval_problems> --samples <eval_samples>` on the arithmetic task plays the
 problems, and draws the noise, of the run's own held-out evaluation at that checkpoint.
 
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import dataclasses
 import os
 import random
 import re
@@ -61,22 +62,14 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 import agents as agents_lib
+import run as run_lib
 from envs import Grader, Problem, load_problems
 from flex_pomdp import Organisation, load_organisation
-from rollout import Rollout, evaluate_policy, pass_at_k, solved_counts
+from rollout import Rollout, heldout_metrics, pass_at_k, solved_counts
+from run import Config
 
-# The run settings evaluate.py reads from a run's config.json (written by marft.py).
-RUN_KEYS = ("model", "agents", "shared_adapter", "lora_rank", "lora_alpha", "lora_targets", "horizon",
-            "format_penalty", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "arithmetic_levels", "seed")
-# The same settings for the base model (marft.Config's defaults). Any LoRA shape gives the base
-# model itself: a fresh adapter has B = 0.
-BASE_SETTINGS = dict(model="smollm2", agents="chain", shared_adapter=False, lora_rank=16, lora_alpha=32.0,
-                     lora_targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", horizon=1,
-                     format_penalty=0.0, max_new_tokens=32, max_prompt_tokens=1024, temperature=1.0, top_p=1.0,
-                     arithmetic_levels="1,2", seed=1)
 NO_GROUP = "(none)"  # the group of rows without a level or subject
 
 
@@ -93,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="checkpoint of --run, e.g. iter_000012 (default: the one checkpoints/latest names)")
     what.add_argument("--model", default=None,
                       help="base model without --run: smollm2 (embedded), a local HF folder or a hub id "
-                           "(default: smollm2); with --run it comes from config.json")
+                           f"(default: {Config.model}); with --run it comes from config.json")
     what.add_argument("--agents", default=None,
                       help="organisation without --run: single | chain | chain3 | chain4 | parallel, or a profile "
-                           "JSON file (default: chain); with --run it comes from config.json")
+                           f"JSON file (default: {Config.agents}); with --run it comes from config.json")
     data = parser.add_argument_group("data")
     data.add_argument("--data", default="arithmetic",
                       help="arithmetic (the generated held-out task; with --run its levels and seed), arithmetic:1,2,3 "
@@ -116,27 +109,28 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
                           help="also play one greedy episode per problem (eval/accuracy_greedy; default: on)")
     sampling.add_argument("--temperature", type=float, default=None,
-                          help="sampling temperature (default: the run's, else 1.0)")
+                          help=f"sampling temperature (default: the run's, else {Config.temperature})")
     sampling.add_argument("--max_new_tokens", type=int, default=None,
-                          help="longest response in tokens (default: the run's, else 32)")
+                          help=f"longest response in tokens (default: the run's, else {Config.max_new_tokens})")
     sampling.add_argument("--seed", type=int, default=None,
                           help="seed of the sampling noise, of the --shuffle order and, without --run, of the generated "
-                               "task's split (default: the run's seed, else 1)")
+                               f"task's split (default: the run's seed, else {Config.seed})")
     out = parser.add_argument_group("output and machine")
     out.add_argument("--transcripts", type=int, default=3,
                      help="print and store the first N sampled episodes in full (default: 3)")
     out.add_argument("--out", default=None,
                      help="JSON file to write (default: RUN/eval-<checkpoint>-<data>.json with --run, "
                           "else ./eval-base-<data>.json)")
-    out.add_argument("--threads", type=int, default=0, help="torch threads (default 0: all cores)")
-    out.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+    out.add_argument("--threads", type=int, default=Config.threads, help="torch threads (default 0: all cores)")
+    out.add_argument("--device", default=Config.device, choices=("auto", "cpu", "cuda"),
                      help="device of the model (default auto: cuda when available, else cpu)")
-    out.add_argument("--generation_batch_size", type=int, default=64, help="prompts per generate() call (default: 64)")
-    out.add_argument("--backend", default="hf", choices=("hf", "vllm"),
+    out.add_argument("--generation_batch_size", type=int, default=Config.generation_batch_size,
+                     help=f"prompts per generate() call (default: {Config.generation_batch_size})")
+    out.add_argument("--backend", default=Config.backend, choices=("hf", "vllm"),
                      help="generation backend: hf (transformers generate) or vllm (one engine, one LoRARequest per "
                           "agent; MARFT_VLLM=1 bash scripts/setup_env.sh installs it; default: hf)")
-    out.add_argument("--vllm_dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"),
-                     help="vllm: engine weight dtype (default: float32; bfloat16 is faster on a GPU)")
+    out.add_argument("--vllm_dtype", default=Config.vllm_dtype, choices=("auto", "float32", "bfloat16", "float16"),
+                     help=f"vllm: engine weight dtype (default: {Config.vllm_dtype}; bfloat16 is faster on a GPU)")
     return parser
 
 
@@ -167,81 +161,17 @@ def validate(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The run folder: config.json and checkpoints/<iter_XXXXXX>/adapters/<adapter>/
-# ---------------------------------------------------------------------------------------------
-
-def read_run_config(run_dir: Path) -> dict:
-    """The RUN_KEYS of a run's config.json, as a plain dict."""
-    if not run_dir.is_dir():
-        raise SystemExit(f"--run {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise SystemExit(f"--run {run_dir}: no config.json there; give a run folder written by marft.py")
-    config = json.loads(path.read_text())
-    missing = [key for key in RUN_KEYS if key not in config]
-    if missing:
-        raise SystemExit(f"{path} lacks {missing}: it was not written by this version of marft.py; "
-                         "add these keys with the values the run used")
-    return {key: config[key] for key in RUN_KEYS}
-
-
-def checkpoint_folder(run_dir: Path, name: str | None) -> Path:
-    """RUN/checkpoints/<name>, by default the checkpoint that checkpoints/latest names."""
-    root = run_dir / "checkpoints"
-    available = sorted(p.name for p in root.glob("iter_*") if p.is_dir()) if root.is_dir() else []
-    listing = f"checkpoints there: {', '.join(available)}" if available else "the run has no checkpoints yet"
-    if name is None:
-        if not (root / "latest").is_file():
-            raise SystemExit(f"--run {run_dir}: checkpoints/latest is missing ({listing}); "
-                             "pass --checkpoint NAME, or train the run for at least one iteration")
-        name = (root / "latest").read_text().strip()
-    folder = root / name
-    if not (folder / "adapters").is_dir():
-        raise SystemExit(f"--run {run_dir}: checkpoint {name!r} not found ({listing}); pass one of them as --checkpoint")
-    return folder
-
-
-def check_adapter_files(folder: Path, model, adapters: list[str]) -> None:
-    """Each saved adapter exists and has one tensor per LoRA parameter of the built adapter: a
-    config.json whose lora_targets disagree with the checkpoint would otherwise load silently."""
-    for adapter in adapters:
-        weights = folder / adapter / "adapter_model.safetensors"
-        if not weights.is_file():
-            saved = sorted(p.name for p in folder.iterdir() if (p / "adapter_model.safetensors").is_file())
-            raise SystemExit(f"checkpoint {folder.parent.name} has no adapter {adapter!r} (no {weights}); it holds "
-                             f"{saved}. The run's config.json (agents, shared_adapter) does not match this checkpoint.")
-        with safe_open(str(weights), framework="pt") as f:
-            saved_tensors = len(list(f.keys()))
-        built = len(agents_lib.adapter_parameters(model, adapter))
-        if saved_tensors != built:
-            raise SystemExit(f"{weights} holds {saved_tensors} LoRA tensors but the adapter built from config.json has "
-                             f"{built}: its lora_targets do not match the checkpoint")
-
-
-# ---------------------------------------------------------------------------------------------
 # The policies: base model + one LoRA adapter per agent (shared: one for all)
 # ---------------------------------------------------------------------------------------------
 
-def policy_adapters(org: Organisation, shared_adapter: bool) -> list[str]:
-    """θ^i of every agent, each name once, in σ order."""
-    return list(dict.fromkeys(agents_lib.policy_adapter_name(role, shared_adapter) for role in org.order))
-
-
-def build_policies(settings: dict, org: Organisation, checkpoint: Path | None = None, device: str = "cpu"):
+def build_policies(cfg: Config, org: Organisation, checkpoint: Path | None = None):
     """(model, tokenizer): the base model with fresh policy adapters (B = 0, i.e. the base model),
-    then the checkpoint's adapter weights when `checkpoint` is a checkpoint folder."""
-    base_model, tokenizer = agents_lib.load_base_model(settings["model"])
-    adapters = policy_adapters(org, settings["shared_adapter"])
-    config = agents_lib.lora_config(settings["lora_rank"], settings["lora_alpha"], settings["lora_targets"].split(","))
-    model = agents_lib.attach_adapters(base_model, adapters, config)
+    then the checkpoint's adapter weights when `checkpoint` is a checkpoint folder. Only the
+    policies are built: the critic plays no part in evaluation."""
+    adapters = agents_lib.policy_adapter_names(org.order, cfg.shared_adapter)
+    model, tokenizer = agents_lib.build_model(cfg, adapters)
     if checkpoint is not None:
-        check_adapter_files(checkpoint / "adapters", model, adapters)
-        try:
-            agents_lib.load_adapter_weights(model, checkpoint / "adapters", adapters)
-        except (ValueError, RuntimeError) as err:  # RuntimeError: a lora_rank that does not match the saved shapes
-            raise SystemExit(f"{checkpoint}: {err}\nThe run's config.json (lora_rank, lora_targets) must match its "
-                             "checkpoints.") from None
-    model.to(device)
+        run_lib.load_adapters(checkpoint, model, adapters)
     return model, tokenizer
 
 
@@ -383,13 +313,6 @@ def format_transcript(transcript: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json_atomically(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -415,28 +338,45 @@ def progress_printer(generate_actions, org: Organisation):
     return generate
 
 
-def resolve_settings(args: argparse.Namespace) -> tuple[Path | None, Path | None, dict]:
-    """(run folder, checkpoint folder, settings): a run's checkpoint with the run's config.json,
-    or (None, None, the base-model settings with --model and --agents)."""
+def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, Config, int]:
+    """(run folder, checkpoint folder, config, data seed): a run's checkpoint with the run's
+    config.json, or (None, None, the default Config with --model and --agents); then this
+    command line's sampling, metric and machine options. The data seed picks the generated
+    task's split: with a run, the run's own held-out split."""
     if args.run is None:
-        return None, None, dict(BASE_SETTINGS, model=args.model or BASE_SETTINGS["model"],
-                                agents=args.agents or BASE_SETTINGS["agents"])
-    run_dir = Path(args.run)
-    settings = read_run_config(run_dir)
-    return run_dir, checkpoint_folder(run_dir, args.checkpoint), settings
+        run_dir, checkpoint = None, None
+        cfg = Config(model=args.model or Config.model, agents=args.agents or Config.agents)
+    else:
+        run_dir = Path(args.run)
+        cfg = run_lib.read_config(run_dir, "--run")
+        checkpoint = run_lib.checkpoint_folder(run_dir, args.checkpoint, "--run")
+    seed = cfg.seed if args.seed is None else args.seed
+    data_seed = cfg.seed if run_dir is not None else seed
+    cfg = dataclasses.replace(
+        cfg, seed=seed, resume="", eval_samples=args.samples, eval_greedy=args.greedy,
+        temperature=cfg.temperature if args.temperature is None else args.temperature,
+        max_new_tokens=cfg.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+        threads=args.threads, generation_batch_size=args.generation_batch_size, backend=args.backend,
+        vllm_dtype=args.vllm_dtype, vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
+        device="cpu" if args.backend == "vllm" else args.device)  # vllm: the policies only hand their adapters to the engine
+    try:
+        load_organisation(cfg.agents)
+    except ValueError as err:
+        raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
+    return run_dir, checkpoint, cfg, data_seed
 
 
-def load_eval_problems(args: argparse.Namespace, settings: dict, data_seed: int, seed: int) -> tuple[str, list[Problem]]:
-    """(source, problems): "arithmetic" is the generated task with the settings' levels; `data_seed`
-    picks its split (a run's own held-out split), `seed` the --shuffle order."""
-    source = f"arithmetic:{settings['arithmetic_levels']}" if args.data == "arithmetic" else args.data
+def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) -> tuple[str, list[Problem]]:
+    """(source, problems): "arithmetic" is the generated task with the config's levels; `data_seed`
+    picks its split (a run's own held-out split), cfg.seed the --shuffle order."""
+    source = f"arithmetic:{cfg.arithmetic_levels}" if args.data == "arithmetic" else args.data
     try:
         problems = load_problems(source, split=args.split, limit=None if args.shuffle else args.limit, seed=data_seed,
                                  skip_malformed=args.skip_malformed_rows)
     except (ValueError, FileNotFoundError, ImportError) as err:
         raise SystemExit(f"--data={args.data!r}: {err}") from None
     if args.shuffle:
-        random.Random(f"evaluate-shuffle-{seed}").shuffle(problems)
+        random.Random(f"evaluate-shuffle-{cfg.seed}").shuffle(problems)
         problems = problems[: args.limit]
     if not problems:
         raise SystemExit(f"--data={args.data!r}: no problems to evaluate")
@@ -456,79 +396,55 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     wall_start = time.time()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-
-    run_dir, checkpoint, settings = resolve_settings(args)
-    seed = settings["seed"] if args.seed is None else args.seed
-    data_seed = settings["seed"] if run_dir is not None else seed  # with a run: the run's own held-out split
-    temperature = settings["temperature"] if args.temperature is None else args.temperature
-    max_new_tokens = settings["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
-    try:
-        org = load_organisation(settings["agents"])
-    except ValueError as err:
-        raise SystemExit(f"--agents={settings['agents']!r}: {err}") from None
-    source, problems = load_eval_problems(args, settings, data_seed, seed)
-
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    if args.backend == "vllm":
-        device = "cpu"  # the policies only hand their adapters to the engine, which owns the GPU
-    print(f"evaluating {checkpoint or 'the base model ' + settings['model']} with agents {settings['agents']} "
+    run_dir, checkpoint, cfg, data_seed = resolve_config(args)
+    org = load_organisation(cfg.agents)
+    source, problems = load_eval_problems(args, cfg, data_seed)
+    print(f"evaluating {checkpoint or 'the base model ' + cfg.model} with agents {cfg.agents} "
           f"on {len(problems)} problems of {source}", flush=True)
-    model, tokenizer = build_policies(settings, org, checkpoint, device)
-    engine = None
-    if args.backend == "vllm":  # the checkpoint's adapters, published to one engine
-        engine = agents_lib.VLLMGenerator(
-            agents_lib.model_source(settings["model"]), policy_adapters(org, settings["shared_adapter"]),
-            settings["lora_rank"], seed=seed, max_model_len=settings["max_prompt_tokens"] + max_new_tokens,
-            dtype=args.vllm_dtype, gpu_memory_utilization=0.9, tensor_parallel_size=1, enforce_eager=True,
-            sync_root=Path(tempfile.gettempdir()), threads=args.threads or os.cpu_count() or 1)
-        engine.sync(model)
-        backend = lambda prompt_ids, adapter, sampling: engine.generate(prompt_ids, adapter, sampling, tokenizer.eos_token_id)
-    else:  # a progress bar over each call's batches: a MATH step can take minutes
-        backend = lambda prompt_ids, adapter, sampling: agents_lib.generate(
-            model, tokenizer, prompt_ids, adapter, sampling, args.generation_batch_size,
-            progress=f"  {adapter or 'base'}: batches of {args.generation_batch_size}")
-    generate_actions = progress_printer(backend, org)
-
-    with Grader() as grader, (contextlib.closing(engine) if engine else contextlib.nullcontext()):
-        metrics, sampled, greedy = evaluate_policy(
-            generate_actions, tokenizer, org, problems, grader, samples=args.samples, temperature=temperature,
-            top_p=settings["top_p"], max_new_tokens=max_new_tokens, greedy=args.greedy, seed=seed,
-            horizon=settings["horizon"], format_penalty=settings["format_penalty"],
-            max_prompt_tokens=settings["max_prompt_tokens"], shared_adapter=settings["shared_adapter"])
+    model, tokenizer = build_policies(cfg, org, checkpoint)
+    backend = agents_lib.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
+                                      fallback_sync_dir=Path(tempfile.gettempdir()), progress=True)
+    with Grader() as grader, contextlib.closing(backend):
+        metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg)
         grading_timeouts = grader.timeouts
-
-    counts = solved_counts(sampled, len(problems))
-    metrics = ordered_metrics(metrics, pass_at_k_table(counts, args.samples), greedy)
-    greedy_solved = greedy.solved if greedy is not None else None
-    tallies = unparseable_tallies(sampled, len(problems))
-    report = {
-        "evaluated": {
-            "model": settings["model"], "run": str(run_dir) if run_dir else None,
-            "checkpoint": checkpoint.name if checkpoint else None, "agents": settings["agents"],
-            "roles": list(org.order), "graded_roles": list(org.graded_roles), "shared_adapter": settings["shared_adapter"],
-            "dataset": source, "split": args.split, "limit": args.limit, "shuffled": args.shuffle, "problems": len(problems),
-            "samples": args.samples, "greedy": args.greedy, "temperature": temperature, "top_p": settings["top_p"],
-            "max_new_tokens": max_new_tokens, "max_prompt_tokens": settings["max_prompt_tokens"],
-            "horizon": settings["horizon"], "format_penalty": settings["format_penalty"], "seed": seed,
-            "backend": args.backend, "device": device, "date": datetime.now().isoformat(timespec="seconds"),
-        },
-        "metrics": metrics,
-        "by_level": breakdown(problems, "level", counts, args.samples, greedy_solved, tallies),
-        "by_subject": breakdown(problems, "type", counts, args.samples, greedy_solved, tallies),
-        "diagnostics": {"truncated_prompts": sampled.truncated_prompts + (greedy.truncated_prompts if greedy else 0),
-                        "grading_timeouts": grading_timeouts,
-                        "generation_seconds": sampled.generation_seconds + (greedy.generation_seconds if greedy else 0.0)},
-        "transcripts": transcripts(sampled, problems, org, args.transcripts),
-        "wall_seconds": time.time() - wall_start,
-    }
+    report = make_report(args, cfg, run_dir, checkpoint, org, source, problems, metrics, sampled, greedy)
+    report["diagnostics"]["grading_timeouts"] = grading_timeouts
+    report["wall_seconds"] = time.time() - wall_start
     out = output_path(args, run_dir, checkpoint)
-    write_json_atomically(out, report)
+    run_lib.write_json_atomically(out, report)
 
     print("\n" + format_table(report), flush=True)
     for transcript in report["transcripts"]:
         print("\n" + format_transcript(transcript))
     print(f"\nwrote {out}", flush=True)
     return report
+
+
+def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, checkpoint: Path | None, org: Organisation,
+                source: str, problems: list[Problem], metrics: dict, sampled: Rollout, greedy: Rollout | None) -> dict:
+    """What was evaluated, the metrics with every pass@k', the breakdowns and the transcripts."""
+    counts = solved_counts(sampled, len(problems))
+    greedy_solved = greedy.solved if greedy is not None else None
+    tallies = unparseable_tallies(sampled, len(problems))
+    return {
+        "evaluated": {
+            "model": cfg.model, "run": str(run_dir) if run_dir else None,
+            "checkpoint": checkpoint.name if checkpoint else None, "agents": cfg.agents,
+            "roles": list(org.order), "graded_roles": list(org.graded_roles), "shared_adapter": cfg.shared_adapter,
+            "dataset": source, "split": args.split, "limit": args.limit, "shuffled": args.shuffle, "problems": len(problems),
+            "samples": cfg.eval_samples, "greedy": cfg.eval_greedy, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
+            "horizon": cfg.horizon, "format_penalty": cfg.format_penalty, "seed": cfg.seed,
+            "backend": cfg.backend, "device": agents_lib.resolve_device(cfg.device),
+            "date": datetime.now().isoformat(timespec="seconds"),
+        },
+        "metrics": ordered_metrics(metrics, pass_at_k_table(counts, cfg.eval_samples), greedy),
+        "by_level": breakdown(problems, "level", counts, cfg.eval_samples, greedy_solved, tallies),
+        "by_subject": breakdown(problems, "type", counts, cfg.eval_samples, greedy_solved, tallies),
+        "diagnostics": {"truncated_prompts": sampled.truncated_prompts + (greedy.truncated_prompts if greedy else 0),
+                        "generation_seconds": sampled.generation_seconds + (greedy.generation_seconds if greedy else 0.0)},
+        "transcripts": transcripts(sampled, problems, org, args.transcripts),
+    }
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Flex-POMDP: agent profiles, the dependency function D, and unrolled observations.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP". DESIGN.md §1.
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP". README: "Paper ↔ code".
 
 A LaMAS is modelled as the tuple ⟨V, N, S, O, A, T, R, γ, D⟩. This module owns the parts that
 are about *who sees what*:

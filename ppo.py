@@ -1,7 +1,7 @@
 """Multi-agent PPO math: credit assignment, advantages, losses, and the agent-by-agent schedule.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (action-level and token-level
-advantages, trust-region agent-by-agent update). DESIGN.md §4–5. Pure tensor math: this module
+advantages, trust-region agent-by-agent update); README: "Paper ↔ code". Pure tensor math: this module
 imports nothing of ours, so every function can be checked against a hand-worked table.
 
 Symbols and shapes
@@ -14,7 +14,7 @@ Symbols and shapes
     γ_a   discount between agents of one step (default 1: agents are not time steps)
     λ     GAE parameter      ρ   probability ratio π_new / π_old     M   HAPPO weight [B, T]
 
-Action level (Eqs. of DESIGN §4): the episode is flattened into the chain
+Action level: the episode is flattened into the chain
 (t, σ_1), (t, σ_2), …, (t, σ_N), (t+1, σ_1), … and
 
     δ_k = r_k + γ_next · V_next · (1 − done) − V_k                                  (TD error)
@@ -25,13 +25,13 @@ agent of step t+1 (γ_next = γ, cut by done). By the multi-agent advantage deco
 A(o, a^{1:N}) = Σ_i A^i(o, a^{1:i−1}, a^i), agent i's advantage measures how its action moves the
 value seen by the next agent.
 
-Token level (DESIGN §4): every token is an action. Inside an action there is no reward and the
+Token level: every token is an action. Inside an action there is no reward and the
 discount is γ_token, Q(ô, w_<k, w_k) = γ_token V(ô, w_≤k); the last token of agent i's action
 collects r^i_t and hops to the first token of the next agent (γ_a) or of step t+1 (γ, cut by
 done). GAE runs along this whole token chain (`token_level_gae`), and the losses below apply
 per token with a mask, so padding never carries advantage, loss or entropy.
 
-The update (DESIGN §5):
+The update:
 
     L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO)
     L^V = E[ max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²) ]    (clipped value loss)
@@ -148,7 +148,7 @@ def token_level_gae(
     gamma_token: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level advantages and returns: every token is an action (DESIGN §4 "Token level").
+    """Token-level advantages and returns: every token is an action (token-level MARFT).
 
     token_rewards_at_end: [B, T, N], the reward r^i_t placed on agent i (credit assignment),
     paid at the last token of its action; token_values: [B, T, N, L], V(ô^i_t, w_<k) read at the
@@ -189,6 +189,21 @@ def token_level_gae(
         advantages[b].view(-1)[chain] = adv[0]
         returns[b].view(-1)[chain] = ret[0]
     return advantages, returns
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: torch.Tensor, gamma: float,
+        gamma_agent: float, gamma_token: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns of every decision, [B, T, N, L], whatever a decision is.
+
+    rewards [B, T, N] (placed by credit assignment), values and mask [B, T, N, L], dones [B, T].
+    L = 1 is one decision per action: `action_level_gae`. L > 1 is one decision per token:
+    `token_level_gae`, of which the action level is the special case L = 1 (a test checks that
+    both give the same numbers there).
+    """
+    if values.shape[-1] == 1:
+        advantages, returns = action_level_gae(rewards, values[..., 0], dones, gamma, gamma_agent, lam)
+        return advantages.unsqueeze(-1), returns.unsqueeze(-1)
+    return token_level_gae(rewards, values, mask, dones, gamma, gamma_agent, gamma_token, lam)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Rollouts and held-out evaluation: the agents playing episodes of the Flex-POMDP.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP" (the rollout of one step) and
-the algorithm box's sampling phase. DESIGN.md §1, §5, §6.
+the algorithm box's sampling phase. README: "Paper ↔ code".
 
 At every step t of an episode the agents act in the topological order σ of the dependency graph;
 agent j sees the unrolled observation
@@ -13,9 +13,12 @@ the team reward R_t and done_t. Both training (marft.py) and evaluation (evaluat
 episodes through `run_episodes`, so they are the same game.
 
 Generation goes through a `GenerateActions` function, (prompt ids, adapter, sampling) → Actions:
-the transformers backend (`agents.generate`) or the vLLM backend (`agents.VLLMGenerator`).
+the `generate` method of the backend `agents.make_backend` built (transformers or vLLM).
 
-Held-out metrics (`evaluate_policy`), over P problems with k sampled episodes each:
+A `Rollout` keeps every action as one sample s; `to_grid` scatters a per-sample table into the
+[B, T, N, …] grid of joint actions that the advantage equations index.
+
+Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes each:
 
     eval/accuracy          mean over problems of c_p / k (pass@1 estimated from k samples)
     eval/pass@k            mean over problems of 1 − C(k − c_p, k) / C(k, k)  (= any sample right)
@@ -37,6 +40,7 @@ import torch
 import agents as agents_lib
 from envs import Grader, MathEnv, Problem
 from flex_pomdp import Organisation, unrolled_messages
+from run import Config
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
 GenerateActions = Callable[[list[list[int]], "str | None", agents_lib.Sampling], agents_lib.Actions]
@@ -64,13 +68,29 @@ class Rollout:
     truncated_prompts: int = 0
     generation_seconds: float = 0.0
 
+    def agent_samples(self, agent: int) -> list[int]:
+        """The samples s of agent σ[agent], in rollout order."""
+        return [s for s, n in enumerate(self.agent_index) if n == agent]
+
+    def sequences(self, samples) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids, response ids) of the given samples: the exact ids of the rollout."""
+        return [self.prompt_ids[s] for s in samples], [self.response_ids[s] for s in samples]
+
+    def to_grid(self, table: torch.Tensor, num_agents: int) -> torch.Tensor:
+        """Scatter a per-sample table [S, ...] into [B, T, N, ...] (zeros where no action was taken)."""
+        B, T = self.step_mask.shape
+        out = torch.zeros(B, T, num_agents, *table.shape[1:], dtype=table.dtype)
+        out[self.episode, self.step, self.agent_index] = table
+        return out
+
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
-                 grader: Grader, sampling: agents_lib.Sampling, *, horizon: int, format_penalty: float,
-                 max_prompt_tokens: int, shared_adapter: bool) -> Rollout:
-    """Play one episode per problem with every agent acting in σ order at every step."""
-    B, T = len(problems), horizon
-    envs = [MathEnv(p, grader, list(org.graded_roles), horizon=horizon, format_penalty=format_penalty) for p in problems]
+                 grader: Grader, sampling: agents_lib.Sampling, cfg: Config) -> Rollout:
+    """Play one episode per problem with every agent acting in σ order at every step.
+
+    From `cfg`: the horizon H, the format penalty, max_prompt_tokens and shared_adapter."""
+    B, T = len(problems), cfg.horizon
+    envs = [MathEnv(p, grader, list(org.graded_roles), horizon=T, format_penalty=cfg.format_penalty) for p in problems]
     observations = [env.reset() for env in envs]
     out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T),
                   solved=[False] * B, outcomes=[[] for _ in range(B)])
@@ -80,10 +100,10 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
         for n, role in enumerate(org.order):
             # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
             messages = [unrolled_messages(org, role, observations[b], step_actions[k]) for k, b in enumerate(active)]
-            prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, max_prompt_tokens)
+            prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
             started = time.perf_counter()
             # a^j_t ~ π^j(· | ô^j_t)
-            actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, shared_adapter), sampling)
+            actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), sampling)
             out.generation_seconds += time.perf_counter() - started
             texts = tokenizer.batch_decode(actions.token_ids, skip_special_tokens=True)
             out.truncated_prompts += truncated
@@ -129,17 +149,18 @@ def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate_policy(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
-                    grader: Grader, *, samples: int, temperature: float, top_p: float, max_new_tokens: int,
-                    greedy: bool, seed: int, **episode_options) -> tuple[dict, Rollout, Rollout | None]:
+def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
+                    grader: Grader, cfg: Config) -> tuple[dict, Rollout, Rollout | None]:
     """Held-out metrics of the current policies: (metrics, sampled rollout, greedy rollout or None).
 
-    The sampled rollout plays problems × samples episodes, episode b on problem b mod P. The
-    sampling noise is re-seeded from `seed`, so every evaluation of a run sees the same noise.
+    The sampled rollout plays problems × cfg.eval_samples episodes at cfg.temperature, episode b
+    on problem b mod P; with cfg.eval_greedy one greedy episode per problem follows. The sampling
+    noise is re-seeded from cfg.seed, so every evaluation of a run sees the same noise.
     """
-    torch.manual_seed(seed + 424242)
+    samples = cfg.eval_samples
+    torch.manual_seed(cfg.seed + 424242)
     sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,
-                           agents_lib.Sampling(temperature, top_p, max_new_tokens), **episode_options)
+                           agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), cfg)
     counts = solved_counts(sampled, len(problems))
     metrics = {
         "eval/accuracy": sum(c / samples for c in counts) / len(problems),  # pass@1
@@ -148,8 +169,8 @@ def evaluate_policy(generate_actions: GenerateActions, tokenizer, org: Organisat
     if samples > 1:
         metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
     greedy_rollout = None
-    if greedy:
+    if cfg.eval_greedy:
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
-                                      agents_lib.Sampling(0.0, 1.0, max_new_tokens), **episode_options)
+                                      agents_lib.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
     return metrics, sampled, greedy_rollout

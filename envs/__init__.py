@@ -1,4 +1,4 @@
-"""Environments: where the agents' joint actions are scored (DESIGN.md section 6).
+"""Environments: where the agents' joint actions are scored.
 
 The protocol is gymnasium-like, with text observations and text actions:
 

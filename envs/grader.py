@@ -1,4 +1,4 @@
-"""Grading a response against a gold answer with Hugging Face math-verify (DESIGN.md section 6).
+"""Grading a response against a gold answer with Hugging Face math-verify.
 
 The outcome of one response is one of three strings:
 
@@ -10,7 +10,7 @@ The outcome of one response is one of three strings:
 Only the content of the response's last `\\boxed{}` is graded. It and the gold are parsed
 the same way, `parse("$\\boxed{" + answer + "}$")`, and compared with
 `verify(gold, prediction)`: gold first, because math-verify is not symmetric. The gold is
-never run through a last-number fallback (DESIGN.md section 7).
+never run through a last-number fallback (README: "Pitfalls avoided").
 
 Why a worker process. Some inputs make sympy run for minutes (the power tower
 `9^{9^{9^{9}}}` checked against `1` ran for over two minutes before we stopped it).

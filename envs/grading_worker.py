@@ -1,4 +1,4 @@
-"""The math-verify worker process that `envs.grader.Grader` starts (DESIGN.md section 6).
+"""The math-verify worker process that `envs.grader.Grader` starts.
 
 Run as a script (`python grading_worker.py`), never imported by the rest of the project.
 It imports math-verify once, prints "ready", then answers requests until stdin closes:

@@ -1,6 +1,6 @@
-"""The math environment: one episode on one problem (DESIGN.md section 6).
+"""The math environment: one episode on one problem.
 
-In the Flex-POMDP (DESIGN.md section 1) the state is the problem plus the feedback so far;
+In the Flex-POMDP (paper Sec. "Flex-POMDP") the state is the problem plus the feedback so far;
 a joint action is one response per agent (role -> text); the team reward comes from the
 agents whose answers are graded (e.g. only the final solver of a planner -> solver chain).
 

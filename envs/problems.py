@@ -1,4 +1,4 @@
-"""Math problems: the data rows the environment poses (DESIGN.md section 6).
+"""Math problems: the data rows the environment poses.
 
 A `Problem` is one question with its gold answer. This module owns:
 
@@ -10,7 +10,7 @@ A `Problem` is one question with its gold answer. This module owns:
 * `make_arithmetic_problems` -- that generated task.
 
 The gold answer is kept exactly as the data gives it (a LaTeX string). It is never passed
-through a "last number in the text" extraction: DESIGN.md section 7 records how the
+through a "last number in the text" extraction: the README's "Pitfalls avoided" records how a
 reference evaluator turned the gold `\\frac{1}{2}` into `2` that way. Malformed rows raise a
 `ValueError` naming the file and line; nothing is skipped silently.
 """

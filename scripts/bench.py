@@ -49,10 +49,10 @@ import agents  # noqa: E402
 import critic  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import load_organisation, unrolled_messages  # noqa: E402
+from run import Config  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
-LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-LORA_RANK = 16  # marft.py's defaults: the adapters every section measures
+DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, batch_size=16, phase_iterations=2, eval_problems=4, learning_minutes=8.0)
 QUICK = dict(prompts=4, new_tokens=8, batch_size=1, phase_iterations=1, eval_problems=2, learning_minutes=0.1)
 
@@ -71,21 +71,21 @@ def machine() -> dict:
 
 
 def planner_prompts(tokenizer, count: int) -> list[list[int]]:
-    """The default task's first-agent prompts (chain organisation, arithmetic train problems)."""
-    org = load_organisation("chain")
-    problems = make_arithmetic_problems("train", seed=1)[:count]
+    """The default task's first-agent prompts (default organisation, arithmetic train problems)."""
+    org = load_organisation(DEFAULTS.agents)
+    problems = make_arithmetic_problems("train", seed=DEFAULTS.seed)[:count]
     messages = [unrolled_messages(org, org.order[0], p.problem, {}) for p in problems]
-    return agents.tokenize_prompts(tokenizer, messages, 1024)[0]
+    return agents.tokenize_prompts(tokenizer, messages, DEFAULTS.max_prompt_tokens)[0]
 
 
 def lora_config():
-    """marft.py's default LoRA shape (rank 16, alpha 32, every projection)."""
-    return agents.lora_config(LORA_RANK, 2.0 * LORA_RANK, LORA_TARGETS.split(","))
+    """The default LoRA shape of run.Config."""
+    return agents.lora_config(DEFAULTS.lora_rank, DEFAULTS.lora_alpha, DEFAULTS.lora_targets.split(","))
 
 
 def policies_with_random_adapters(roles: list[str]):
-    """The embedded model with one adapter per role whose A and B are random (as after training)."""
-    base, tokenizer = agents.load_base_model("smollm2")
+    """The default model with one adapter per role whose A and B are random (as after training)."""
+    base, tokenizer = agents.load_base_model(DEFAULTS.model)
     torch.manual_seed(0)
     config = lora_config()
     config.init_lora_weights = False
@@ -140,14 +140,12 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
     sampling = agents.Sampling(1.0, 1.0, sizes["new_tokens"])
     hf_tps, hf_tokens = tokens_per_second(lambda p: agents.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
     started = time.perf_counter()
-    engine = agents.VLLMGenerator(agents.model_source("smollm2"), roles, LORA_RANK, seed=0, max_model_len=1024 + 64,
-                                  dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=True,
-                                  sync_root=out / "runs" / "vllm-sync", threads=threads)
-    engine.sync(model)
+    vllm_config = Config(backend="vllm", seed=0, max_new_tokens=sizes["new_tokens"], threads=threads)
+    engine = agents.make_backend(vllm_config, model, tokenizer, roles, fallback_sync_dir=out / "runs" / "vllm-sync")
     startup = time.perf_counter() - started
     try:
-        vllm_tps, vllm_tokens = tokens_per_second(lambda p: engine.generate(p, "planner", sampling, tokenizer.eos_token_id), prompts)
-        base_tps, _ = tokens_per_second(lambda p: engine.generate(p, None, sampling, tokenizer.eos_token_id), prompts)
+        vllm_tps, vllm_tokens = tokens_per_second(lambda p: engine.generate(p, "planner", sampling), prompts)
+        base_tps, _ = tokens_per_second(lambda p: engine.generate(p, None, sampling), prompts)
     finally:
         engine.close()
     return {"threads": threads, "prompts": len(prompts), "max_new_tokens": sizes["new_tokens"],
@@ -209,7 +207,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
         return phase_table, {}
     for setting in ("default", "lean"):
         memory[setting]["ratio_4_to_1"] = memory[setting]["4_agents"]["peak_rss_mib"] / memory[setting]["1_agents"]["peak_rss_mib"]
-    base, tokenizer = agents.load_base_model("smollm2")
+    base, tokenizer = agents.load_base_model(DEFAULTS.model)
     memory["base_model_mib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
     model = agents.attach_adapters(base, ["one"], lora_config())
     memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
@@ -226,7 +224,7 @@ def prompt_lengths_by_position(tokenizer) -> list[float]:
     for role in org.order:
         parents = {parent: typical_action for parent in org.parents(role)}
         messages = [unrolled_messages(org, role, p.problem, parents) for p in problems]
-        ids = agents.tokenize_prompts(tokenizer, messages, 1024)[0]
+        ids = agents.tokenize_prompts(tokenizer, messages, DEFAULTS.max_prompt_tokens)[0]
         lengths.append(sum(map(len, ids)) / len(ids))
     return lengths
 
@@ -266,7 +264,8 @@ def markdown(report: dict) -> str:
         else:
             lines += [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
                       "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
-                      f"| vLLM with the agent's LoRARequest (rank {LORA_RANK} on {LORA_TARGETS.count(',') + 1} projections) "
+                      f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
+                      f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
                       f"| {b['vllm_tokens_per_second']:.0f} |",
                       f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
                       f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "

@@ -1,4 +1,4 @@
-"""Tests of the math environment package `envs` (DESIGN.md section 6).
+"""Tests of the math environment package `envs`.
 
 Covers: `\\boxed{}` extraction, MATH / GSM8K rows, loading the real benchmark files in
 ../shared/data (read in place, never copied), the generated arithmetic task, math-verify

@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 import agents
 import evaluate
+import run as run_lib
 from envs import Problem
 from flex_pomdp import load_organisation
 from rollout import Rollout, solved_counts
@@ -210,10 +211,10 @@ def fake_run(tiny_model_dir, root):
 
 def test_build_policies_loads_the_checkpoint_weights(tiny_model_dir, tmp_path):
     run, folder = fake_run(tiny_model_dir, tmp_path)
-    settings = evaluate.read_run_config(run)
-    org = load_organisation(settings["agents"])
-    assert evaluate.checkpoint_folder(run, None) == folder
-    model, _ = evaluate.build_policies(settings, org, folder)
+    cfg = run_lib.read_config(run, "--run")
+    org = load_organisation(cfg.agents)
+    assert run_lib.checkpoint_folder(run, None, "--run") == folder
+    model, _ = evaluate.build_policies(cfg, org, folder)
     assert set(model.peft_config) == {"planner", "solver"}  # policies only, no critic
     saved = load_file(folder / "adapters" / "solver" / "adapter_model.safetensors")
     loaded = dict(model.named_parameters())
@@ -224,7 +225,7 @@ def test_build_policies_loads_the_checkpoint_weights(tiny_model_dir, tmp_path):
         checked += "lora_B" in key
     assert checked == 4 and all(saved[k].abs().sum() > 0 for k in saved if "lora_B" in k)
     # the base model: every fresh adapter's lora_B is 0
-    base_model, _ = evaluate.build_policies(settings, org, None)
+    base_model, _ = evaluate.build_policies(cfg, org, None)
     assert all(p.abs().sum() == 0 for n, p in base_model.named_parameters() if "lora_B" in n)
 
 

@@ -1,4 +1,4 @@
-"""Tests of `flex_pomdp.py` (DESIGN.md §1): organisations, the dependency function D, σ, and the
+"""Tests of `flex_pomdp.py` (paper Sec. "Flex-POMDP"): organisations, the dependency function D, σ, and the
 unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}.
 
 Expected prompts are written out literally from the layout "Problem: <o>" followed by one

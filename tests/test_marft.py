@@ -1,59 +1,15 @@
-"""marft.py: command line, config validation, data plumbing, checkpoints, resume, and learning."""
+"""marft.py: data plumbing, the phases of the algorithm box, and whole runs (resume, learning)."""
 import json
-import shutil
+import math
 
 import pytest
 import torch
 
+import agents
 import marft
+import run
 from conftest import SHARED_DATA
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-
-def test_help_documents_every_option(capsys):
-    with pytest.raises(SystemExit):
-        marft.parse_args(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    docs = marft.field_docs()
-    for field in marft.dataclasses.fields(marft.Config):
-        assert f"--{field.name}" in text
-        assert field.name in docs and docs[field.name].split()[0] in text
-
-
-@pytest.mark.parametrize("argv, option", [
-    (["--credit", "everyone"], "--credit"),
-    (["--lam", "1.5"], "--lam"),
-    (["--batch_size", "0"], "--batch_size"),
-    (["--normalisation", "max"], "--normalisation"),
-    (["--temperature", "0"], "--temperature"),
-    (["--arithmetic_levels", "1,9"], "--arithmetic_levels"),
-    (["--agents", "no-such-organisation"], "--agents"),
-    (["--update_order", "alphabetical"], "--update_order"),
-])
-def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
-    with pytest.raises(SystemExit) as err:
-        marft.parse_args(argv)
-    assert str(err.value).startswith(option)
-
-
-def test_cyclic_profile_file_is_rejected_at_start(tmp_path):
-    profile = tmp_path / "cyclic.json"
-    profile.write_text(json.dumps({
-        "agents": [{"role": "a", "system_prompt": "A", "graded": True}, {"role": "b", "system_prompt": "B"}],
-        "dependencies": [["a", "b"], ["b", "a"]],
-    }))
-    with pytest.raises(SystemExit) as err:
-        marft.parse_args(["--agents", str(profile)])
-    assert "--agents" in str(err.value) and "cycle" in str(err.value)
-
-
-def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
-    with pytest.raises(SystemExit) as err:
-        marft.parse_args(["--resume", str(tmp_path)])
-    assert "config.json" in str(err.value)
+from rollout import Rollout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,13 +19,13 @@ def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
 def test_malformed_training_row_is_reported_with_file_and_line(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "solution": "$\\boxed{2}$"}) + "\n" + json.dumps({"problem": "no answer here"}) + "\n")
-    cfg = marft.Config(data=str(data), eval_data=str(data))
+    cfg = run.Config(data=str(data), eval_data=str(data))
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         marft.load_task(cfg)
 
 
 def test_real_math_test_file_feeds_training_and_held_out_split():
-    cfg = marft.Config(data=str(SHARED_DATA / "math_test.jsonl"), eval_problems=20)
+    cfg = run.Config(data=str(SHARED_DATA / "math_test.jsonl"), eval_problems=20)
     train, held_out = marft.load_task(cfg)
     assert len(held_out) == 20 and len(train) == 5000 - 20
     assert not {p.problem for p in held_out} & {p.problem for p in train}
@@ -85,63 +41,76 @@ def test_iteration_batches_cover_the_train_set_each_epoch_and_replay_by_iteratio
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints
+# The phases of the update, on a tiny random Llama and a hand-made rollout
 # ---------------------------------------------------------------------------------------------
 
-def tiny_config(tiny_model_dir, **overrides) -> marft.Config:
-    return marft.Config(model=str(tiny_model_dir), lora_rank=2, lora_alpha=4.0, **overrides)
+TARGETS = ["q_proj", "v_proj"]
 
 
-def perturb(model, value_heads, scale=0.1):
+def hand_made_rollout():
+    """B = 2 episodes, T = 2 steps, agents planner (n = 0) → solver (n = 1). Episode 0 plays both
+    steps; episode 1 ends after step 0, so (episode 1, step 1) is no joint action at all."""
+    where = [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)]  # (episode, step, agent)
+    prompts = [[1, 50, 60, 70], [1, 51, 61], [1, 52, 62, 72, 82], [1, 53], [1, 54, 64], [1, 55, 65, 75]]
+    responses = [[100, 101, 2], [200], [300, 301, 302, 2], [400, 2], [500], [600, 601, 602, 603, 2]]
+    return Rollout(prompt_ids=prompts, response_ids=responses, texts=[""] * 6, generation_logprobs=[[0.0] * len(r) for r in responses],
+                   episode=[e for e, _, _ in where], step=[t for _, t, _ in where], agent_index=[n for _, _, n in where],
+                   team_reward=torch.tensor([[0.0, 1.0], [1.0, 0.0]]), dones=torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
+                   step_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]), solved=[True, True], outcomes=[[], []])
+
+
+def plain_action_logprob(model, adapter, prompt, response):
+    """log π(a | ô) = Σ_k log π(w_k | ô, w_<k) from one plain forward pass of prompt ⊕ response."""
+    with agents.active_adapter(model, adapter), torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0]
+    logp = torch.log_softmax(logits.double(), -1)
+    return sum(logp[len(prompt) - 1 + k, token].item() for k, token in enumerate(response))
+
+
+@pytest.fixture()
+def tiny_agents(tiny_model_dir):
+    base, tokenizer = agents.load_base_model(str(tiny_model_dir))
+    torch.manual_seed(0)
+    model = agents.attach_adapters(base, ["planner", "solver"], agents.lora_config(4, 8.0, TARGETS))
+    return model, tokenizer.pad_token_id
+
+
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_joint_action(tiny_agents, level):
+    model, pad = tiny_agents
+    rollout, cfg = hand_made_rollout(), run.Config(level=level, normalisation="sum", happo_ratio_clip=0.0, forward_batch_size=2)
+    solver_samples = rollout.agent_samples(1)  # samples 1, 3, 5: (0, 0), (0, 1), (1, 0)
+    old_lp = {s: plain_action_logprob(model, "solver", rollout.prompt_ids[s], rollout.response_ids[s]) for s in solver_samples}
+    old_table, _, mask = marft.decision_logprobs(model, pad, rollout, list(range(6)), "solver", cfg)  # [6, L] under π_old
+    old = marft.OldPolicy(logprob=old_table, values=torch.zeros_like(old_table), ref_logprob=torch.zeros_like(old_table), mask=mask)
+    # The solver's update: its adapter moves, the planner's does not.
     with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(value_heads.named_parameters()):
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * scale)
+        for name, param in model.named_parameters():
+            if "lora_B" in name and ".solver." in name:
+                param.normal_(0, 0.3)
+    happo_weight = torch.tensor([[1.5, 0.5], [2.0, 3.0]])  # M before the solver's factor
+    new_weight = marft.happo_weight_after_update(model, pad, rollout, old, torch.tensor(solver_samples), "solver",
+                                                 happo_weight, cfg)
+    ratio = {s: math.exp(plain_action_logprob(model, "solver", rollout.prompt_ids[s], rollout.response_ids[s]) - old_lp[s])
+             for s in solver_samples}
+    assert all(abs(r - 1) > 1e-3 for r in ratio.values())  # the new weights really entered
+    expected = [[1.5 * ratio[1], 0.5 * ratio[3]], [2.0 * ratio[5], 3.0]]  # (1, 1) is no joint action: M stays
+    torch.testing.assert_close(new_weight, torch.tensor(expected), rtol=1e-4, atol=0)
 
 
-def snapshot(model, value_heads):
-    return {n: p.detach().clone() for n, p in list(model.named_parameters()) + list(value_heads.named_parameters())}
-
-
-def test_checkpoint_round_trip_restores_trainable_adapters_and_optimisers(tiny_model_dir, tmp_path):
-    cfg = tiny_config(tiny_model_dir)
-    org, model, tokenizer, heads, optimisers = marft.build(cfg)
-    perturb(model, heads)
-    for opt in optimisers.values():  # give Adam a state to restore
-        for group in opt.param_groups:
-            for p in group["params"]:
-                p.grad = torch.ones_like(p)
-        opt.step()
-    saved = snapshot(model, heads)
-    marft.save_checkpoint(tmp_path, 3, model, heads, optimisers, elapsed=12.5, keep=2)
-
-    _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
-    state = marft.load_checkpoint(tmp_path, fresh, fresh_heads, fresh_opts)
-    assert state == {"iteration": 3, "elapsed_seconds": 12.5}
-    restored = snapshot(fresh, fresh_heads)
-    assert all(torch.equal(saved[n], restored[n]) for n in saved)
-    for name, opt in fresh_opts.items():
-        assert opt.state_dict()["state"][0]["step"] == optimisers[name].state_dict()["state"][0]["step"]
-    # The restored adapters are trainable (the reference repo resumed them frozen).
-    lora = [p for n, p in fresh.named_parameters() if "lora_" in n]
-    assert lora and all(p.requires_grad for p in lora)
-
-
-def test_checkpoints_are_atomic_rotated_and_a_missing_adapter_is_named(tiny_model_dir, tmp_path):
-    cfg = tiny_config(tiny_model_dir)
-    _, model, _, heads, optimisers = marft.build(cfg)
-    for k in (1, 2, 3):
-        marft.save_checkpoint(tmp_path, k, model, heads, optimisers, elapsed=float(k), keep=2)
-    root = tmp_path / "checkpoints"
-    assert sorted(p.name for p in root.glob("iter_*")) == ["iter_000002", "iter_000003"]
-    assert (root / "latest").read_text() == "iter_000003"
-    assert not list(root.glob(".tmp*"))
-    # A crash while writing leaves only a staging folder: the last complete checkpoint still loads.
-    (root / ".tmp_iter_000004").mkdir()
-    assert marft.load_checkpoint(tmp_path, model, heads, optimisers)["iteration"] == 3
-    shutil.rmtree(root / "iter_000003" / "adapters" / "solver")
-    with pytest.raises(SystemExit, match="adapter 'solver' is missing"):
-        marft.load_checkpoint(tmp_path, model, heads, optimisers)
+def test_kl_early_stop_comes_before_the_optimiser_step(tiny_agents):
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(ppo_epochs=3, minibatch_size=8, target_kl=1e-12, lr=0.05)
+    table, _, mask = marft.decision_logprobs(model, pad, rollout, list(range(6)), "solver", cfg)
+    old = marft.OldPolicy(logprob=table, values=torch.zeros_like(table), ref_logprob=torch.zeros_like(table), mask=mask)
+    advantages = torch.tensor([[0.0], [1.0], [0.0], [-1.0], [0.0], [2.0]])
+    optimiser = torch.optim.Adam(agents.adapter_parameters(model, "solver"), lr=cfg.lr)
+    stats = marft.update_agent(model, pad, rollout, old, advantages, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
+                               "solver", cfg, optimiser, torch.Generator().manual_seed(0))
+    # Epoch 1: π = π_old, KL = 0, one step. Epoch 2: KL > 1e-12 stops the agent before a second step.
+    assert optimiser.state_dict()["state"][0]["step"] == 1
+    assert stats["losses/early_stopped/solver"] == 1.0 and stats["losses/approx_kl/solver"] < 1e-12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,9 +127,9 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
     # Evaluate every iteration so both runs log the same keys; 24 tokens leave room for real answers.
     common = ["--batch_size", "4", "--eval_problems", "2", "--eval_samples", "1", "--max_new_tokens", "24", "--eval_interval", "1", "--no-eval_greedy",
               "--minibatch_size", "4", "--ppo_epochs", "1", "--threads", "1", "--output_dir", str(tmp_path), "--seed", "5"]
-    marft.train(marft.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
-    marft.train(marft.parse_args(common + ["--iterations", "1", "--run_name", "interrupted"]))
-    marft.train(marft.parse_args(["--resume", str(tmp_path / "interrupted"), "--iterations", "2", "--threads", "1"]))
+    marft.train(run.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
+    marft.train(run.parse_args(common + ["--iterations", "1", "--run_name", "interrupted"]))
+    marft.train(run.parse_args(["--resume", str(tmp_path / "interrupted"), "--iterations", "2", "--threads", "1"]))
     straight = metrics_without_timings(tmp_path / "straight")
     resumed = metrics_without_timings(tmp_path / "interrupted")
     assert [r["iteration"] for r in resumed] == [0, 1, 2]
@@ -171,7 +140,7 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 def test_training_raises_the_reward_of_the_embedded_model(tmp_path):
     """A short real run: the two-agent chain on one-digit addition, held-out accuracy must rise."""
-    summary = marft.train(marft.parse_args([
+    summary = marft.train(run.parse_args([
         "--arithmetic_levels", "1", "--iterations", "4", "--batch_size", "8", "--minibatch_size", "8",
         "--eval_problems", "12", "--eval_samples", "2", "--no-eval_greedy", "--max_new_tokens", "24",
         "--lr", "3e-4", "--output_dir", str(tmp_path), "--run_name", "learn", "--seed", "2", "--threads", "2",

@@ -1,6 +1,6 @@
 """Tests of `ppo.py`: credit assignment, action-level GAE, losses, and the agent-by-agent schedule.
 
-Every expected number below is worked out by hand from the equations of DESIGN.md §4–5 (the
+Every expected number below is worked out by hand from the equations in ppo.py's docstring (the
 derivation is in the comments) — never by calling the code under test or re-running its loop.
 
 Chain notation for B = 1, T = 2, N = 2: k = 0..3 is (t, σ_n) = (0,σ1), (0,σ2), (1,σ1), (1,σ2).

@@ -1,5 +1,5 @@
 """Token-level MARFT: `ppo.token_level_gae`, the per-token PPO losses, `critic.token_values` and
-`agents.token_logprobs` (DESIGN.md §4 "Token level").
+`agents.token_logprobs` (token-level MARFT; the equations are in ppo.py's docstring).
 
 Every expected number is worked out by hand from the equations (derivations in the comments),
 never by calling the code under test or re-running its loop.
@@ -180,6 +180,23 @@ def test_one_agent_one_step_lambda_0_gives_the_td_errors():
     # δ0 = 0.9·(−1.2) − 0.3 = −1.38;  δ1 = 0.9·2.0 + 1.2 = 3.0;  δ2 = 0.9·0.7 − 2.0 = −1.37
     # δ3 = 1.5 + 0 − 0.7 = 0.8 (last token: reward, then the episode ends)
     close(adv, [[[[-1.38, 3.0, -1.37, 0.8, 0.0]]]], "λ = 0 must give the one-step TD errors")
+
+
+def test_the_action_level_is_the_token_level_with_one_decision_per_action():
+    # ppo.gae picks action_level_gae for L = 1. The token chain with one "token" per action must
+    # give the same numbers on every joint action taken: episode 0 plays two steps, episode 1
+    # ends at step 0 (its step 1 holds no action, mask 0, and a conspicuous value that must not enter).
+    rewards = t([[[0.0, 1.0], [0.5, -1.0]], [[0.0, 2.0], [0.0, 0.0]]])  # [B, T, N]
+    values = t([[[[0.3], [0.8]], [[-0.2], [0.6]]], [[[1.1], [0.4]], [[PAD_V], [PAD_V]]]])  # [B, T, N, 1]
+    mask = t([[[[1.0], [1.0]], [[1.0], [1.0]]], [[[1.0], [1.0]], [[0.0], [0.0]]]])
+    dones = t([[0.0, 1.0], [1.0, 0.0]])
+    action_adv, action_ret = ppo.gae(rewards, values * mask, mask, dones, 0.9, 0.8, 0.7, 0.5)
+    token_adv, token_ret = ppo.token_level_gae(rewards, values, mask, dones, 0.9, 0.8, 0.7, 0.5)
+    taken = mask.bool()
+    torch.testing.assert_close(action_adv[taken], token_adv[taken], **TOL)
+    torch.testing.assert_close(action_ret[taken], token_ret[taken], **TOL)
+    # One entry by hand: episode 1, step 0, σ_2 is its last decision (done): Â = R − V = 2.0 − 0.4.
+    assert action_adv[1, 0, 1, 0].item() == pytest.approx(1.6)
 
 
 # ---------------------------------------------------------------------------------------------

