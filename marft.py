@@ -194,27 +194,36 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
 def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor,
                   cfg: Config, optimisers: dict, iteration: int, rng: torch.Generator) -> dict:
     """Update the agents one at a time (HAPPO): agent i_{m+1} optimises M · Â with
-    M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update (`happo_weight_after_update`)."""
+    M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update (`happo_weight_after_update`).
+
+    With --shared_adapter every role moves the same θ: updating "one agent" would change the
+    others' π_old too, so there is one joint PPO update over all samples (M = 1) instead."""
+    if cfg.shared_adapter:
+        plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
+    else:
+        order = ppo.agent_update_order(org.order, cfg.update_order, rng)
+        to_train = ppo.agents_to_train(order, org.order, iteration, cfg.agent_iteration_interval)
+        plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
+                for role in to_train]
     stats: dict[str, float] = {}
     happo_weight = torch.ones_like(rollout.step_mask)  # M [B, T]: one factor per joint action, starts at 1
-    order = ppo.agent_update_order(org.order, cfg.update_order, rng)
-    to_train = ppo.agents_to_train(order, org.order, iteration, cfg.agent_iteration_interval)
-    for m, role in enumerate(to_train):
-        adapter = agents_lib.policy_adapter_name(role, cfg.shared_adapter)
-        samples = torch.tensor(rollout.agent_samples(org.order.index(role)))
-        stats |= update_agent(model, pad, rollout, old, advantages, happo_weight, samples, role, cfg, optimisers[adapter], rng)
-        if m < len(to_train) - 1:  # the last agent's ratio would weight no one
-            happo_weight = happo_weight_after_update(model, pad, rollout, old, samples, adapter, happo_weight, cfg)
+    for m, (label, adapter, sample_list) in enumerate(plan):
+        samples = torch.tensor(sample_list)
+        stats |= update_agent(model, pad, rollout, old, advantages, happo_weight, samples, label, adapter, cfg,
+                              optimisers[adapter], rng)
+        new_logprob = logprobs_after_update(model, pad, rollout, old, samples, adapter, cfg)  # [n, L]
+        stats[f"losses/kl_after_update/{label}"] = ppo.approx_kl(new_logprob, old.logprob[samples], old.mask[samples]).item()
+        if m < len(plan) - 1:  # the last agent's ratio would weight no one
+            happo_weight = happo_weight_after_update(rollout, old, samples, new_logprob, happo_weight, cfg)
     stats["losses/happo_weight_mean"] = ppo.masked_mean(happo_weight, rollout.step_mask).item()
     return stats
 
 
 def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor, happo_weight: torch.Tensor,
-                 samples: torch.Tensor, role: str, cfg: Config, optimiser, rng: torch.Generator) -> dict:
-    """PPO epochs of one agent on its own samples [n]: minimise −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)]
-    − c_ent · entropy + c_KL · KL(π ‖ π_ref). A minibatch whose approximate KL exceeds target_kl
-    ends the agent's epochs before its optimiser step."""
-    adapter = agents_lib.policy_adapter_name(role, cfg.shared_adapter)
+                 samples: torch.Tensor, label: str, adapter: str, cfg: Config, optimiser, rng: torch.Generator) -> dict:
+    """PPO epochs of one agent (adapter θ^i, metrics under `label`) on its own samples [n]: minimise
+    −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · entropy + c_KL · KL(π ‖ π_ref). A minibatch whose
+    approximate KL exceeds target_kl ends the agent's epochs before its optimiser step."""
     params = agents_lib.adapter_parameters(model, adapter)
     episode, step = torch.tensor(rollout.episode), torch.tensor(rollout.step)
     # Advantage normalisation per agent over its real decisions (explicit mask).
@@ -242,26 +251,34 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
         if stopped:
             break
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    stats = {f"losses/{key}/{role}": mean(history[key]) for key in ("policy_loss", "approx_kl", "clip_fraction", "entropy")}
-    stats[f"losses/early_stopped/{role}"] = float(stopped)
+    stats = {f"losses/{key}/{label}": mean(history[key]) for key in ("policy_loss", "approx_kl", "clip_fraction", "entropy")}
+    stats[f"losses/early_stopped/{label}"] = float(stopped)
     return stats
 
 
 @torch.no_grad()
-def happo_weight_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, adapter: str,
+def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, adapter: str,
+                          cfg: Config) -> torch.Tensor:
+    """log π^{i_m}_new per decision of the agent's samples under its updated adapter, [n, L] like old.logprob."""
+    new_logprob = torch.zeros(len(samples), old.logprob.shape[1])
+    for chunk in torch.arange(len(samples)).split(cfg.forward_batch_size):
+        logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg)[0]
+        new_logprob[chunk, : logprob.shape[1]] = logprob
+    return new_logprob
+
+
+def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.Tensor, new_logprob: torch.Tensor,
                               happo_weight: torch.Tensor, cfg: Config) -> torch.Tensor:
     """M ← M · ρ^{i_m}: the HAPPO factor [B, T] after agent i_m's update.
 
-    ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) is recomputed with the agent's *updated* adapter on
-    each of its samples, and multiplies the M of the joint action (episode, step) that sample
-    belongs to; joint actions the agent took no part in keep their M."""
-    log_ratio = torch.zeros(len(samples))
-    for chunk in torch.arange(len(samples)).split(cfg.forward_batch_size):
-        batch = samples[chunk]
-        new_lp, _, _ = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
-        width = new_lp.shape[1]
-        # log ρ of the whole action: Σ over its decisions (one at the action level)
-        log_ratio[chunk] = ((new_lp - old.logprob[batch, :width]) * old.mask[batch, :width]).sum(-1)
+    ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) is the ratio of the agent's whole action, from its
+    log-probs [n, L] recomputed with its *updated* adapter (`logprobs_after_update`): the sum of
+    its token log-ratios, also at the action level with `mean` normalisation (the clip c bounds
+    it). Each sample's ratio multiplies the M of the joint action (episode, step) it belongs to;
+    joint actions the agent took no part in keep their M."""
+    lengths = torch.tensor([max(len(rollout.response_ids[s]), 1) for s in samples], dtype=torch.float32)
+    log_ratio = agents_lib.summed_logprobs(new_logprob - old.logprob[samples], old.mask[samples], lengths,
+                                           cfg.level, cfg.normalisation)  # log ρ of each action, [n]
     episode, step = torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]
     log_ratio_grid, acted = torch.zeros_like(happo_weight), torch.zeros_like(happo_weight)  # [B, T]
     log_ratio_grid[episode, step] = log_ratio
@@ -329,21 +346,29 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 
 
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """(train problems, held-out problems)."""
+    """(train problems, held-out problems). A data source that cannot be read ends the run at
+    start with one paragraph naming the option, the file and line, and the fix."""
     if cfg.data == "arithmetic":
         levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
         train = make_arithmetic_problems("train", seed=cfg.seed, levels=levels)
         held_out = make_arithmetic_problems("test", seed=cfg.seed, levels=levels)
     else:
-        train = load_problems(cfg.data, split="train", seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
-        held_out = []
+        train, held_out = read_problems("data", cfg.data, "train", cfg), []
     if cfg.eval_data:
-        held_out = load_problems(cfg.eval_data, split="test", seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
+        held_out = read_problems("eval_data", cfg.eval_data, "test", cfg)
     elif cfg.data != "arithmetic":
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
         train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
     return train, held_out[: cfg.eval_problems]
+
+
+def read_problems(option: str, source: str, split: str, cfg: Config) -> list[Problem]:
+    try:
+        return load_problems(source, split=split, seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        fix = "" if cfg.skip_malformed_rows else " (--skip_malformed_rows leaves malformed rows out with a warning naming each)"
+        raise SystemExit(f"--{option}={source!r}: {err}{fix}") from None
 
 
 def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration: int) -> list[Problem]:

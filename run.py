@@ -277,6 +277,8 @@ def validate(cfg: Config) -> None:
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
     need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
+    need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
+         "trains one agent's adapter at a time; with --shared_adapter all agents have one adapter: use 0")
     need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
     need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
@@ -362,6 +364,7 @@ class Run:
 
     def finish(self) -> dict:
         """Write and print the summary: held-out accuracy at iteration 0 and at the end, wall time."""
+        self.metrics.close()
         self.summary["wall_seconds"] = self.elapsed()
         self.summary["run_dir"] = str(self.dir)
         write_json_atomically(self.summary_path, self.summary)
@@ -384,29 +387,33 @@ def write_json_atomically(path: Path, data: dict) -> None:
 
 
 class MetricsLog:
-    """metrics.jsonl in the run folder (one line per iteration), and TensorBoard when installed."""
+    """metrics.jsonl in the run folder (one line per iteration), mirrored to TensorBoard.
+
+    `keep_before`: the first iteration this run writes. On resume, the lines and TensorBoard
+    events of iterations ≥ keep_before (written after the checkpoint) are dropped."""
 
     def __init__(self, run_dir: Path, keep_before: int):
+        from torch.utils.tensorboard import SummaryWriter
+
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():  # drop lines written after the checkpoint we resume from
             kept = [l for l in self.path.read_text().splitlines() if l and json.loads(l)["iteration"] < keep_before]
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(l + "\n" for l in kept))
             os.replace(tmp, self.path)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
-        except ImportError:
-            self.tensorboard = None
+        # purge_step hides every event at a step ≥ keep_before written by an earlier process.
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=keep_before if keep_before > 0 else None)
 
     def write(self, iteration: int, metrics: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"iteration": iteration, **metrics}) + "\n")
-        if self.tensorboard is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.tensorboard.add_scalar(key, value, iteration)
-            self.tensorboard.flush()
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.tensorboard.add_scalar(key, value, iteration)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        self.tensorboard.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -345,13 +345,23 @@ def _arithmetic_problem(level: int, operator: str, left: int, right: int) -> Pro
 
 def _arithmetic_level_split(level: int, split: str, seed: int) -> list[Problem]:
     """One level's rows of one split. Each level is shuffled and cut on its own, so a
-    problem's split never depends on which other levels are requested."""
+    problem's split never depends on which other levels are requested.
+
+    The cut is by *unordered* operand pair: a + b and b + a (a · b and b · a) land in the same
+    split, so no held-out problem has its commuted twin among the training problems."""
     operator, lefts, rights = _ARITHMETIC_LEVELS[level]
-    problems = [_arithmetic_problem(level, operator, a, b) for a in lefts for b in rights]
+    twins: dict[tuple[int, int], list[Problem]] = {}
+    for a in lefts:
+        for b in rights:
+            twins.setdefault((min(a, b), max(a, b)), []).append(_arithmetic_problem(level, operator, a, b))
+    groups = list(twins.values())
     # A string seed is hashed deterministically (not by Python's randomised str hash).
-    random.Random(f"arithmetic-seed{seed}-level{level}").shuffle(problems)
-    test_count = max(1, round(ARITHMETIC_TEST_FRACTION * len(problems)))
-    return problems[:test_count] if split == "test" else problems[test_count:]
+    random.Random(f"arithmetic-seed{seed}-level{level}").shuffle(groups)
+    total = sum(len(g) for g in groups)
+    test_count, test = max(1, round(ARITHMETIC_TEST_FRACTION * total)), []
+    while len(test) < test_count:
+        test += groups.pop(0)
+    return test if split == "test" else [p for g in groups for p in g]
 
 
 def make_arithmetic_problems(
@@ -361,9 +371,10 @@ def make_arithmetic_problems(
 
     Levels: 1 one-digit addition, 2 one-digit multiplication, 3 two-digit plus one-digit,
     4 two-digit times one-digit. Every operand pair of a level is enumerated; 25% of each
-    level (at least 1) is "test", the rest "train". The same seed gives the same lists;
-    train and test never share a problem. The result is shuffled (levels mixed) so that
-    taking the first N rows samples every requested level.
+    level (at least 1, rounded up to whole twin pairs) is "test", the rest "train". The same
+    seed gives the same lists; train and test never share a problem, nor a commuted twin
+    (b ∘ a of a held-out a ∘ b). The result is shuffled (levels mixed) so that taking the
+    first N rows samples every requested level.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")

@@ -198,13 +198,14 @@ def fake_run(tiny_model_dir, root):
     (run / "config.json").write_text(json.dumps(config))
     base, _ = agents.load_base_model(str(tiny_model_dir))
     torch.manual_seed(123)
-    model = agents.attach_adapters(base, ["planner", "solver", "critic"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+    adapters = ["policy_planner", "policy_solver", "critic"]
+    model = agents.attach_adapters(base, adapters, agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_B" in name and ".solver." in name:
+            if "lora_B" in name and ".policy_solver." in name:
                 param.copy_(torch.randn_like(param))
     folder = run / "checkpoints" / "iter_000002"
-    model.save_pretrained(folder / "adapters", selected_adapters=["planner", "solver", "critic"])
+    model.save_pretrained(folder / "adapters", selected_adapters=adapters)
     (run / "checkpoints" / "latest").write_text("iter_000002")
     return run, folder
 
@@ -215,12 +216,12 @@ def test_build_policies_loads_the_checkpoint_weights(tiny_model_dir, tmp_path):
     org = load_organisation(cfg.agents)
     assert run_lib.checkpoint_folder(run, None, "--run") == folder
     model, _ = evaluate.build_policies(cfg, org, folder)
-    assert set(model.peft_config) == {"planner", "solver"}  # policies only, no critic
-    saved = load_file(folder / "adapters" / "solver" / "adapter_model.safetensors")
+    assert set(model.peft_config) == {"policy_planner", "policy_solver"}  # policies only, no critic
+    saved = load_file(folder / "adapters" / "policy_solver" / "adapter_model.safetensors")
     loaded = dict(model.named_parameters())
     checked = 0
-    for key, tensor in saved.items():  # e.g. ...q_proj.lora_B.weight → ...q_proj.lora_B.solver.weight
-        name = key.replace(".lora_A.weight", ".lora_A.solver.weight").replace(".lora_B.weight", ".lora_B.solver.weight")
+    for key, tensor in saved.items():  # e.g. ...q_proj.lora_B.weight → ...q_proj.lora_B.policy_solver.weight
+        name = key.replace(".lora_A.weight", ".lora_A.policy_solver.weight").replace(".lora_B.weight", ".lora_B.policy_solver.weight")
         assert torch.equal(loaded[name].detach().cpu(), tensor), name
         checked += "lora_B" in key
     assert checked == 4 and all(saved[k].abs().sum() > 0 for k in saved if "lora_B" in k)
@@ -251,5 +252,5 @@ def test_run_errors_name_the_fix(tiny_model_dir, tmp_path):
         evaluate.main(["--run", str(run)])
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps(dict(config, agents="chain3")))  # a verifier the checkpoint lacks
-    with pytest.raises(SystemExit, match="no adapter 'verifier'"):
+    with pytest.raises(SystemExit, match="no adapter 'policy_verifier'"):
         evaluate.main(["--run", str(run), "--checkpoint", "iter_000002"])

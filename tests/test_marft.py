@@ -1,6 +1,8 @@
 """marft.py: data plumbing, the phases of the algorithm box, and whole runs (resume, learning)."""
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,7 +10,8 @@ import torch
 import agents
 import marft
 import run
-from conftest import SHARED_DATA
+from conftest import ROOT, SHARED_DATA
+from flex_pomdp import load_organisation
 from rollout import Rollout
 
 
@@ -16,12 +19,18 @@ from rollout import Rollout
 # Data
 # ---------------------------------------------------------------------------------------------
 
-def test_malformed_training_row_is_reported_with_file_and_line(tmp_path):
+def test_bad_data_ends_the_run_at_start_with_a_message_naming_file_line_and_fix(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "solution": "$\\boxed{2}$"}) + "\n" + json.dumps({"problem": "no answer here"}) + "\n")
-    cfg = run.Config(data=str(data), eval_data=str(data))
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
-        marft.load_task(cfg)
+    with pytest.raises(SystemExit, match=r"--data=.*bad.jsonl:2.*--skip_malformed_rows"):
+        marft.load_task(run.Config(data=str(data)))
+    with pytest.raises(SystemExit, match=r"--eval_data=.*no_such.jsonl"):
+        marft.load_task(run.Config(eval_data=str(tmp_path / "no_such.jsonl")))
+    # From the command line: one paragraph, no traceback, and no run folder made.
+    result = subprocess.run([sys.executable, str(ROOT / "marft.py"), "--data", str(tmp_path / "missing.jsonl"),
+                             "--output_dir", str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "missing.jsonl" in result.stderr and not (tmp_path / "runs").exists()
 
 
 def test_real_math_test_file_feeds_training_and_held_out_split():
@@ -32,7 +41,7 @@ def test_real_math_test_file_feeds_training_and_held_out_split():
 
 
 def test_iteration_batches_cover_the_train_set_each_epoch_and_replay_by_iteration():
-    problems = marft.make_arithmetic_problems("train", seed=3)
+    problems = marft.make_arithmetic_problems("train", seed=3)[:140]  # a whole number of batches of 10
     per_epoch = len(problems) // 10
     seen = [p for k in range(per_epoch) for p in marft.iteration_batch(problems, 10, seed=3, iteration=k)]
     assert sorted(p.problem for p in seen) == sorted(p.problem for p in problems)
@@ -71,27 +80,39 @@ def plain_action_logprob(model, adapter, prompt, response):
 def tiny_agents(tiny_model_dir):
     base, tokenizer = agents.load_base_model(str(tiny_model_dir))
     torch.manual_seed(0)
-    model = agents.attach_adapters(base, ["planner", "solver"], agents.lora_config(4, 8.0, TARGETS))
+    model = agents.attach_adapters(base, ["policy_planner", "policy_solver"], agents.lora_config(4, 8.0, TARGETS))
     return model, tokenizer.pad_token_id
 
 
-@pytest.mark.parametrize("level", ["action", "token"])
-def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_joint_action(tiny_agents, level):
-    model, pad = tiny_agents
-    rollout, cfg = hand_made_rollout(), run.Config(level=level, normalisation="sum", happo_ratio_clip=0.0, forward_batch_size=2)
-    solver_samples = rollout.agent_samples(1)  # samples 1, 3, 5: (0, 0), (0, 1), (1, 0)
-    old_lp = {s: plain_action_logprob(model, "solver", rollout.prompt_ids[s], rollout.response_ids[s]) for s in solver_samples}
-    old_table, _, mask = marft.decision_logprobs(model, pad, rollout, list(range(6)), "solver", cfg)  # [6, L] under π_old
-    old = marft.OldPolicy(logprob=old_table, values=torch.zeros_like(old_table), ref_logprob=torch.zeros_like(old_table), mask=mask)
-    # The solver's update: its adapter moves, the planner's does not.
+def tables_under(model, pad, rollout, adapter, cfg):
+    """The OldPolicy tables of every sample under `adapter` (values and reference unused)."""
+    with torch.no_grad():
+        logprob, _, mask = marft.decision_logprobs(model, pad, rollout, list(range(len(rollout.prompt_ids))), adapter, cfg)
+    return marft.OldPolicy(logprob=logprob, values=torch.zeros_like(logprob), ref_logprob=torch.zeros_like(logprob), mask=mask)
+
+
+def perturb_adapter(model, adapter, scale=0.3):
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_B" in name and ".solver." in name:
-                param.normal_(0, 0.3)
+            if "lora_B" in name and f".{adapter}." in name:
+                param.normal_(0, scale)
+
+
+@pytest.mark.parametrize("level, normalisation", [("action", "sum"), ("action", "mean"), ("token", "sum")])
+def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_joint_action(tiny_agents, level, normalisation):
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(level=level, normalisation=normalisation, happo_ratio_clip=0.0, forward_batch_size=2)
+    solver_samples = rollout.agent_samples(1)  # samples 1, 3, 5: (0, 0), (0, 1), (1, 0)
+    old_lp = {s: plain_action_logprob(model, "policy_solver", rollout.prompt_ids[s], rollout.response_ids[s]) for s in solver_samples}
+    old = tables_under(model, pad, rollout, "policy_solver", cfg)  # π_old
+    perturb_adapter(model, "policy_solver")  # the solver's update: its adapter moves, the planner's does not
+    samples = torch.tensor(solver_samples)
+    new_logprob = marft.logprobs_after_update(model, pad, rollout, old, samples, "policy_solver", cfg)
     happo_weight = torch.tensor([[1.5, 0.5], [2.0, 3.0]])  # M before the solver's factor
-    new_weight = marft.happo_weight_after_update(model, pad, rollout, old, torch.tensor(solver_samples), "solver",
-                                                 happo_weight, cfg)
-    ratio = {s: math.exp(plain_action_logprob(model, "solver", rollout.prompt_ids[s], rollout.response_ids[s]) - old_lp[s])
+    new_weight = marft.happo_weight_after_update(rollout, old, samples, new_logprob, happo_weight, cfg)
+    # ρ of the whole action, π_new(a) / π_old(a), whatever the normalisation of the PPO ratio
+    ratio = {s: math.exp(plain_action_logprob(model, "policy_solver", rollout.prompt_ids[s], rollout.response_ids[s]) - old_lp[s])
              for s in solver_samples}
     assert all(abs(r - 1) > 1e-3 for r in ratio.values())  # the new weights really entered
     expected = [[1.5 * ratio[1], 0.5 * ratio[3]], [2.0 * ratio[5], 3.0]]  # (1, 1) is no joint action: M stays
@@ -102,15 +123,62 @@ def test_kl_early_stop_comes_before_the_optimiser_step(tiny_agents):
     model, pad = tiny_agents
     rollout = hand_made_rollout()
     cfg = run.Config(ppo_epochs=3, minibatch_size=8, target_kl=1e-12, lr=0.05)
-    table, _, mask = marft.decision_logprobs(model, pad, rollout, list(range(6)), "solver", cfg)
-    old = marft.OldPolicy(logprob=table, values=torch.zeros_like(table), ref_logprob=torch.zeros_like(table), mask=mask)
+    old = tables_under(model, pad, rollout, "policy_solver", cfg)
     advantages = torch.tensor([[0.0], [1.0], [0.0], [-1.0], [0.0], [2.0]])
-    optimiser = torch.optim.Adam(agents.adapter_parameters(model, "solver"), lr=cfg.lr)
+    optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)
     stats = marft.update_agent(model, pad, rollout, old, advantages, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
-                               "solver", cfg, optimiser, torch.Generator().manual_seed(0))
+                               "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
     # Epoch 1: π = π_old, KL = 0, one step. Epoch 2: KL > 1e-12 stops the agent before a second step.
     assert optimiser.state_dict()["state"][0]["step"] == 1
     assert stats["losses/early_stopped/solver"] == 1.0 and stats["losses/approx_kl/solver"] < 1e-12
+
+
+def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_it(tiny_agents, monkeypatch):
+    """Order planner → solver: the solver's surrogate gets the M that the planner's ratio, recomputed
+    after the planner's own update, made; the KL after each update is logged."""
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(update_order="topological", happo_ratio_clip=0.0, minibatch_size=8, lr=0.05, target_kl=0.0)
+    old = marft.OldPolicy(*(torch.zeros(6, 1) for _ in range(4)))
+    for n, adapter in enumerate(["policy_planner", "policy_solver"]):
+        table = tables_under(model, pad, rollout, adapter, cfg)
+        old.logprob[rollout.agent_samples(n)], old.mask[rollout.agent_samples(n)] = table.logprob[rollout.agent_samples(n)], 1.0
+    planner_before = {s: plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)}
+    weights_seen = {}
+    real_update_agent = marft.update_agent
+    def spy(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest):
+        weights_seen[label] = happo_weight.clone()
+        return real_update_agent(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest)
+    monkeypatch.setattr(marft, "update_agent", spy)
+    optimisers = {a: torch.optim.Adam(agents.adapter_parameters(model, a), lr=cfg.lr) for a in ("policy_planner", "policy_solver")}
+    advantages = torch.tensor([[1.0], [0.5], [-1.0], [2.0], [0.5], [-0.5]])
+    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, advantages, cfg, optimisers, 0,
+                                torch.Generator().manual_seed(0))
+    assert torch.equal(weights_seen["planner"], torch.ones(2, 2))
+    ratio = {s: math.exp(plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) - planner_before[s])
+             for s in rollout.agent_samples(0)}  # samples 0, 2, 4: (0, 0), (0, 1), (1, 0)
+    assert all(abs(r - 1) > 1e-3 for r in ratio.values())
+    torch.testing.assert_close(weights_seen["solver"], torch.tensor([[ratio[0], ratio[2]], [ratio[4], 1.0]]), rtol=1e-4, atol=0)
+    # losses/kl_after_update: the k3 estimate (ρ − 1) − log ρ of the PPO ratio (default `mean`
+    # normalisation: ρ = (π_new(a) / π_old(a))^(1/|a|)) over the planner's actions, after its update
+    per_token = [ratio[s] ** (1 / len(rollout.response_ids[s])) for s in ratio]
+    k3 = sum(r - 1 - math.log(r) for r in per_token) / 3
+    assert stats["losses/kl_after_update/planner"] == pytest.approx(k3, rel=1e-3)
+
+
+def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    model.add_adapter("policy", agents.lora_config(4, 8.0, TARGETS))
+    cfg = run.Config(shared_adapter=True, minibatch_size=2, ppo_epochs=1, target_kl=0.0)
+    old = tables_under(model, pad, rollout, "policy", cfg)
+    optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy"), lr=1e-3)
+    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, torch.randn(6, 1), cfg,
+                                {"policy": optimiser}, 0, torch.Generator().manual_seed(0))
+    # One agent-by-agent pass per role would take 2 steps per role on 3 samples each (4 in all);
+    # the joint update takes ⌈6 / 2⌉ = 3 steps over every sample, and no HAPPO factor.
+    assert optimiser.state_dict()["state"][0]["step"] == 3
+    assert stats["losses/happo_weight_mean"] == 1.0 and "losses/policy_loss/shared" in stats
 
 
 # ---------------------------------------------------------------------------------------------

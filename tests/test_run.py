@@ -6,6 +6,8 @@ import shutil
 import pytest
 import torch
 
+import agents
+import critic
 import marft
 import run
 
@@ -112,6 +114,46 @@ def test_checkpoints_are_atomic_rotated_and_a_missing_adapter_is_named(tiny_mode
     # A crash while writing leaves only a staging folder: the last complete checkpoint still loads.
     (root / ".tmp_iter_000004").mkdir()
     assert run.load_checkpoint(tmp_path, model, heads, optimisers)["iteration"] == 3
-    shutil.rmtree(root / "iter_000003" / "adapters" / "solver")
-    with pytest.raises(SystemExit, match="no adapter 'solver'"):
+    shutil.rmtree(root / "iter_000003" / "adapters" / "policy_solver")
+    with pytest.raises(SystemExit, match="no adapter 'policy_solver'"):
         run.load_checkpoint(tmp_path, model, heads, optimisers)
+
+
+def test_roles_named_like_adapters_get_their_own_adapters(tiny_model_dir, tmp_path):
+    """Policy and critic adapters live in separate namespaces: roles called critic, critic_x or
+    default (peft's own adapter name) build, train and round-trip through a checkpoint."""
+    profile = tmp_path / "names.json"
+    profile.write_text(json.dumps({"agents": [{"role": "critic", "system_prompt": "A"}, {"role": "critic_x", "system_prompt": "B"},
+                                              {"role": "default", "system_prompt": "C", "graded": True}],
+                                   "dependencies": [["critic", "default"], ["critic_x", "default"]]}))
+    for per_agent in (False, True):
+        cfg = tiny_config(tiny_model_dir, agents=str(profile), critic_per_agent=per_agent)
+        org, model, _, heads, optimisers = marft.build(cfg)
+        policies = agents.policy_adapter_names(org.order, False)
+        critics = critic.critic_adapter_names(org.order, per_agent)
+        assert len(set(policies) | set(critics)) == 3 + len(critics) and set(model.peft_config) == set(policies + critics)
+        perturb(model, heads)
+        saved = snapshot(model, heads)
+        run.save_checkpoint(tmp_path / str(per_agent), 1, model, heads, optimisers, elapsed=1.0, keep=1)
+        _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
+        run.load_checkpoint(tmp_path / str(per_agent), fresh, fresh_heads, fresh_opts)
+        restored = snapshot(fresh, fresh_heads)
+        assert all(torch.equal(saved[n], restored[n]) for n in saved)
+
+
+def test_resume_drops_the_tensorboard_events_written_after_the_checkpoint(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = run.MetricsLog(tmp_path, keep_before=0)
+    for iteration in range(4):  # the first process reached iteration 3, its last checkpoint was iteration 1
+        log.write(iteration, {"charts/reward": float(iteration)})
+    log.close()
+    resumed = run.MetricsLog(tmp_path, keep_before=2)  # resumed from the checkpoint of iteration 1
+    for iteration in (2, 3):
+        resumed.write(iteration, {"charts/reward": 10.0 + iteration})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("charts/reward")] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(l["iteration"], l["charts/reward"]) for l in lines] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
