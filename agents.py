@@ -46,6 +46,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
@@ -540,44 +541,50 @@ def token_logprobs(
     return token_logprob.cpu(), token_entropy.cpu(), mask.cpu()
 
 
-def action_logprobs(
-    model: PeftModel,
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    adapter: str | None,
-    pad_id: int,
-    normalisation: str,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def action_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
+                    pad_id: int, normalisation: str, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """log π^i(a | ô) per action [n] (Σ_k or mean_k of token log-probs) and mean token entropy [n].
 
     Gradients flow to `adapter` when grad is enabled; adapter None gives the reference policy.
     """
-    if normalisation not in NORMALISATIONS:
-        raise ValueError(f"normalisation={normalisation!r}: choose one of {NORMALISATIONS}")
-    token_logprob, token_entropy, mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature)
-    lengths = mask.sum(-1).clamp(min=1.0)
-    action_logprob = token_logprob.sum(-1)
-    if normalisation == "mean":
-        action_logprob = action_logprob / lengths
-    return action_logprob, token_entropy.sum(-1) / lengths
+    out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "action", normalisation, temperature)
+    return out.logprob[:, 0], out.entropy[:, 0]
 
 
 # ---------------------------------------------------------------------------------------------
 # The level: what one PPO decision is
 # ---------------------------------------------------------------------------------------------
 
-def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
-                    pad_id: int, level: str, normalisation: str, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log π^i per decision, entropy per decision and the decision mask, each [n, L] on the CPU.
+class PolicyLogProbs(NamedTuple):
+    """One pass of a policy over a batch of actions: per decision [n, L] and per token [n, K]."""
 
-    level "action": L = 1, log π^i(a | ô) normalised per `normalisation` (`action_logprobs`);
-    level "token":  L = the longest response, log π^i(w_k | ô, w_<k) (`token_logprobs`).
-    Every later table of the trainer (old log-probs, values, advantages, returns) has this shape."""
+    logprob: torch.Tensor  # log π^i per decision: the PPO ratio's log-probabilities
+    entropy: torch.Tensor  # mean token entropy per decision
+    mask: torch.Tensor  # 1 on real decisions
+    token_logprob: torch.Tensor  # log π^i(w_k | ô, w_<k) per token, at both levels (the KL to π_ref)
+    token_mask: torch.Tensor  # 1 on real tokens
+
+
+def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
+                    pad_id: int, level: str, normalisation: str, temperature: float) -> PolicyLogProbs:
+    """log π^i per decision, entropy per decision and the decision mask, each [n, L], and the
+    token log-probs [n, K], on the CPU.
+
+    level "action": L = 1, log π^i(a | ô) = Σ_k (or mean_k, per `normalisation`) of the tokens';
+    level "token":  L = K = the longest response, log π^i(w_k | ô, w_<k).
+    Every later table of the trainer (old log-probs, values, advantages, returns) has the [n, L] shape."""
+    token_logprob, token_entropy, token_mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature)
     if level == "token":
-        return token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature)
-    logprob, entropy = action_logprobs(model, prompt_ids, response_ids, adapter, pad_id, normalisation, temperature)
-    return logprob.unsqueeze(-1), entropy.unsqueeze(-1), torch.ones(len(prompt_ids), 1)
+        return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask)
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation={normalisation!r}: choose one of {NORMALISATIONS}")
+    lengths = token_mask.sum(-1).clamp(min=1.0)
+    action_logprob = token_logprob.sum(-1)  # log π^i(a | ô) = Σ_k log π^i(w_k | ô, w_<k)
+    if normalisation == "mean":
+        action_logprob = action_logprob / lengths
+    entropy = token_entropy.sum(-1) / lengths
+    return PolicyLogProbs(action_logprob.unsqueeze(-1), entropy.unsqueeze(-1), torch.ones(len(prompt_ids), 1),
+                          token_logprob, token_mask)
 
 
 def summed_logprobs(decision_logprob: torch.Tensor, mask: torch.Tensor, response_lengths: torch.Tensor,

@@ -137,39 +137,41 @@ def train(cfg: Config) -> dict:
 
 @dataclass
 class OldPolicy:
-    """What the updates compare against, per sample s and decision l, each [S, L]."""
+    """What the updates compare against, per sample s: decision tables [S, L] and token tables [S, K]."""
 
-    logprob: torch.Tensor  # log π^i_old(decision)
-    values: torch.Tensor  # V_φ(ô^i_t) at the action level, V_φ(ô^i_t, w_<k) at the token level
-    ref_logprob: torch.Tensor  # log π_ref(decision), the base model (zeros unless kl_coef > 0)
-    mask: torch.Tensor  # 1 on real decisions (the token level pads shorter responses)
+    logprob: torch.Tensor  # log π^i_old per decision, [S, L]
+    values: torch.Tensor  # V_φ(ô^i_t) at the action level, V_φ(ô^i_t, w_<k) at the token level, [S, L]
+    mask: torch.Tensor  # 1 on real decisions (the token level pads shorter responses), [S, L]
+    ref_logprob: torch.Tensor  # log π_ref(w_k | ô, w_<k) per token at both levels, [S, K] (zeros unless kl_coef > 0)
+    token_mask: torch.Tensor  # 1 on real tokens, [S, K]
 
 
-def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config):
-    """log π per decision, entropy, mask of the given samples under `adapter`, each [n, L']."""
+def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config) -> agents_lib.PolicyLogProbs:
+    """log π per decision, entropy, mask [n, L'] and token log-probs [n, K'] of the samples under `adapter`."""
     prompts, responses = rollout.sequences(samples)
     return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, cfg.temperature)
 
 
 @torch.no_grad()
 def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollout: Rollout, cfg: Config) -> OldPolicy:
-    """log π^i_old, V_φ, log π_ref (only when kl_coef > 0) and the decision mask of every sample."""
-    chunks = []  # (samples, log π_old, V, log π_ref, mask), one entry per forward batch
+    """log π^i_old, V_φ and the decision mask, log π_ref per token (only when kl_coef > 0), of every sample."""
+    chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch
     for n, role in enumerate(org.order):
         idx = rollout.agent_samples(n)
         for start in range(0, len(idx), cfg.forward_batch_size):
             chunk = idx[start : start + cfg.forward_batch_size]
-            logprob, _, mask = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
+            policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
             values = critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
                                                 *rollout.sequences(chunk), pad, cfg.level)
-            ref = decision_logprobs(model, pad, rollout, chunk, None, cfg)[0] if cfg.kl_coef > 0 else torch.zeros_like(logprob)
-            chunks.append((chunk, logprob, values, ref, mask))
-    L = max(logprob.shape[1] for _, logprob, *_ in chunks)
-    old = OldPolicy(*(torch.zeros(len(rollout.prompt_ids), L) for _ in range(4)))
+            ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
+                   else torch.zeros_like(policy.token_logprob))
+            chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
+    S = len(rollout.prompt_ids)
+    widths = [max(tables[k].shape[1] for _, *tables in chunks) for k in range(5)]  # L, L, L, K, K
+    old = OldPolicy(*(torch.zeros(S, width) for width in widths))
     for chunk, *tables in chunks:
-        width = tables[0].shape[1]  # the chunk's longest response at the token level, 1 at the action level
-        for table, values in zip((old.logprob, old.values, old.ref_logprob, old.mask), tables):
-            table[chunk, :width] = values
+        for whole, part in zip((old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask), tables):
+            whole[chunk, : part.shape[1]] = part
     return old
 
 
@@ -232,27 +234,34 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     for epoch in range(cfg.ppo_epochs):
         for chunk in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
             batch = samples[chunk]
-            new_lp, entropy, _ = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
-            width = new_lp.shape[1]  # [n, L'] with L' ≤ L: the minibatch's longest response
+            new = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
+            new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the minibatch's longest response
             old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
             if cfg.target_kl > 0 and ppo.approx_kl(new_lp.detach(), old_lp, mask).item() > cfg.target_kl:
                 stopped = True  # checked before the step it would waste
                 break
             weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
             loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[chunk, :width], mask, cfg.clip_eps, weight)
-            entropy_mean = ppo.masked_mean(entropy, mask)
+            entropy_mean = ppo.masked_mean(new.entropy, mask)
             total = loss - cfg.ent_coef * entropy_mean
-            if cfg.kl_coef > 0:
-                total = total + cfg.kl_coef * ppo.kl_to_reference(new_lp, old.ref_logprob[batch, :width], mask)
-            gradient_step(optimiser, total, params, cfg.max_grad_norm)
+            if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
+                tokens = new.token_logprob.shape[1]
+                kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], old.token_mask[batch, :tokens])
+                total = total + cfg.kl_coef * kl_ref
+                history["kl_to_reference"].append(kl_ref.item())
+            if not gradient_step(optimiser, total, params, cfg.max_grad_norm):
+                history["nonfinite_steps"].append(1.0)
+                continue
             for key, value in (("policy_loss", loss.item()), ("approx_kl", s["approx_kl"]),
                                ("clip_fraction", s["clip_fraction"]), ("entropy", entropy_mean.item())):
                 history[key].append(value)
         if stopped:
             break
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    stats = {f"losses/{key}/{label}": mean(history[key]) for key in ("policy_loss", "approx_kl", "clip_fraction", "entropy")}
+    keys = ("policy_loss", "approx_kl", "clip_fraction", "entropy") + (("kl_to_reference",) if cfg.kl_coef > 0 else ())
+    stats = {f"losses/{key}/{label}": mean(history[key]) for key in keys}
     stats[f"losses/early_stopped/{label}"] = float(stopped)
+    stats[f"losses/nonfinite_steps/{label}"] = stop_if_diverged(len(history["nonfinite_steps"]), label, cfg)
     return stats
 
 
@@ -262,7 +271,7 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
     """log π^{i_m}_new per decision of the agent's samples under its updated adapter, [n, L] like old.logprob."""
     new_logprob = torch.zeros(len(samples), old.logprob.shape[1])
     for chunk in torch.arange(len(samples)).split(cfg.forward_batch_size):
-        logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg)[0]
+        logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg).logprob
         new_logprob[chunk, : logprob.shape[1]] = logprob
     return new_logprob
 
@@ -286,12 +295,28 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
     return ppo.update_happo_weight(happo_weight, log_ratio_grid, acted, cfg.happo_ratio_clip or None)
 
 
-def gradient_step(optimiser: torch.optim.Optimizer, loss: torch.Tensor, params: list, max_grad_norm: float) -> None:
-    """One optimiser step on `loss`, gradients clipped to max_grad_norm."""
+def gradient_step(optimiser: torch.optim.Optimizer, loss: torch.Tensor, params: list, max_grad_norm: float) -> bool:
+    """One optimiser step on `loss`, gradients clipped to max_grad_norm. A loss or gradient that
+    is not finite (inf, nan) takes no step and returns False: the weights stay as they were."""
     optimiser.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return False
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if not torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)):
+        optimiser.zero_grad(set_to_none=True)
+        return False
     optimiser.step()
+    return True
+
+
+def stop_if_diverged(skipped_steps: int, label: str, cfg: Config) -> float:
+    """The number of skipped (non-finite) steps of one update, as a metric; max_nonfinite_steps of
+    them end the run before this iteration's checkpoint, so the last checkpoint stays intact."""
+    if skipped_steps >= cfg.max_nonfinite_steps:
+        raise SystemExit(f"{label}: {skipped_steps} optimiser steps of this iteration had a non-finite loss or gradient "
+                         f"(--max_nonfinite_steps={cfg.max_nonfinite_steps}); the run stops and its last checkpoint is "
+                         "intact. Start a new run with a lower --lr (or --kl_coef), or raise --max_nonfinite_steps.")
+    return float(skipped_steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +327,7 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
                   cfg: Config, optimisers: dict, rng: torch.Generator) -> dict:
     """Minimise the clipped value loss ½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]
     of every critic on its agents' decisions."""
-    losses, by_critic = [], defaultdict(list)
+    losses, skipped, by_critic = [], defaultdict(int), defaultdict(list)
     for s, n in enumerate(rollout.agent_index):
         by_critic[critic_lib.critic_adapter_name(org.order[n], cfg.critic_per_agent)].append(s)
     for adapter, sample_list in by_critic.items():
@@ -315,9 +340,12 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
                 width = new_values.shape[1]
                 loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
                                               old.mask[batch, :width], cfg.value_clip or None)
-                gradient_step(optimisers[adapter], loss, params, cfg.max_grad_norm)
-                losses.append(loss.item())
-    return {"losses/value_loss": sum(losses) / len(losses)}
+                if gradient_step(optimisers[adapter], loss, params, cfg.max_grad_norm):
+                    losses.append(loss.item())
+                else:
+                    skipped[adapter] += 1
+    stats = {f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped[adapter], adapter, cfg) for adapter in by_critic}
+    return {"losses/value_loss": sum(losses) / len(losses) if losses else float("nan"), **stats}
 
 
 # =============================================================================================
@@ -408,6 +436,7 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "charts/unparseable_rate": rollout.unparseable / max(rollout.graded_answers, 1),
         "charts/response_tokens": generated_tokens / len(rollout.response_ids),
         "charts/truncated_prompts": rollout.truncated_prompts,
+        "grader/timeouts": rollout.ungraded,
         "losses/explained_variance": ppo.explained_variance(old.values, returns, old.mask),
         "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
         "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),

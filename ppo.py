@@ -36,6 +36,7 @@ The update:
     L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO)
     L^V = E[ max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²) ]    (clipped value loss)
     KL  ≈ (ρ − 1) − log ρ                                              (k3 estimator)
+    KL(π ‖ π_ref) ≈ (r − 1) − log r, r = π_ref / π, per token          (optional penalty)
 
 and the trust-region agent-by-agent update: in a random permutation of the agents, update one
 agent at a time, starting from M = 1; after agent i_m is updated, M ← M · ρ^{i_m} (detached,
@@ -289,7 +290,13 @@ def clipped_value_loss(
 
 
 def kl_to_reference(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(π ‖ π_ref) from samples of π: E[(r − 1) − log r], r = π_ref / π."""
+    """k3 estimate of KL(π ‖ π_ref) from samples of π: E[(r − 1) − log r], r = π_ref / π, per token.
+
+    Its value estimates KL(π ‖ π_ref); its gradient, with the samples held fixed, is
+    E_π[(1 − r) ∇ log π] = ∇_θ KL(π_ref ‖ π): minimising it pulls π toward covering π_ref
+    (the reverse direction of the KL it reports). Call it on token log-probs: over a whole
+    action, r is a product of many token ratios and exp overflows.
+    """
     log_r = ref_logprob - logprob
     return masked_mean(torch.expm1(log_r) - log_r, mask)
 

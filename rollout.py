@@ -64,6 +64,7 @@ class Rollout:
     solved: list[bool] = field(default_factory=list)  # [B]: the graded answers were right at the end
     outcomes: list[list[dict[str, str]]] = field(default_factory=list)  # [B][t]: graded role → outcome
     unparseable: int = 0  # graded answers with no parseable \boxed{}
+    ungraded: int = 0  # graded answers whose check timed out or crashed the grader
     graded_answers: int = 0
     truncated_prompts: int = 0
     generation_seconds: float = 0.0
@@ -124,6 +125,7 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
             out.solved[b] = info["correct"]
             out.outcomes[b].append(dict(info["outcomes"]))
             out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
+            out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
             out.graded_answers += len(info["outcomes"])
             if not done:
                 still_active.append(b)

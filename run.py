@@ -143,6 +143,8 @@ class Config:
     """stop an agent's epochs when the approximate KL of a minibatch exceeds this (0 disables)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
+    max_nonfinite_steps: int = 3
+    """an optimiser step whose loss or gradient is not finite is skipped and counted; this many in one agent's (or critic's) update of one iteration stop the run"""
     gradient_checkpointing: bool = False
     """recompute decoder-layer activations in the backward pass: memory-lean, slower updates (scripts/bench.py measures both)"""
     normalisation: str = "mean"
@@ -261,7 +263,7 @@ def validate(cfg: Config) -> None:
 
     for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
                    "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon",
-                   "generation_batch_size", "forward_batch_size", "keep_checkpoints"):
+                   "generation_batch_size", "forward_batch_size", "keep_checkpoints", "max_nonfinite_steps"):
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
     for option in ("eval_interval", "agent_iteration_interval", "critic_warmup_iterations", "threads"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")

@@ -4,8 +4,10 @@ The outcome of one response is one of three strings:
 
 * "correct"     -- the last `\\boxed{}` of the response verifies against the gold answer;
 * "wrong"       -- it parses as math but does not verify;
-* "unparseable" -- no `\\boxed{}`, an empty one, content math-verify cannot parse, or a
-                   check that ran past the time limit.
+* "unparseable" -- no `\\boxed{}`, an empty one, or content math-verify cannot parse;
+* "ungraded"    -- the check ran past the time limit or the worker crashed: the answer was
+                   not judged, so it is neither wrong nor unparseable. It is never cached
+                   (the next call checks again) and it is counted (`timeouts`, `crashes`).
 
 Only the content of the response's last `\\boxed{}` is graded. It and the gold are parsed
 the same way, `parse("$\\boxed{" + answer + "}$")`, and compared with
@@ -40,6 +42,7 @@ from .problems import extract_boxed
 CORRECT = "correct"
 WRONG = "wrong"
 UNPARSEABLE = "unparseable"
+UNGRADED = "ungraded"  # the check timed out or the worker crashed
 # Replied by the worker when the *gold* answer does not parse: a data error, not a grade.
 _GOLD_UNPARSEABLE = "gold-unparseable"
 
@@ -64,8 +67,8 @@ class Grader:
 
     Attributes:
         timeout_seconds: time limit for checking one (gold, prediction) pair.
-        timeouts: how many checks ran past the limit (each graded "unparseable").
-        crashes: how many times the worker died during a check (each graded "unparseable").
+        timeouts: how many checks ran past the limit (each "ungraded").
+        crashes: how many times the worker died during a check (each "ungraded").
     """
 
     def __init__(self, timeout_seconds: float = 5.0):
@@ -83,17 +86,19 @@ class Grader:
     # -- public API -----------------------------------------------------------------------
 
     def grade(self, gold: str, response: str) -> str:
-        """"correct", "wrong" or "unparseable" for one response against one gold answer."""
+        """"correct", "wrong", "unparseable" or "ungraded" for one response against one gold answer."""
         prediction = extract_boxed(response)
         if prediction is None or not prediction.strip():
             return UNPARSEABLE
         key = (gold, prediction)
         with self._lock:
-            if key not in self._cache:
-                if len(self._cache) >= _MAX_CACHE_ENTRIES:
-                    self._cache.clear()
-                self._cache[key] = self._check_in_worker(gold, prediction)
-            outcome = self._cache[key]
+            outcome = self._cache.get(key)
+            if outcome is None:
+                outcome = self._check_in_worker(gold, prediction)
+                if outcome != UNGRADED:  # a timeout or a crash says nothing about the answer
+                    if len(self._cache) >= _MAX_CACHE_ENTRIES:
+                        self._cache.clear()
+                    self._cache[key] = outcome
         if outcome == _GOLD_UNPARSEABLE:
             raise ValueError(
                 f"math-verify cannot parse the gold answer {gold!r} "
@@ -137,7 +142,7 @@ class Grader:
                 return outcome
             self.crashes += 1  # the worker died mid-check (e.g. out of memory)
         self._stop_worker()
-        return UNPARSEABLE
+        return UNGRADED
 
     def _start_worker(self) -> None:
         worker = subprocess.Popen(

@@ -8,8 +8,9 @@ agents whose answers are graded (e.g. only the final solver of a planner -> solv
 keeps a list of them for a batch. Each step:
 
 * every graded role's response is graded against the gold answer (`Grader`);
-* reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong or unparseable),
-  minus `format_penalty` times the fraction of graded responses that are unparseable;
+* reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong, unparseable, or ungraded:
+  the grader timed out), minus `format_penalty` times the fraction of graded responses that
+  are unparseable (an ungraded answer is not penalised: it was never judged);
 * the episode ends when every graded answer is correct or after `horizon` steps;
 * otherwise the next observation is the problem followed by feedback on the previous
   answers ("Your previous answer 12 was incorrect. Try again.").
@@ -17,7 +18,7 @@ keeps a list of them for a batch. Each step:
 
 from __future__ import annotations
 
-from .grader import CORRECT, UNPARSEABLE, Grader
+from .grader import CORRECT, UNGRADED, UNPARSEABLE, Grader
 from .problems import Problem, extract_boxed
 
 
@@ -37,6 +38,8 @@ def answer_feedback(subject: str, outcome: str, response: str) -> str:
         return f"{subject} previous answer had no \\boxed{{}} answer."
     if outcome == UNPARSEABLE:
         return f"{subject} previous answer {answer} could not be read as a math expression."
+    if outcome == UNGRADED:
+        return f"{subject} previous answer {answer} could not be checked."
     return f"{subject} previous answer {answer} was incorrect."
 
 
@@ -60,7 +63,7 @@ class MathEnv:
 
     reset(seed=None) -> the problem text.
     step(joint_action) -> (observation, reward, done, info) with
-        info = {"outcomes": {role: "correct" | "wrong" | "unparseable"},
+        info = {"outcomes": {role: "correct" | "wrong" | "unparseable" | "ungraded"},
                 "correct": every graded answer correct,
                 "step": index of the step just taken (0 for the first)}.
     When done, the observation is the bare problem text (there is no next turn).

@@ -357,14 +357,18 @@ def test_pathological_input_times_out_on_the_main_thread(quick_timeout_grader):
     assert grader.grade("3", "\\boxed{3}") == "correct"  # start the worker beforehand
     timeouts_before = grader.timeouts
     outcome, seconds = timed_grade(grader, "1", POWER_TOWER)
-    assert outcome == "unparseable"
+    assert outcome == "ungraded"  # not judged: neither wrong nor unparseable
     assert grader.timeouts == timeouts_before + 1  # it really ran past the 1 s limit
     assert seconds < 2.5
-    # The result is cached: asking again costs nothing and is not another timeout.
+    # A timeout is never cached: asking again checks again (and times out again).
     outcome, seconds = timed_grade(grader, "1", POWER_TOWER)
-    assert (outcome, grader.timeouts) == ("unparseable", timeouts_before + 1)
-    assert seconds < 0.1
+    assert (outcome, grader.timeouts) == ("ungraded", timeouts_before + 2)
     assert grader.grade("4", "\\boxed{4}") == "correct"  # a fresh worker took over
+    # In the environment an ungraded answer earns nothing and takes no format penalty.
+    env = MathEnv(Problem(problem="What is 9^9^9^9 - 9^9^9^9 + 1?", answer="1", level="", type=""), grader, ["solver"], format_penalty=0.5)
+    env.reset()
+    _, reward, _, info = env.step({"solver": POWER_TOWER})
+    assert (reward, info["outcomes"]) == (0.0, {"solver": "ungraded"})
 
 
 def test_pathological_input_times_out_off_the_main_thread(quick_timeout_grader):
@@ -377,7 +381,7 @@ def test_pathological_input_times_out_off_the_main_thread(quick_timeout_grader):
     thread.join(timeout=30)
     assert not thread.is_alive()
     outcome, seconds = result["graded"]
-    assert outcome == "unparseable"
+    assert outcome == "ungraded"
     assert grader.timeouts == timeouts_before + 1
     assert seconds < 2.5
 

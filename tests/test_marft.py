@@ -87,8 +87,9 @@ def tiny_agents(tiny_model_dir):
 def tables_under(model, pad, rollout, adapter, cfg):
     """The OldPolicy tables of every sample under `adapter` (values and reference unused)."""
     with torch.no_grad():
-        logprob, _, mask = marft.decision_logprobs(model, pad, rollout, list(range(len(rollout.prompt_ids))), adapter, cfg)
-    return marft.OldPolicy(logprob=logprob, values=torch.zeros_like(logprob), ref_logprob=torch.zeros_like(logprob), mask=mask)
+        out = marft.decision_logprobs(model, pad, rollout, list(range(len(rollout.prompt_ids))), adapter, cfg)
+    return marft.OldPolicy(logprob=out.logprob, values=torch.zeros_like(out.logprob), mask=out.mask,
+                           ref_logprob=torch.zeros_like(out.token_logprob), token_mask=out.token_mask)
 
 
 def perturb_adapter(model, adapter, scale=0.3):
@@ -139,10 +140,9 @@ def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_
     model, pad = tiny_agents
     rollout = hand_made_rollout()
     cfg = run.Config(update_order="topological", happo_ratio_clip=0.0, minibatch_size=8, lr=0.05, target_kl=0.0)
-    old = marft.OldPolicy(*(torch.zeros(6, 1) for _ in range(4)))
-    for n, adapter in enumerate(["policy_planner", "policy_solver"]):
-        table = tables_under(model, pad, rollout, adapter, cfg)
-        old.logprob[rollout.agent_samples(n)], old.mask[rollout.agent_samples(n)] = table.logprob[rollout.agent_samples(n)], 1.0
+    old = tables_under(model, pad, rollout, "policy_planner", cfg)
+    solver = rollout.agent_samples(1)
+    old.logprob[solver] = tables_under(model, pad, rollout, "policy_solver", cfg).logprob[solver]
     planner_before = {s: plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)}
     weights_seen = {}
     real_update_agent = marft.update_agent
@@ -179,6 +179,61 @@ def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
     # the joint update takes ⌈6 / 2⌉ = 3 steps over every sample, and no HAPPO factor.
     assert optimiser.state_dict()["state"][0]["step"] == 3
     assert stats["losses/happo_weight_mean"] == 1.0 and "losses/policy_loss/shared" in stats
+
+
+def test_a_nonfinite_loss_skips_its_step_is_counted_and_repeated_ones_stop_the_run(tiny_agents):
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(minibatch_size=1, ppo_epochs=1, target_kl=0.0, max_nonfinite_steps=3)
+    old = tables_under(model, pad, rollout, "policy_solver", cfg)
+    advantages = torch.tensor([[0.0], [1.0], [0.0], [float("nan")], [0.0], [2.0]])  # sample 3 poisons its minibatch
+    params = agents.adapter_parameters(model, "policy_solver")
+    optimiser = torch.optim.Adam(params, lr=0.05)
+    update = lambda cfg_: marft.update_agent(model, pad, rollout, old, advantages, torch.ones(2, 2), torch.tensor([1, 3, 5]),
+                                             "solver", "policy_solver", cfg_, optimiser, torch.Generator().manual_seed(0))
+    # Normalising a NaN advantage makes every advantage of the agent NaN: all 3 steps are skipped.
+    with pytest.raises(SystemExit, match="solver: 3 optimiser steps .* non-finite"):
+        update(cfg)
+    assert all(torch.isfinite(p).all() for p in params) and not optimiser.state  # no step was taken
+    stats = update(run.Config(minibatch_size=1, ppo_epochs=1, target_kl=0.0, max_nonfinite_steps=4))
+    assert stats["losses/nonfinite_steps/solver"] == 3.0 and math.isnan(stats["losses/policy_loss/solver"])
+    assert all(torch.isfinite(p).all() for p in params)
+
+
+def plain_token_logprobs(model, adapter, prompt, response):
+    """[log π(w_k | ô, w_<k)] from one plain forward; adapter None is the bare base model (π_ref)."""
+    context = model.disable_adapter() if adapter is None else agents.active_adapter(model, adapter)
+    with context, torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0]
+    logp = torch.log_softmax(logits.double(), -1)
+    return [logp[len(prompt) - 1 + k, token].item() for k, token in enumerate(response)]
+
+
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_kl_to_the_reference_is_per_token_at_both_levels(tiny_agents, level):
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    rollout.response_ids = [list(range(100 + 40 * s, 140 + 40 * s)) for s in range(6)]  # 40 tokens each
+    with torch.no_grad():
+        model.get_base_model().lm_head.weight.mul_(40.0)  # sharp distributions (the tiny model's are nearly uniform)
+        for name, param in model.named_parameters():
+            if "lora_" in name and ".policy_solver." in name:  # the policy far from the base model
+                param.normal_(0, 2.0)
+    cfg = run.Config(level=level, normalisation="sum", kl_coef=1.0, minibatch_size=8, ppo_epochs=1, target_kl=0.0, lr=1e-6)
+    old = tables_under(model, pad, rollout, "policy_solver", cfg)
+    with torch.no_grad():  # π_ref: the base model, adapters disabled
+        old.ref_logprob = marft.decision_logprobs(model, pad, rollout, list(range(6)), None, cfg).token_logprob
+    solver = rollout.agent_samples(1)
+    log_r = {s: [r - p for r, p in zip(plain_token_logprobs(model, None, rollout.prompt_ids[s], rollout.response_ids[s]),
+                                       plain_token_logprobs(model, "policy_solver", rollout.prompt_ids[s], rollout.response_ids[s]))]
+             for s in solver}
+    assert max(abs(sum(v)) for v in log_r.values()) > 90  # exp of a whole action's log-ratio overflows float32
+    k3 = [math.expm1(x) - x for s in solver for x in log_r[s]]  # per token: (r − 1) − log r, r = π_ref / π
+    optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)
+    stats = marft.update_agent(model, pad, rollout, old, torch.tensor([[0.0]] * 6), torch.ones(2, 2), torch.tensor(solver),
+                               "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
+    assert stats["losses/nonfinite_steps/solver"] == 0.0
+    assert stats["losses/kl_to_reference/solver"] == pytest.approx(sum(k3) / len(k3), rel=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------
