@@ -23,8 +23,8 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
-is a smoke test of every section in a few minutes (CI); the full mode takes about 55 minutes on
-2 cores.
+is a smoke test of every section in a few minutes (CI: the memory-lean setting and the
+`parallel` learning run are left out); the full mode takes about 55 minutes on 2 cores.
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 """
 from __future__ import annotations
@@ -53,8 +53,11 @@ from run import Config  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
-FULL = dict(prompts=32, new_tokens=32, batch_size=16, phase_iterations=2, eval_problems=4, learning_minutes=8.0)
-QUICK = dict(prompts=4, new_tokens=8, batch_size=1, phase_iterations=1, eval_problems=2, learning_minutes=0.1)
+FULL = dict(prompts=32, new_tokens=32, batch_size=16, phase_iterations=2, eval_problems=4, learning_minutes=8.0,
+            memory_settings=("default", "lean"), learning_organisations=("single", "chain", "parallel"))
+# The CI smoke test: every section, each with as few runs as still exercise it.
+QUICK = dict(prompts=4, new_tokens=8, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
+             memory_settings=("default",), learning_organisations=("single", "chain"))
 
 
 def machine() -> dict:
@@ -188,8 +191,8 @@ LEAN = (["--gradient_checkpointing"], {"MALLOC_MMAP_THRESHOLD_": "1048576"})
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
     """One short run per organisation and setting: peak memory; the default chain run also gives
     the seconds per phase."""
-    memory, phase_table = {"default": {}, "lean": {}}, {}
-    for setting in ("default", "lean"):
+    memory, phase_table = {setting: {} for setting in sizes["memory_settings"]}, {}
+    for setting in sizes["memory_settings"]:
         for agents_name, count in (("single", 1), ("chain", 2), ("chain4", 4)):
             is_phase_run = setting == "default" and agents_name == "chain"
             if "memory" in skip and not is_phase_run:
@@ -205,7 +208,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
                 phase_table["iteration_seconds_without_eval"] = sum(phase_table[f"{p}_seconds"] for p in PHASES if p != "eval")
     if "memory" in skip:
         return phase_table, {}
-    for setting in ("default", "lean"):
+    for setting in sizes["memory_settings"]:
         memory[setting]["ratio_4_to_1"] = memory[setting]["4_agents"]["peak_rss_mib"] / memory[setting]["1_agents"]["peak_rss_mib"]
     base, tokenizer = agents.load_base_model(DEFAULTS.model)
     memory["base_model_mib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
@@ -231,7 +234,7 @@ def prompt_lengths_by_position(tokenizer) -> list[float]:
 
 def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) -> dict:
     table = {}
-    for agents_name in ("single", "chain", "parallel"):
+    for agents_name in sizes["learning_organisations"]:
         args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes), "--eval_samples", "2",
                 "--no-eval_greedy", "--seed", "1"]
         if quick:
@@ -281,10 +284,12 @@ def markdown(report: dict) -> str:
     if mem := report.get("memory"):
         lines += ["| agents | peak resident memory (MiB), default | memory-lean (checkpointing + glibc mmap threshold) |",
                   "| --- | --- | --- |"]
-        lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} | {mem['lean'][k]['peak_rss_mib']:.0f} |"
+        lean = lambda key: f"{mem['lean'][key]['peak_rss_mib']:.0f}" if "lean" in mem else "—"
+        lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} | {lean(k)} |"
                   for k, v in mem["default"].items() if k.endswith("_agents")]
         lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
-        lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** | **{mem['lean']['ratio_4_to_1']:.2f}** |", "",
+        lean_ratio = f"{mem['lean']['ratio_4_to_1']:.2f}" if "lean" in mem else "—"
+        lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** | **{lean_ratio}** |", "",
                   f"The base model ({mem['base_model_mib']:.0f} MiB) is held once whatever the number of agents; each "
                   f"agent adds its adapter ({mem['adapter_mib']:.1f} MiB) and its Adam state (2× that). The rest of the "
                   f"growth is activations: later agents read earlier actions, so prompts grow along chain4 "

@@ -247,9 +247,11 @@ def metrics_without_timings(run_dir):
 
 @pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
-    # Evaluate every iteration so both runs log the same keys; 24 tokens leave room for real answers.
-    common = ["--batch_size", "4", "--eval_problems", "2", "--eval_samples", "1", "--max_new_tokens", "24", "--eval_interval", "1", "--no-eval_greedy",
-              "--minibatch_size", "4", "--ppo_epochs", "1", "--threads", "1", "--output_dir", str(tmp_path), "--seed", "5"]
+    # Evaluate every iteration so both runs log the same keys; 24 tokens leave room for real answers,
+    # and the format penalty makes every reward, advantage and loss nonzero even when no answer is right.
+    common = ["--batch_size", "2", "--eval_problems", "1", "--eval_samples", "1", "--max_new_tokens", "24", "--eval_interval", "1",
+              "--no-eval_greedy", "--format_penalty", "0.5", "--minibatch_size", "2", "--ppo_epochs", "1", "--threads", "1",
+              "--output_dir", str(tmp_path), "--seed", "5"]
     marft.train(run.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
     marft.train(run.parse_args(common + ["--iterations", "1", "--run_name", "interrupted"]))
     marft.train(run.parse_args(["--resume", str(tmp_path / "interrupted"), "--iterations", "2", "--threads", "1"]))
@@ -261,14 +263,15 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_raises_the_reward_of_the_embedded_model(tmp_path):
-    """A short real run: the two-agent chain on one-digit addition, held-out accuracy must rise."""
+def test_training_raises_the_held_out_accuracy_of_the_embedded_model(tmp_path):
+    """A short real run (1.5 min): one agent on one-digit addition; the held-out pass@1 must rise
+    and the unparseable rate fall. (The two-agent loop runs for real in the resume test above;
+    the HAPPO factor is unit-tested.)"""
     summary = marft.train(run.parse_args([
-        "--arithmetic_levels", "1", "--iterations", "4", "--batch_size", "8", "--minibatch_size", "8",
+        "--agents", "single", "--arithmetic_levels", "1", "--iterations", "4", "--batch_size", "8", "--minibatch_size", "8",
         "--eval_problems", "12", "--eval_samples", "2", "--no-eval_greedy", "--max_new_tokens", "24",
         "--lr", "3e-4", "--output_dir", str(tmp_path), "--run_name", "learn", "--seed", "2", "--threads", "2",
     ]))
-    rows = metrics_without_timings(tmp_path / "learn")
-    assert summary["final"]["eval/accuracy"] >= summary["initial"]["eval/accuracy"] + 0.15, summary
-    train_rewards = [r["charts/reward"] for r in rows[1:]]
-    assert sum(train_rewards[2:]) > sum(train_rewards[:2]), train_rewards
+    first, last = summary["initial"], summary["final"]
+    assert last["eval/accuracy"] >= first["eval/accuracy"] + 0.2, summary
+    assert last["eval/unparseable_rate"] < first["eval/unparseable_rate"], summary
