@@ -25,7 +25,8 @@ One iteration (the paper's algorithm box):
 
 Every per-sample table is [S, L] with a mask: S samples (one per action taken), L decisions per
 sample, L = 1 at the action level and L = the longest response at the token level (`--level`).
-Only `agents.policy_logprobs`, `critic.decision_values` and `ppo.gae` look at the level.
+Only `agents.policy_logprobs`, `agents.summed_logprobs`, `critic.decision_values` and `ppo.gae`
+look at the level.
 
 Deviations from the paper and choices it leaves open (each a named option of run.Config):
 - Credit assignment `credit` (`last` default): the paper gives the team reward; where it lands
@@ -36,8 +37,16 @@ Deviations from the paper and choices it leaves open (each a named option of run
 - All randomness of iteration k is re-seeded from (seed, k) at its start, so a run resumed from
   a checkpoint replays exactly the iterations an uninterrupted run would (same machine, same
   thread count). The checkpoint therefore stores the iteration, not generator states.
-- The HAPPO factor of each updated agent is bounded to [1/c, c] (`happo_ratio_clip`, c = 2): at
-  the token level it is a product of many token ratios and would otherwise explode or vanish.
+- The HAPPO factor of each updated agent is the ratio of its whole action, π_new(a) / π_old(a)
+  (also at the action level with `mean` normalisation, whose PPO ratio is a per-token geometric
+  mean), bounded to [1/c, c] (`happo_ratio_clip`, c = 2): a product of many token ratios would
+  otherwise explode or vanish.
+- With `shared_adapter` every role moves one θ: an agent-by-agent update would leave the next
+  agent's π_old stale, so there is one joint PPO update over all samples (M = 1) instead.
+- The KL penalty to the reference (`kl_coef`) is per token at both levels (k3 estimator; its
+  gradient is that of KL(π_ref ‖ π), see ppo.kl_to_reference).
+- A step whose loss or gradient is not finite is skipped and counted; `max_nonfinite_steps` of
+  them in one update stop the run before its checkpoint.
 - Generation backend (`--backend hf|vllm`): with vLLM the adapters are saved (to /dev/shm where
   it exists) and re-registered under fresh `lora_int_id`s after every update. Either way the
   PPO old log-probs are recomputed by the training model, on the rollout's exact token ids; the
