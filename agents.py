@@ -14,7 +14,8 @@ Action normalisation (paper): the PPO ratio of a long action is a product of man
 `normalisation = "mean"` divides the sum by |a| so long and short actions give comparable ratios,
 `"sum"` keeps the exact sequence log-probability.
 
-The level decides what one PPO decision is (`policy_logprobs`, the one place that switches on it):
+The level decides what one PPO decision is (`policy_logprobs` switches on it; `summed_logprobs`
+turns decision log-probs back into whole-action sums):
 
     action level   one decision per response: log π^i(a | ô), a table [n, 1]
     token level    one decision per token: log π^i(w_k | ô, w_<k), a table [n, L], L = longest response
