@@ -53,10 +53,12 @@ from run import Config  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
-FULL = dict(prompts=32, new_tokens=32, batch_size=16, phase_iterations=2, eval_problems=4, learning_minutes=8.0,
+FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
+            eval_problems=4, learning_minutes=8.0,
             memory_settings=("default", "lean"), learning_organisations=("single", "chain", "parallel"))
-# The CI smoke test: every section, each with as few runs as still exercise it.
-QUICK = dict(prompts=4, new_tokens=8, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
+# The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
+# prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
+QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
              memory_settings=("default",), learning_organisations=("single", "chain"))
 
 
@@ -178,8 +180,8 @@ def run_marft(out: Path, name: str, args: list[str], threads: int, extra_env: di
 
 def short_run_args(sizes: dict, agents_name: str, iterations: int) -> list[str]:
     return ["--agents", agents_name, "--iterations", str(iterations), "--batch_size", str(sizes["batch_size"]),
-            "--max_new_tokens", str(sizes["new_tokens"]), "--eval_problems", str(sizes["eval_problems"]),
-            "--eval_samples", "1", "--no-eval_greedy"]
+            "--max_new_tokens", str(sizes["new_tokens"]), "--max_prompt_tokens", str(sizes["prompt_tokens"]),
+            "--eval_problems", str(sizes["eval_problems"]), "--eval_samples", "1", "--no-eval_greedy"]
 
 
 PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync", "eval")
@@ -238,7 +240,8 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) 
         args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes), "--eval_samples", "2",
                 "--no-eval_greedy", "--seed", "1"]
         if quick:
-            args += ["--batch_size", "2", "--max_new_tokens", "8", "--eval_problems", str(sizes["eval_problems"])]
+            args += ["--batch_size", "2", "--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]),
+                     "--eval_problems", str(sizes["eval_problems"])]
         rows, _ = run_marft(out, f"learning-{agents_name}", args, threads)
         evals = [r for r in rows if "eval/accuracy" in r]
         table[agents_name] = {"iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,

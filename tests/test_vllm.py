@@ -36,10 +36,10 @@ def engine_and_model(tmp_path_factory):
     model = agents.attach_adapters(base, ROLES, config)
     shared_folder = tmp_path_factory.mktemp("vllm-sync")
     (shared_folder / "someone-elses-file").write_text("kept")
-    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, eos_id=tokenizer.eos_token_id, seed=0, max_model_len=512,
+    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, eos_id=tokenizer.eos_token_id, seed=0, max_model_len=256,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
                                   enforce_eager=True, sync_root=shared_folder, threads=2,
-                                  max_num_batched_tokens=2048)  # a small step budget: several engine steps per call
+                                  max_num_batched_tokens=256)  # a small step budget: several engine steps per call
     engine.sync(model)
     yield engine, model, tokenizer
     engine.close()
@@ -50,7 +50,7 @@ def engine_and_model(tmp_path_factory):
 def prompts(tokenizer, n=4):
     org = load_organisation("chain")
     messages = [unrolled_messages(org, "planner", f"What is {a} + {a + 2}?", {}) for a in range(1, n + 1)]
-    return agents.tokenize_prompts(tokenizer, messages, 512)[0]
+    return agents.tokenize_prompts(tokenizer, messages, 200)[0]
 
 
 def test_two_agents_with_different_adapters_give_different_greedy_actions(engine_and_model):
@@ -123,10 +123,10 @@ def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path
 
 def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(engine_and_model):
     """Per-request seeds come from torch's generator: re-seeding torch replays vLLM's samples, also
-    when the prompts exceed one scheduler step's token budget (2048 tokens here)."""
+    when the prompts exceed one scheduler step's token budget (256 tokens here)."""
     engine, model, tokenizer = engine_and_model
-    ids = prompts(tokenizer, 30)
-    assert sum(len(p) for p in ids) > 2048
+    ids = prompts(tokenizer, 8)
+    assert sum(len(p) for p in ids) > 2 * 256  # three scheduler steps at least
     sampling = agents.Sampling(1.0, 1.0, 3)
     torch.manual_seed(11)
     first = engine.generate(ids, "solver", sampling)
