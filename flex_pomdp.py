@@ -29,11 +29,12 @@ Profile file format (JSON), used by `load_organisation`:
 
     {"agents": [
         {"role": "planner", "system_prompt": "...", "graded": false,
-         "examples": [{"user": "...", "assistant": "..."}]},
+         "examples": [{"user": "...", "assistant": "..."}], "rewards": {"no_boxed": 0.1}},
         {"role": "solver", "system_prompt": "...", "graded": true}],
      "dependencies": [["planner", "solver"]]}
 
 `dependencies` lists the pairs (i, j) with D(a^i, a^j) = 1 ("j reads i"); an empty list is D ≡ 0.
+`rewards` (optional) names per-role reward terms and their weights (README: Credit assignment).
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ class AgentProfile:
     # Worked examples (user, assistant) shown as earlier chat turns: the observation function's
     # fixed context. The user side must use the same layout as `unrolled_user_text`.
     examples: tuple[tuple[str, str], ...] = ()
+    # Per-role reward terms (term name, weight), added to this agent's placed team reward at every
+    # step it acts; the environment defines the terms (envs.ROLE_REWARD_TERMS).
+    rewards: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,7 +241,7 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
     for k, entry in enumerate(spec["agents"]):
         if not isinstance(entry, dict) or "role" not in entry or "system_prompt" not in entry:
             raise ValueError(f"{where}: agents[{k}] needs at least 'role' and 'system_prompt'")
-        unknown = set(entry) - {"role", "system_prompt", "graded", "examples"}
+        unknown = set(entry) - {"role", "system_prompt", "graded", "examples", "rewards"}
         if unknown:
             raise ValueError(f"{where}: agents[{k}] has unknown key(s) {sorted(unknown)}")
         if not isinstance(entry.get("graded", False), bool):
@@ -247,7 +251,11 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
             if not isinstance(e, dict) or set(e) != {"user", "assistant"}:
                 raise ValueError(f"{where}: agents[{k}].examples entries are objects {{'user': ..., 'assistant': ...}}")
             examples.append((e["user"], e["assistant"]))
-        agents.append(AgentProfile(entry["role"], entry["system_prompt"], bool(entry.get("graded", False)), tuple(examples)))
+        rewards = entry.get("rewards", {})
+        if not isinstance(rewards, dict) or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in rewards.values()):
+            raise ValueError(f"{where}: agents[{k}].rewards is an object {{term name: weight (a number)}}")
+        agents.append(AgentProfile(entry["role"], entry["system_prompt"], bool(entry.get("graded", False)), tuple(examples),
+                                   tuple((name, float(w)) for name, w in rewards.items())))
     return make_organisation(agents, [tuple(d) for d in spec["dependencies"]])
 
 

@@ -18,9 +18,10 @@ One iteration (the paper's algorithm box):
     2. old policy   log π^j_old(a^j_t | ô^j_t), V_φ(ô^j_t) (and log π_ref for the KL option)
     3. advantages   r^i_t by credit assignment; Â, R by GAE over the (step, agent) chain,
                     or over the token chain with --level token
+                    (--advantage group: no critic, Â from the returns of G episodes per problem)
     4. agents       in a random permutation, each agent maximises E[min(ρ M Â, clip(ρ) M Â)],
                     then M ← M · ρ^{agent} (trust-region agent-by-agent update)
-    5. critic       minimise the clipped value loss toward R
+    5. critic       minimise the clipped value loss toward R (not with --advantage group)
     6. eval, metrics, atomic checkpoint
 
 Every per-sample table is [S, L] with a mask: S samples (one per action taken), L decisions per
@@ -30,7 +31,12 @@ look at the level.
 
 Deviations from the paper and choices it leaves open (each a named option of run.Config):
 - Credit assignment `credit` (`last` default): the paper gives the team reward; where it lands
-  among the agents of a step is ours.
+  among the agents of a step is ours, as are per-role reward terms named in a profile (added to
+  the agent's placed reward).
+- `advantage group` (not in the paper; AReaL-based MARFT trains "with PPO/GRPO"): no critic;
+  G = `group_size` episodes per problem, each action's Â is its agent's return against those of
+  the other episodes of the problem at that step (ppo.group_advantages), given to every token of
+  the action, and not normalised again per agent. The agent-by-agent update and M are unchanged.
 - Held-out accuracy is measured two ways: `eval/accuracy` is pass@1 averaged over
   `eval_samples` samples at the training temperature (the policy that is trained), and
   `eval/accuracy_greedy` decodes greedily. Both are logged; the summary reports both.
@@ -101,23 +107,27 @@ def train(cfg: Config) -> dict:
             timer, metrics = PhaseTimer(), {}
             rng = seed_iteration(cfg.seed, iteration)
             batch = iteration_batch(train_problems, cfg.batch_size, cfg.seed, iteration)
+            episodes = [problem for problem in batch for _ in range(cfg.group_size)]  # episode b is in group b // G
 
             # 1. Rollout: every agent acts on its unrolled observation ô^j_t, in σ order.
             with timer("rollout"):
-                rollout = run_episodes(backend.generate, tokenizer, org, batch, grader, sampling, cfg)
-            # 2. Old log-probs log π^i_old and values V_φ, on the very prompt ids of the rollout.
+                rollout = run_episodes(backend.generate, tokenizer, org, episodes, grader, sampling, cfg)
+            # 2. Old log-probs log π^i_old and values V_φ (no values without a critic), on the rollout's prompt ids.
             with timer("values"):
                 old = old_policy_and_values(model, value_heads, pad, org, rollout, cfg)
-            # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain.
+            # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain,
+            #    or (--advantage group) each return against the others of its problem's group.
             with timer("advantages"):
-                advantages, returns = compute_advantages(org, rollout, old, cfg)  # [S, L]
+                advantages, returns, advantage_stats = compute_advantages(org, rollout, old, cfg)  # [S, L]
+            metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates (skipped while the critic warms up).
             with timer("policy_update"):
                 if iteration >= cfg.critic_warmup_iterations:
                     metrics |= update_agents(model, pad, org, rollout, old, advantages, cfg, optimisers, iteration, rng)
             # 5. Critic: clipped value loss toward the GAE returns.
-            with timer("critic_update"):
-                metrics |= update_critic(model, value_heads, pad, org, rollout, old, returns, cfg, optimisers, rng)
+            if cfg.advantage == "gae":
+                with timer("critic_update"):
+                    metrics |= update_critic(model, value_heads, pad, org, rollout, old, returns, cfg, optimisers, rng)
             # The generation backend serves the updated adapters from now on (vLLM: fresh lora_int_ids).
             with timer("adapter_sync"):
                 backend.sync(model)
@@ -163,15 +173,17 @@ def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str |
 
 @torch.no_grad()
 def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollout: Rollout, cfg: Config) -> OldPolicy:
-    """log π^i_old, V_φ and the decision mask, log π_ref per token (only when kl_coef > 0), of every sample."""
+    """log π^i_old, V_φ (zeros without a critic) and the decision mask, log π_ref per token (only when
+    kl_coef > 0), of every sample."""
     chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch
     for n, role in enumerate(org.order):
         idx = rollout.agent_samples(n)
         for start in range(0, len(idx), cfg.forward_batch_size):
             chunk = idx[start : start + cfg.forward_batch_size]
             policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
-            values = critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
-                                                *rollout.sequences(chunk), pad, cfg.level)
+            values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
+                                                 *rollout.sequences(chunk), pad, cfg.level) if len(value_heads)
+                      else torch.zeros_like(policy.logprob))
             ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
                    else torch.zeros_like(policy.token_logprob))
             chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
@@ -189,13 +201,20 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
 # ---------------------------------------------------------------------------------------------
 
 def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg: Config):
-    """r^i_t by credit assignment, then GAE along the chain of decisions; (Â, R), each [S, L]."""
+    """r^i_t by credit assignment plus each agent's per-role reward terms, then Â: (Â [S, L], R [S, L]
+    or None without a critic, metrics: the fraction of groups with no signal)."""
     N = len(org.order)
-    rewards = ppo.place_team_reward(rollout.team_reward, N, cfg.credit)  # [B, T, N]
+    rewards = ppo.place_team_reward(rollout.team_reward, N, cfg.credit, cfg.credit_discount)  # [B, T, N]
+    rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward), N)  # the profiles' per-role terms
+    where = (rollout.episode, rollout.step, rollout.agent_index)
+    if cfg.advantage == "group":
+        group = torch.arange(len(rollout.solved)) // cfg.group_size  # [B]
+        advantages, zero_signal = ppo.group_advantages(rewards, rollout.step_mask, group, cfg.gamma, cfg.group_std)  # [B, T, N]
+        # Every decision of an action (each token at the token level) gets the action's Â.
+        return advantages[where].unsqueeze(-1) * old.mask, None, {"charts/zero_signal_groups": zero_signal}
     advantages, returns = ppo.gae(rewards, rollout.to_grid(old.values, N), rollout.to_grid(old.mask, N), rollout.dones,
                                   cfg.gamma, cfg.gamma_agent, cfg.gamma_token, cfg.lam)  # [B, T, N, L]
-    where = (rollout.episode, rollout.step, rollout.agent_index)
-    return advantages[where], returns[where]
+    return advantages[where], returns[where], {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,8 +256,10 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     approximate KL exceeds target_kl ends the agent's epochs before its optimiser step."""
     params = agents_lib.adapter_parameters(model, adapter)
     episode, step = torch.tensor(rollout.episode), torch.tensor(rollout.step)
-    # Advantage normalisation per agent over its real decisions (explicit mask).
-    agent_adv = ppo.normalize_advantages(advantages[samples], old.mask[samples])
+    # Advantage normalisation per agent over its real decisions (explicit mask); group advantages
+    # are normalised within their groups already.
+    agent_adv = (advantages[samples] if cfg.advantage == "group"
+                 else ppo.normalize_advantages(advantages[samples], old.mask[samples]))
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
         for chunk in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
@@ -362,10 +383,11 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
 # =============================================================================================
 
 def build(cfg: Config):
-    """Organisation, base model with every policy and critic adapter, value heads, optimisers."""
+    """Organisation, base model with every policy and critic adapter, value heads, optimisers
+    (--advantage group: no critic adapter and an empty set of value heads)."""
     org = load_organisation(cfg.agents)
     policy_adapters = agents_lib.policy_adapter_names(org.order, cfg.shared_adapter)
-    critic_adapters = critic_lib.critic_adapter_names(org.order, cfg.critic_per_agent)
+    critic_adapters = critic_lib.critic_adapter_names(org.order, cfg.critic_per_agent) if cfg.advantage == "gae" else []
     model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
     value_heads = critic_lib.make_value_heads(model.get_base_model().config.hidden_size, critic_adapters).to(model.device)
     optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
@@ -446,14 +468,18 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "charts/response_tokens": generated_tokens / len(rollout.response_ids),
         "charts/truncated_prompts": rollout.truncated_prompts,
         "grader/timeouts": rollout.ungraded,
-        "losses/explained_variance": ppo.explained_variance(old.values, returns, old.mask),
         "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
         "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),
         **timer.metrics(),
     }
-    for n, role in enumerate(org.order):
-        samples = rollout.agent_samples(n)
-        metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old.values[samples], old.mask[samples]).item()
+    if returns is not None:  # the critic's metrics
+        metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)
+        for n, role in enumerate(org.order):
+            samples = rollout.agent_samples(n)
+            metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old.values[samples], old.mask[samples]).item()
+    for n, profile in enumerate(org.profile(role) for role in org.order):
+        if profile.rewards:
+            metrics[f"charts/role_reward/{profile.role}"] = sum(rollout.role_reward[s] for s in rollout.agent_samples(n)) / episodes
     return metrics
 
 

@@ -42,8 +42,12 @@ and the trust-region agent-by-agent update: in a random permutation of the agent
 agent at a time, starting from M = 1; after agent i_m is updated, M ← M · ρ^{i_m} (detached,
 recomputed with its new weights), so agent i_{m+1} optimises M · Â.
 
+Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): G episodes of each
+problem; Â^i_t = (G^i_t − mean) / (std + ε) of agent i's return over the episodes of its problem
+that played step t. The same Â goes to every token of the action; the update is unchanged.
+
 Deviations / choices (each a named option where the paper leaves it open): credit assignment
-`last` | `equal` | `shared`; advantages normalised per agent over its real samples only (explicit
+`last` | `equal` | `shared` | `step_discount`; advantages normalised per agent over its real samples only (explicit
 masks; an exact zero advantage is data, never padding); the approximate-KL early stop is checked
 before the optimiser step of the minibatch that would exceed it; each agent's factor entering M
 may be bounded to [1/c, c] (needed at the token level, where ρ^i is a product of token ratios).
@@ -52,19 +56,23 @@ from __future__ import annotations
 
 import torch
 
-CREDIT_OPTIONS = ("last", "equal", "shared")
+CREDIT_OPTIONS = ("last", "equal", "shared", "step_discount")
+ADVANTAGE_OPTIONS = ("gae", "group")
 
 
 # ---------------------------------------------------------------------------------------------
 # Credit assignment: where the team reward R(s_t, a_t) lands among the agents of step t
 # ---------------------------------------------------------------------------------------------
 
-def place_team_reward(team_reward: torch.Tensor, num_agents: int, credit: str) -> torch.Tensor:
+def place_team_reward(team_reward: torch.Tensor, num_agents: int, credit: str, discount: float = 1.0) -> torch.Tensor:
     """[B, T] team reward → [B, T, N] per-agent rewards r^i_t.
 
-    last:   R on the last agent of the step (σ_N), 0 on the others (default)
-    equal:  R / N to each agent
-    shared: R to each agent
+    last:          R on the last agent of the step (σ_N), 0 on the others (default)
+    equal:         R / N to each agent
+    shared:        R to each agent
+    step_discount: R · d^(N−1−k) to the k-th agent of the step (k = 0 … N−1 in σ order): the last
+                   agent gets R, each earlier one d times what the next one gets (d = `discount`;
+                   d = 1 is `shared`, d = 0 is `last`)
     """
     if credit not in CREDIT_OPTIONS:
         raise ValueError(f"credit={credit!r}: choose one of {CREDIT_OPTIONS}")
@@ -73,6 +81,9 @@ def place_team_reward(team_reward: torch.Tensor, num_agents: int, credit: str) -
         rewards = torch.zeros(B, T, num_agents, dtype=team_reward.dtype)
         rewards[:, :, -1] = team_reward
         return rewards
+    if credit == "step_discount":
+        scale = discount ** torch.arange(num_agents - 1, -1, -1, dtype=team_reward.dtype)  # [N]: d^(N−1−k)
+        return team_reward.unsqueeze(-1) * scale
     scale = 1.0 / num_agents if credit == "equal" else 1.0
     return team_reward.unsqueeze(-1).expand(B, T, num_agents) * scale
 
@@ -205,6 +216,51 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: 
         advantages, returns = action_level_gae(rewards, values[..., 0], dones, gamma, gamma_agent, lam)
         return advantages.unsqueeze(-1), returns.unsqueeze(-1)
     return token_level_gae(rewards, values, mask, dones, gamma, gamma_agent, gamma_token, lam)
+
+
+# ---------------------------------------------------------------------------------------------
+# Critic-free group advantages (GRPO-style)
+# ---------------------------------------------------------------------------------------------
+
+def group_advantages(rewards: torch.Tensor, step_mask: torch.Tensor, group: torch.Tensor, gamma: float,
+                     scale_by_std: bool, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
+    """Â^i_t of every action from its group's returns, no critic: (advantages [B, T, N], zero-signal fraction).
+
+    rewards [B, T, N] (placed by credit assignment, plus any per-role terms), step_mask [B, T]
+    (1 where the step happened), group [B] (episodes of the same problem share a group id).
+
+        G^i_{b,t} = Σ_{t' ≥ t} γ^(t'−t) r^i_{b,t'}                       (agent i's return from step t)
+        Â^i_{b,t} = (G^i_{b,t} − mean_g G^i_t) / (std_g G^i_t + ε)       (scale_by_std; else G − mean)
+
+    where g is the *step group* of (b, t): the episodes of b's problem that played step t. With
+    H = 1 it is the G episodes of the problem (GRPO). An episode that ended earlier has no action at
+    step t to compare, so it is not in the step group; a step group of one episode has no baseline
+    and gets Â = 0. std is the sample standard deviation (n − 1, as torch.std). A step group whose
+    returns are all equal, for an agent, carries no signal (Â = 0 there); the second output is the
+    fraction of (step group, agent) cells that carry none, one-episode groups included.
+    """
+    B, T, N = rewards.shape
+    mask = step_mask.to(rewards.dtype)
+    returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]; steps that did not happen have r = 0
+    running = torch.zeros(B, N, dtype=rewards.dtype)
+    for t in reversed(range(T)):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    advantages = torch.zeros_like(rewards)
+    cells = silent = 0
+    for g in group.unique().tolist():
+        for t in range(T):
+            members = ((group == g) & (mask[:, t] > 0)).nonzero().squeeze(-1)  # [n]
+            if members.numel() == 0:
+                continue
+            G = returns[members, t]  # [n, N]
+            cells += N
+            silent += int((G == G[0]).all(0).sum())
+            if members.numel() < 2:
+                continue
+            centred = G - G.mean(0)
+            advantages[members, t] = centred / (G.std(0) + eps) if scale_by_std else centred
+    return advantages, silent / max(cells, 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class Rollout:
     episode: list[int] = field(default_factory=list)
     step: list[int] = field(default_factory=list)
     agent_index: list[int] = field(default_factory=list)
+    role_reward: list[float] = field(default_factory=list)  # per sample: the agent's per-role reward terms (profile)
     team_reward: torch.Tensor | None = None  # [B, T]
     dones: torch.Tensor | None = None  # [B, T]
     step_mask: torch.Tensor | None = None  # [B, T], 1 where the step happened
@@ -91,13 +92,16 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
 
     From `cfg`: the horizon H, the format penalty, max_prompt_tokens and shared_adapter."""
     B, T = len(problems), cfg.horizon
-    envs = [MathEnv(p, grader, list(org.graded_roles), horizon=T, format_penalty=cfg.format_penalty) for p in problems]
+    role_rewards = {a.role: a.rewards for a in org.agents}
+    envs = [MathEnv(p, grader, list(org.graded_roles), horizon=T, format_penalty=cfg.format_penalty, role_rewards=role_rewards)
+            for p in problems]
     observations = [env.reset() for env in envs]
     out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T),
                   solved=[False] * B, outcomes=[[] for _ in range(B)])
     active = list(range(B))
     for t in range(T):
         step_actions: list[dict[str, str]] = [{} for _ in active]
+        step_samples: list[dict[str, int]] = [{} for _ in active]  # the sample index s of each action
         for n, role in enumerate(org.order):
             # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
             messages = [unrolled_messages(org, role, observations[b], step_actions[k]) for k, b in enumerate(active)]
@@ -110,6 +114,8 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
             out.truncated_prompts += truncated
             for k, b in enumerate(active):
                 step_actions[k][role] = texts[k]
+                step_samples[k][role] = len(out.prompt_ids)
+                out.role_reward.append(0.0)
                 out.prompt_ids.append(prompt_ids[k])
                 out.response_ids.append(actions.token_ids[k])
                 out.generation_logprobs.append(actions.logprobs[k])
@@ -123,6 +129,8 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
             observations[b], reward, done, info = envs[b].step(step_actions[k])
             out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
             out.solved[b] = info["correct"]
+            for role, value in info["role_rewards"].items():
+                out.role_reward[step_samples[k][role]] = value
             out.outcomes[b].append(dict(info["outcomes"]))
             out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
             out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())

@@ -13,7 +13,7 @@ point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
 Checkpoint layout (one folder per kept iteration):
 
     checkpoints/iter_<k>/adapters/<adapter>/   peft format: every policy and critic adapter
-    checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads
+    checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads (none with --advantage group)
     checkpoints/iter_<k>/optimizers.pt         every Adam state, by adapter name
     checkpoints/iter_<k>/state.json            {"iteration": k, "elapsed_seconds": …}
     checkpoints/latest                         the name of the newest complete checkpoint
@@ -39,6 +39,7 @@ import torch
 
 import agents as agents_lib
 import ppo
+from envs import ROLE_REWARD_TERMS
 from flex_pomdp import load_organisation
 
 
@@ -109,6 +110,12 @@ class Config:
     """vllm: where the engine makes its own adapter folder, rewritten at every sync (default: /dev/shm if 512 MiB free, else the run folder)"""
 
     # --- advantages ---
+    advantage: str = "gae"
+    """gae: critic + GAE (the paper) | group: no critic; each episode's return against the other episodes of its problem (GRPO-style)"""
+    group_size: int = 1
+    """G: episodes of each problem per iteration (an iteration plays batch_size problems × G); --advantage group needs G ≥ 2"""
+    group_std: bool = True
+    """group: divide by the group's standard deviation (--no-group_std only subtracts the group mean)"""
     level: str = "action"
     """action: one decision per response (action-level MARFT) | token: one decision per token"""
     gamma: float = 1.0
@@ -120,7 +127,9 @@ class Config:
     lam: float = 0.95
     """λ of GAE"""
     credit: str = "last"
-    """where the team reward goes: last (last agent of the step) | equal (R/N each) | shared (R each)"""
+    """where the team reward goes: last (last agent of the step) | equal (R/N each) | shared (R each) | step_discount (R·d^(N−1−k) to the k-th of N)"""
+    credit_discount: float = 0.5
+    """d of --credit step_discount: each agent of a step gets d times the reward of the agent after it"""
 
     # --- update ---
     lr: float = 2e-4
@@ -262,7 +271,7 @@ def validate(cfg: Config) -> None:
             raise SystemExit(f"--{option}={getattr(cfg, option)!r}: {message}")
 
     for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
-                   "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon",
+                   "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
                    "generation_batch_size", "forward_batch_size", "keep_checkpoints", "max_nonfinite_steps"):
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
     for option in ("eval_interval", "agent_iteration_interval", "critic_warmup_iterations", "threads"):
@@ -271,13 +280,14 @@ def validate(cfg: Config) -> None:
         need(getattr(cfg, option) > 0, option, "must be positive")
     for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
-    for option in ("gamma", "gamma_agent", "gamma_token", "lam"):
+    for option in ("gamma", "gamma_agent", "gamma_token", "lam", "credit_discount"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
     need(0 < cfg.top_p <= 1, "top_p", "must lie in (0, 1]")
     need(cfg.level in agents_lib.LEVELS, "level", "choose action or token")
     need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
     need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
+    need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
          "trains one agent's adapter at a time; with --shared_adapter all agents have one adapter: use 0")
@@ -295,9 +305,21 @@ def validate(cfg: Config) -> None:
         levels = []
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
     try:
-        load_organisation(cfg.agents)
+        org = load_organisation(cfg.agents)
     except ValueError as err:
         raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
+    for profile in org.agents:
+        unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
+        need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
+                                    f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Credit assignment)")
+    if cfg.advantage == "group":
+        need(cfg.group_size >= 2, "group_size", "--advantage group compares each episode with the other episodes of its "
+                                                "problem: give --group_size 2 or more (4 to 8 is usual)")
+        need(cfg.credit != "last" or len(org.order) == 1, "credit",
+             "with --advantage group every agent but the last would get a return of 0 and no signal: "
+             "use --credit shared, equal or step_discount")
+        need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")
+        need(cfg.critic_warmup_iterations == 0, "critic_warmup_iterations", "--advantage group builds no critic: use 0")
     need(cfg.device == "auto" or cfg.device == "cpu" or (cfg.device.startswith("cuda") and torch.cuda.is_available()),
          "device", "use auto, cpu, or cuda[:k] on a machine where torch sees a GPU")
     if cfg.resume and not Path(cfg.resume).is_dir():
@@ -431,7 +453,8 @@ def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimiser
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     model.save_pretrained(staging / "adapters", selected_adapters=list(model.peft_config))  # peft format, one folder each
-    torch.save(value_heads.state_dict(), staging / "value_heads.pt")
+    if len(value_heads):  # --advantage group has no critic
+        torch.save(value_heads.state_dict(), staging / "value_heads.pt")
     torch.save({name: opt.state_dict() for name, opt in optimisers.items()}, staging / "optimizers.pt")
     (staging / "state.json").write_text(json.dumps({"iteration": iteration, "elapsed_seconds": elapsed}))
     shutil.rmtree(final, ignore_errors=True)
@@ -472,7 +495,8 @@ def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:
     """Restore the last checkpoint into freshly built adapters (they stay trainable)."""
     folder = checkpoint_folder(run_dir, None, "--resume")
     load_adapters(folder, model, list(model.peft_config))
-    value_heads.load_state_dict(torch.load(folder / "value_heads.pt", map_location=model.device))
+    if len(value_heads):
+        value_heads.load_state_dict(torch.load(folder / "value_heads.pt", map_location=model.device))
     saved_optimisers = torch.load(folder / "optimizers.pt", map_location=model.device)
     for name, opt in optimisers.items():
         opt.load_state_dict(saved_optimisers[name])

@@ -23,7 +23,7 @@ This package imports nothing else from the project.
 from typing import Protocol, runtime_checkable
 
 from .grader import Grader
-from .math_env import MathEnv
+from .math_env import ROLE_REWARD_TERMS, MathEnv
 from .problems import Problem, extract_boxed, load_problems, make_arithmetic_problems
 
 
@@ -40,6 +40,7 @@ __all__ = [
     "Environment",
     "Grader",
     "MathEnv",
+    "ROLE_REWARD_TERMS",
     "Problem",
     "extract_boxed",
     "load_problems",

@@ -11,6 +11,9 @@ keeps a list of them for a batch. Each step:
 * reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong, unparseable, or ungraded:
   the grader timed out), minus `format_penalty` times the fraction of graded responses that
   are unparseable (an ungraded answer is not penalised: it was never judged);
+* per-role reward terms (`ROLE_REWARD_TERMS`, weighted in an agent's profile) score each agent's
+  own response, graded or not, and come back apart in info["role_rewards"]: the trainer adds them
+  to that agent's placed team reward, never to the team reward;
 * the episode ends when every graded answer is correct or after `horizon` steps;
 * otherwise the next observation is the problem followed by feedback on the previous
   answers ("Your previous answer 12 was incorrect. Try again.").
@@ -27,6 +30,15 @@ def step_reward(outcomes: list[str], format_penalty: float) -> float:
     correct_fraction = sum(outcome == CORRECT for outcome in outcomes) / len(outcomes)
     unparseable_fraction = sum(outcome == UNPARSEABLE for outcome in outcomes) / len(outcomes)
     return correct_fraction - format_penalty * unparseable_fraction
+
+
+# Per-role reward terms: (response, outcome of its own \boxed{} answer or None) → value. Only
+# `correct` needs the outcome; the environment grades a role's answer only when a term needs it.
+ROLE_REWARD_TERMS = {
+    "boxed": lambda response, outcome: float(bool((extract_boxed(response) or "").strip())),  # gave a \boxed{} answer
+    "no_boxed": lambda response, outcome: float(not (extract_boxed(response) or "").strip()),  # gave none (e.g. a planner)
+    "correct": lambda response, outcome: float(outcome == CORRECT),  # its own answer is right
+}
 
 
 def answer_feedback(subject: str, outcome: str, response: str) -> str:
@@ -65,7 +77,9 @@ class MathEnv:
     step(joint_action) -> (observation, reward, done, info) with
         info = {"outcomes": {role: "correct" | "wrong" | "unparseable" | "ungraded"},
                 "correct": every graded answer correct,
+                "role_rewards": {role: Σ weight · term} for the roles of `role_rewards`,
                 "step": index of the step just taken (0 for the first)}.
+    `role_rewards`: role → ((term, weight), ...), the per-role terms of the agents' profiles.
     When done, the observation is the bare problem text (there is no next turn).
     """
 
@@ -76,6 +90,7 @@ class MathEnv:
         graded_roles: list[str],
         horizon: int = 1,
         format_penalty: float = 0.0,
+        role_rewards: dict[str, tuple[tuple[str, float], ...]] | None = None,
     ):
         if not graded_roles:
             raise ValueError("graded_roles is empty: name at least one role whose answer is graded")
@@ -86,6 +101,10 @@ class MathEnv:
         self.graded_roles = list(graded_roles)
         self.horizon = horizon
         self.format_penalty = format_penalty
+        self.role_rewards = {role: terms for role, terms in (role_rewards or {}).items() if terms}
+        unknown = sorted({name for terms in self.role_rewards.values() for name, _ in terms} - set(ROLE_REWARD_TERMS))
+        if unknown:
+            raise ValueError(f"unknown reward terms {unknown}; the terms are {sorted(ROLE_REWARD_TERMS)}")
         self.steps_taken: int | None = None  # None until reset()
         self.done = False
 
@@ -121,5 +140,16 @@ class MathEnv:
             observation = self.problem.problem
         else:
             observation = feedback_observation(self.problem.problem, outcomes, joint_action)
-        info = {"outcomes": outcomes, "correct": all_correct, "step": step_index}
+        info = {"outcomes": outcomes, "correct": all_correct, "step": step_index,
+                "role_rewards": self.role_reward_terms(joint_action, outcomes)}
         return observation, reward, self.done, info
+
+    def role_reward_terms(self, joint_action: dict[str, str], outcomes: dict[str, str]) -> dict[str, float]:
+        """Σ weight · term of each role with terms, on its own response this step."""
+        to_grade = [r for r, terms in self.role_rewards.items()
+                    if r not in outcomes and any(name == "correct" for name, _ in terms)]
+        own = dict(outcomes)
+        if to_grade:
+                own.update(zip(to_grade, self.grader.grade_many([self.problem.answer] * len(to_grade), [joint_action[r] for r in to_grade])))
+        return {role: sum(w * ROLE_REWARD_TERMS[name](joint_action[role], own.get(role)) for name, w in terms)
+                for role, terms in self.role_rewards.items()}

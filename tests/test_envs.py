@@ -402,11 +402,26 @@ def test_single_step_episode(grader):
     assert env.reset(seed=0) == "What is 7 + 5?"
     observation, reward, done, info = env.step({"planner": "add them", "solver": "so \\boxed{12}"})
     assert (reward, done) == (1.0, True)
-    assert info == {"outcomes": {"solver": "correct"}, "correct": True, "step": 0}
+    assert info == {"outcomes": {"solver": "correct"}, "correct": True, "step": 0, "role_rewards": {}}
 
     env.reset()
     observation, reward, done, info = env.step({"solver": "\\boxed{13}"})
     assert (reward, done, info["correct"]) == (0.0, True, False)  # horizon 1 reached
+
+
+def test_per_role_reward_terms_score_each_agents_own_response(grader):
+    terms = {"planner": (("no_boxed", 0.1), ("correct", 0.5)), "solver": (("boxed", 0.2),)}
+    env = MathEnv(SEVEN_PLUS_FIVE, grader, graded_roles=["solver"], role_rewards=terms)
+    env.reset()
+    # The planner gives no answer (no_boxed 1 · 0.1; correct 0), the solver a boxed right one (boxed 1 · 0.2).
+    _, reward, _, info = env.step({"planner": "Add 7 and 5.", "solver": "so \\boxed{12}"})
+    assert reward == 1.0 and info["role_rewards"] == pytest.approx({"planner": 0.1, "solver": 0.2})
+    env.reset()
+    # An ungraded planner whose own answer is right earns `correct` (0.5), no `no_boxed`; the wrong solver still boxed.
+    _, reward, _, info = env.step({"planner": "7 + 5 = \\boxed{12}", "solver": "\\boxed{13}"})
+    assert reward == 0.0 and info["role_rewards"] == pytest.approx({"planner": 0.5, "solver": 0.2})
+    with pytest.raises(ValueError, match="unknown reward terms"):
+        MathEnv(SEVEN_PLUS_FIVE, grader, ["solver"], role_rewards={"solver": (("brevity", 1.0),)})
 
 
 def test_multi_turn_wrong_then_right(grader):

@@ -238,6 +238,16 @@ def test_load_organisation_from_profile_file(tmp_path):
     ]
 
 
+def test_profile_reward_terms_are_read_with_their_weights_and_bad_ones_named(tmp_path):
+    spec = {"agents": [{"role": "planner", "system_prompt": "P", "rewards": {"no_boxed": 0.1, "correct": 1}},
+                       {"role": "solver", "system_prompt": "S", "graded": True}], "dependencies": [["planner", "solver"]]}
+    org = load_organisation(write(tmp_path, spec))
+    assert org.profile("planner").rewards == (("no_boxed", 0.1), ("correct", 1.0)) and org.profile("solver").rewards == ()
+    spec["agents"][0]["rewards"] = {"no_boxed": "a lot"}
+    with pytest.raises(ValueError, match=r"agents\[0\]\.rewards"):
+        load_organisation(write(tmp_path, spec))
+
+
 def test_load_organisation_empty_dependencies_is_parallel(tmp_path):
     spec = {"agents": PROFILE["agents"], "dependencies": []}
     org = load_organisation(write(tmp_path, spec))

@@ -65,7 +65,7 @@ def hand_made_rollout():
     responses = [[100, 101, 2], [200], [300, 301, 302, 2], [400, 2], [500], [600, 601, 602, 603, 2]]
     return Rollout(prompt_ids=prompts, response_ids=responses, texts=[""] * 6, generation_logprobs=[[0.0] * len(r) for r in responses],
                    episode=[e for e, _, _ in where], step=[t for _, t, _ in where], agent_index=[n for _, _, n in where],
-                   team_reward=torch.tensor([[0.0, 1.0], [1.0, 0.0]]), dones=torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
+                   role_reward=[0.0] * 6, team_reward=torch.tensor([[0.0, 1.0], [1.0, 0.0]]), dones=torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
                    step_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]), solved=[True, True], outcomes=[[], []])
 
 
@@ -235,6 +235,78 @@ def test_kl_to_the_reference_is_per_token_at_both_levels(tiny_agents, level):
                                "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
     assert stats["losses/nonfinite_steps/solver"] == 0.0
     assert stats["losses/kl_to_reference/solver"] == pytest.approx(sum(k3) / len(k3), rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Group advantages (no critic) and per-role reward terms
+# ---------------------------------------------------------------------------------------------
+
+def one_step_rollout(prompts, responses, agent_index, episode, team_reward, role_reward):
+    """H = 1: sample s is agent agent_index[s] in episode episode[s]; team_reward [B]."""
+    B = len(team_reward)
+    return Rollout(prompt_ids=prompts, response_ids=responses, texts=[""] * len(prompts),
+                   generation_logprobs=[[0.0] * len(r) for r in responses], episode=episode, step=[0] * len(prompts),
+                   agent_index=agent_index, role_reward=role_reward, team_reward=torch.tensor(team_reward).unsqueeze(1),
+                   dones=torch.ones(B, 1), step_mask=torch.ones(B, 1), solved=[r > 0 for r in team_reward], outcomes=[[]] * B)
+
+
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_group_advantages_add_the_role_terms_and_reach_every_token_of_the_action(tiny_agents, level):
+    model, pad = tiny_agents
+    # One problem played twice (G = 2) by planner → solver; the team is right in episode 0 only, and
+    # the planner's per-role term paid 0.1 in episode 0 (e.g. no_boxed with weight 0.1).
+    rollout = one_step_rollout([[1, 50], [1, 51, 52], [1, 50], [1, 53]], [[100, 101, 2], [200, 2], [300], [400, 401, 402, 2]],
+                               agent_index=[0, 1, 0, 1], episode=[0, 0, 1, 1], team_reward=[1.0, 0.0], role_reward=[0.1, 0.0, 0.0, 0.0])
+    cfg = run.Config(advantage="group", group_size=2, credit="shared", group_std=False, level=level)
+    old = tables_under(model, pad, rollout, "policy_solver", cfg)
+    advantages, returns, stats = marft.compute_advantages(load_organisation("chain"), rollout, old, cfg)
+    # Returns: planner 1.1 and 0 (mean 0.55), solver 1 and 0 (mean 0.5).
+    per_action = [0.55, 0.5, -0.55, -0.5]
+    expected = torch.tensor(per_action).unsqueeze(1) * old.mask  # [S, L]: the action's Â on each of its tokens
+    torch.testing.assert_close(advantages, expected)
+    assert returns is None and stats == {"charts/zero_signal_groups": 0.0}
+    if level == "token":
+        assert advantages.shape[1] == 4 and (advantages[3] == -0.5).all()
+
+
+def test_one_agent_with_group_advantages_takes_the_grpo_objective(tiny_agents):
+    """Single agent, G = 4 samples of one problem, no M: the loss is −J of GRPO, J = 1/Σ|o_i| Σ_i Σ_t
+    [min(ρ_it Â_i, clip(ρ_it, 1 ± ε) Â_i) − β KL_it], Â_i = (R_i − mean R) / (std R + ε'), KL_it the
+    k3 estimate π_ref/π − log(π_ref/π) − 1 (token-mean aggregation over the group, as DAPO and TRL)."""
+    model, pad = tiny_agents
+    perturb_adapter(model, "policy_solver")  # π ≠ π_ref (the base model): the KL term is not 0
+    prompt = [1, 50, 60, 70]
+    responses = [[100, 101, 2], [200, 2], [300, 301, 302, 303, 2], [400]]
+    rollout = one_step_rollout([prompt] * 4, responses, agent_index=[0] * 4, episode=[0, 1, 2, 3],
+                               team_reward=[1.0, 0.0, 0.0, 1.0], role_reward=[0.0] * 4)
+    beta, eps = 0.04, 0.2
+    cfg = run.Config(agents="single", advantage="group", group_size=4, level="token", kl_coef=beta, clip_eps=eps,
+                     minibatch_size=4, ppo_epochs=1, target_kl=0.0, lr=1e-6)
+    old = tables_under(model, pad, rollout, "policy_solver", cfg)
+    offsets = [[0.3, -0.4, 0.05, 0.0, 0.0], [-0.3, 0.1, 0.0, 0.0, 0.0], [0.5, 0.02, -0.6, 0.1, 0.0], [0.25, 0.0, 0.0, 0.0, 0.0]]
+    old.logprob = (old.logprob + torch.tensor(offsets)) * old.mask  # π_old ≠ π: ratios inside and outside the clip
+    with torch.no_grad():
+        old.ref_logprob = marft.decision_logprobs(model, pad, rollout, list(range(4)), None, cfg).token_logprob
+    advantages, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
+    optimisers = {"policy_solver": torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)}
+    stats = marft.update_agents(model, pad, load_organisation("single"), rollout, old, advantages, cfg, optimisers, 0,
+                                torch.Generator().manual_seed(0))
+    # By hand: rewards 1, 0, 0, 1 → mean 0.5, sample std √(4 · 0.25 / 3); Â = ±0.5 / (std + 1e-4).
+    std = math.sqrt(1.0 / 3.0)
+    adv = [a * 0.5 / (std + 1e-4) for a in (1, -1, -1, 1)]
+    surrogate, kl, tokens = 0.0, 0.0, 0
+    for i, response in enumerate(responses):
+        new = plain_token_logprobs(model, "policy_solver", prompt, response)
+        ref = plain_token_logprobs(model, None, prompt, response)
+        for k in range(len(response)):
+            ratio = math.exp(new[k] - (old.logprob[i, k].item()))
+            surrogate += min(ratio * adv[i], min(max(ratio, 1 - eps), 1 + eps) * adv[i])
+            kl += math.exp(ref[k] - new[k]) - (ref[k] - new[k]) - 1
+            tokens += 1
+    objective = (surrogate - beta * kl) / tokens
+    loss = stats["losses/policy_loss/solver"] + beta * stats["losses/kl_to_reference/solver"]
+    assert stats["losses/clip_fraction/solver"] > 0  # some ratios were clipped
+    assert loss == pytest.approx(-objective, rel=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------

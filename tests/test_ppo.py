@@ -125,6 +125,50 @@ def test_place_team_reward_unknown_option_raises():
         ppo.place_team_reward(t(TEAM), 2, "first")
 
 
+def test_step_discount_gives_the_kth_of_K_agents_R_times_d_to_the_K_minus_1_minus_k():
+    # Two agents, d = 0.5: the last gets R, the first R/2.
+    close(ppo.place_team_reward(t([[1.0], [0.5]]), 2, "step_discount", 0.5), [[[0.5, 1.0]], [[0.25, 0.5]]])
+    # Three agents, d = 0.5, R = 4 then −2: [4·0.25, 4·0.5, 4], [−2·0.25, −2·0.5, −2].
+    close(ppo.place_team_reward(t([[4.0, -2.0]]), 3, "step_discount", 0.5), [[[1.0, 2.0, 4.0], [-0.5, -1.0, -2.0]]])
+    # d = 1 is `shared`, d = 0 is `last`.
+    close(ppo.place_team_reward(t(TEAM), 3, "step_discount", 1.0), ppo.place_team_reward(t(TEAM), 3, "shared"))
+    close(ppo.place_team_reward(t(TEAM), 3, "step_discount", 0.0), ppo.place_team_reward(t(TEAM), 3, "last"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Group advantages (no critic)
+# ---------------------------------------------------------------------------------------------
+
+def test_group_advantages_two_problems_of_four_episodes_with_ties_and_an_all_equal_group():
+    # Problem A (episodes 0–3) returns 1, 0, 1, 1: mean 0.75, sample std √((3·0.25² + 0.75²)/3) = 0.5.
+    # Problem B (episodes 4–7) returns 0.5 four times: no signal, Â = 0.
+    rewards = t([[[1.0]], [[0.0]], [[1.0]], [[1.0]], [[0.5]], [[0.5]], [[0.5]], [[0.5]]])  # [B=8, T=1, N=1]
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    adv, silent = ppo.group_advantages(rewards, torch.ones(8, 1), group, gamma=1.0, scale_by_std=True)
+    high, low = 0.25 / (0.5 + 1e-4), -0.75 / (0.5 + 1e-4)
+    close(adv[:, 0, 0], [high, low, high, high, 0.0, 0.0, 0.0, 0.0])
+    assert silent == 0.5  # one of the two groups carries no signal
+    adv, _ = ppo.group_advantages(rewards, torch.ones(8, 1), group, gamma=1.0, scale_by_std=False)
+    close(adv[:, 0, 0], [0.25, -0.75, 0.25, 0.25, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_group_advantages_compare_each_agents_return_among_the_episodes_that_played_the_step():
+    # One problem, G = 2, H = 2, two agents, step_discount d = 0.5 (the first agent gets half), γ = 0.5.
+    # Episode 0 is right at step 0 and ends; episode 1 is wrong at step 0, right at step 1.
+    rewards = ppo.place_team_reward(t([[1.0, 0.0], [0.0, 1.0]]), 2, "step_discount", 0.5)  # [2, 2, 2]
+    step_mask = t([[1.0, 0.0], [1.0, 1.0]])
+    adv, silent = ppo.group_advantages(rewards, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=False)
+    # Returns from step 0: episode 0 [0.5, 1], episode 1 0.5 · [0.5, 1] = [0.25, 0.5]; mean [0.375, 0.75].
+    close(adv[:, 0], [[0.125, 0.25], [-0.125, -0.25]])
+    # Step 1 was played by episode 1 alone: no baseline, Â = 0; episode 0 has no action there.
+    close(adv[:, 1], [[0.0, 0.0], [0.0, 0.0]])
+    assert silent == 0.5  # (step 0, agent) cells carry signal, the lone step-1 cells do not
+    # With the std: step 0's sample std per agent is √(2 · 0.125²) = 0.1768 (agent 0), 0.3536 (agent 1).
+    adv, _ = ppo.group_advantages(rewards, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=True)
+    close(adv[:, 0], [[0.125 / (0.125 * 2 ** 0.5 + 1e-4), 0.25 / (0.25 * 2 ** 0.5 + 1e-4)],
+                      [-0.125 / (0.125 * 2 ** 0.5 + 1e-4), -0.25 / (0.25 * 2 ** 0.5 + 1e-4)]])
+
+
 # One step, N = 2, team reward 2, V = [0.5, 1.0], done; γ_a = 0.8, λ = 0.5.
 @pytest.mark.parametrize(
     "credit, expected",

@@ -35,6 +35,12 @@ def test_help_documents_every_option(capsys):
     (["--arithmetic_levels", "1,9"], "--arithmetic_levels"),
     (["--agents", "no-such-organisation"], "--agents"),
     (["--update_order", "alphabetical"], "--update_order"),
+    (["--advantage", "critic"], "--advantage"),
+    (["--advantage", "group"], "--group_size"),  # G = 1 has no baseline
+    (["--advantage", "group", "--group_size", "4"], "--credit"),  # `last` leaves the planner no signal
+    (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--critic_warmup_iterations", "2"],
+     "--critic_warmup_iterations"),
+    (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
@@ -51,6 +57,30 @@ def test_cyclic_profile_file_is_rejected_at_start(tmp_path):
     with pytest.raises(SystemExit) as err:
         run.parse_args(["--agents", str(profile)])
     assert "--agents" in str(err.value) and "cycle" in str(err.value)
+
+
+def test_unknown_role_reward_term_is_rejected_at_start_naming_the_terms(tmp_path):
+    profile = tmp_path / "terms.json"
+    profile.write_text(json.dumps({
+        "agents": [{"role": "planner", "system_prompt": "P", "rewards": {"brevity": 0.1}},
+                   {"role": "solver", "system_prompt": "S", "graded": True}],
+        "dependencies": [["planner", "solver"]],
+    }))
+    with pytest.raises(SystemExit) as err:
+        run.parse_args(["--agents", str(profile)])
+    assert str(err.value).startswith("--agents") and "brevity" in str(err.value) and "no_boxed" in str(err.value)
+
+
+def test_a_group_run_builds_and_checkpoints_no_critic(tiny_model_dir, tmp_path):
+    cfg = run.Config(model=str(tiny_model_dir), advantage="group", group_size=2, credit="shared", lora_targets="q_proj,v_proj")
+    org, model, tokenizer, value_heads, optimisers = marft.build(cfg)
+    assert sorted(model.peft_config) == ["policy_planner", "policy_solver"] and len(value_heads) == 0
+    assert sorted(optimisers) == ["policy_planner", "policy_solver"]
+    run.save_checkpoint(tmp_path, 1, model, value_heads, optimisers, 0.0, keep=2)
+    folder = tmp_path / "checkpoints" / "iter_000001"
+    assert sorted(p.name for p in (folder / "adapters").iterdir() if p.is_dir()) == ["policy_planner", "policy_solver"]
+    assert not (folder / "value_heads.pt").exists()
+    assert run.load_checkpoint(tmp_path, model, value_heads, optimisers)["iteration"] == 1
 
 
 def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
