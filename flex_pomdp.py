@@ -34,7 +34,7 @@ Profile file format (JSON), used by `load_organisation`:
      "dependencies": [["planner", "solver"]]}
 
 `dependencies` lists the pairs (i, j) with D(a^i, a^j) = 1 ("j reads i"); an empty list is D ≡ 0.
-`rewards` (optional) names per-role reward terms and their weights (README: Credit assignment).
+`rewards` (optional) names per-role reward terms and their weights (README: Advantages and credit).
 """
 from __future__ import annotations
 

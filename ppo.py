@@ -47,8 +47,9 @@ problem; Â^i_t = (G^i_t − mean) / (std + ε) of agent i's return over the epi
 that played step t. The same Â goes to every token of the action; the update is unchanged.
 
 Deviations / choices (each a named option where the paper leaves it open): credit assignment
-`last` | `equal` | `shared` | `step_discount`; advantages normalised per agent over its real samples only (explicit
-masks; an exact zero advantage is data, never padding); the approximate-KL early stop is checked
+`last` | `equal` | `shared` | `step_discount`; GAE advantages normalised per agent over its real samples
+only (explicit masks; an exact zero advantage is data, never padding; group advantages are
+normalised within their groups instead); the approximate-KL early stop is checked
 before the optimiser step of the minibatch that would exceed it; each agent's factor entering M
 may be bounded to [1/c, c] (needed at the token level, where ρ^i is a product of token ratios).
 """

@@ -129,7 +129,7 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
             observations[b], reward, done, info = envs[b].step(step_actions[k])
             out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
             out.solved[b] = info["correct"]
-            for role, value in info["role_rewards"].items():
+            for role, value in info.get("role_rewards", {}).items():
                 out.role_reward[step_samples[k][role]] = value
             out.outcomes[b].append(dict(info["outcomes"]))
             out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())

@@ -311,13 +311,16 @@ def validate(cfg: Config) -> None:
     for profile in org.agents:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
-                                    f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Credit assignment)")
+                                    f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
     if cfg.advantage == "group":
         need(cfg.group_size >= 2, "group_size", "--advantage group compares each episode with the other episodes of its "
                                                 "problem: give --group_size 2 or more (4 to 8 is usual)")
-        need(cfg.credit != "last" or len(org.order) == 1, "credit",
-             "with --advantage group every agent but the last would get a return of 0 and no signal: "
-             "use --credit shared, equal or step_discount")
+        # `last` (or step_discount with d = 0) pays the earlier agents of a step nothing: without
+        # per-role terms of their own, their returns are all 0 and carry no signal.
+        no_credit = cfg.credit == "last" or (cfg.credit == "step_discount" and cfg.credit_discount == 0)
+        silent = [role for role in org.order[:-1] if not org.profile(role).rewards]
+        need(not (no_credit and silent), "credit", f"with --advantage group the agents {silent} would get a return of 0 "
+                                                   "and no signal: use --credit shared, equal or step_discount with d > 0")
         need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")
         need(cfg.critic_warmup_iterations == 0, "critic_warmup_iterations", "--advantage group builds no critic: use 0")
     need(cfg.device == "auto" or cfg.device == "cpu" or (cfg.device.startswith("cuda") and torch.cuda.is_available()),

@@ -150,6 +150,7 @@ class MathEnv:
                     if r not in outcomes and any(name == "correct" for name, _ in terms)]
         own = dict(outcomes)
         if to_grade:
-                own.update(zip(to_grade, self.grader.grade_many([self.problem.answer] * len(to_grade), [joint_action[r] for r in to_grade])))
+            responses = [joint_action[r] for r in to_grade]
+            own.update(zip(to_grade, self.grader.grade_many([self.problem.answer] * len(to_grade), responses)))
         return {role: sum(w * ROLE_REWARD_TERMS[name](joint_action[role], own.get(role)) for name, w in terms)
                 for role, terms in self.role_rewards.items()}

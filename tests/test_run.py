@@ -41,6 +41,7 @@ def test_help_documents_every_option(capsys):
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--critic_warmup_iterations", "2"],
      "--critic_warmup_iterations"),
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
+    (["--advantage", "group", "--group_size", "4", "--credit", "step_discount", "--credit_discount", "0"], "--credit"),
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
@@ -187,3 +188,28 @@ def test_resume_drops_the_tensorboard_events_written_after_the_checkpoint(tmp_pa
     assert [(e.step, e.value) for e in events.Scalars("charts/reward")] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(l["iteration"], l["charts/reward"]) for l in lines] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
+
+
+def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_same_metrics(tiny_model_dir, tmp_path):
+    """The whole loop with --advantage group, horizon 2 and a planner paid by a per-role term
+    under `last` credit: no critic metrics, zero-signal groups counted, resume replays iteration 2."""
+    profile = tmp_path / "paid_planner.json"
+    profile.write_text(json.dumps({"agents": [{"role": "planner", "system_prompt": "Plan.", "rewards": {"no_boxed": 0.5}},
+                                              {"role": "solver", "system_prompt": "Solve.", "graded": True}],
+                                   "dependencies": [["planner", "solver"]]}))
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", str(profile),
+              "--advantage", "group", "--group_size", "2", "--batch_size", "2", "--horizon", "2", "--max_new_tokens", "4",
+              "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--threads", "1", "--output_dir", str(tmp_path)]
+    marft.train(run.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
+    rows = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert all("losses/value_loss" not in r and "losses/explained_variance" not in r for r in rows)
+    assert all(0 <= r["charts/zero_signal_groups"] <= 1 and r["charts/role_reward/planner"] > 0 for r in rows[1:])
+    killed = tmp_path / "killed"  # as a kill -9 after iteration 2's metrics line, before its checkpoint
+    shutil.copytree(tmp_path / "straight", killed)
+    shutil.rmtree(killed / "checkpoints" / "iter_000002")
+    (killed / "checkpoints" / "latest").write_text("iter_000001")
+    marft.train(run.parse_args(["--resume", str(killed), "--threads", "1"]))
+    strip = lambda folder: [{k: v for k, v in json.loads(l).items() if not k.startswith(("time/", "perf/"))}
+                            for l in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert json.dumps(strip(killed)) == json.dumps(strip(tmp_path / "straight"))
