@@ -182,7 +182,7 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
             chunk = idx[start : start + cfg.forward_batch_size]
             policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
             values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
-                                                 *rollout.sequences(chunk), pad, cfg.level) if len(value_heads)
+                                                 *rollout.sequences(chunk), pad, cfg.level) if cfg.advantage == "gae"
                       else torch.zeros_like(policy.logprob))
             ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
                    else torch.zeros_like(policy.token_logprob))

@@ -34,9 +34,10 @@ def step_reward(outcomes: list[str], format_penalty: float) -> float:
 
 # Per-role reward terms: (response, outcome of its own \boxed{} answer or None) → value. Only
 # `correct` needs the outcome; the environment grades a role's answer only when a term needs it.
+has_boxed_answer = lambda response: bool((extract_boxed(response) or "").strip())
 ROLE_REWARD_TERMS = {
-    "boxed": lambda response, outcome: float(bool((extract_boxed(response) or "").strip())),  # gave a \boxed{} answer
-    "no_boxed": lambda response, outcome: float(not (extract_boxed(response) or "").strip()),  # gave none (e.g. a planner)
+    "boxed": lambda response, outcome: float(has_boxed_answer(response)),  # gave a \boxed{} answer
+    "no_boxed": lambda response, outcome: 1.0 - has_boxed_answer(response),  # gave none (e.g. a planner)
     "correct": lambda response, outcome: float(outcome == CORRECT),  # its own answer is right
 }
 

@@ -243,12 +243,12 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) 
     table = {}
     for name in sizes["learning_runs"]:
         agents_name, _, estimator = name.partition("-")
-        batch = 2 if quick else DEFAULTS.batch_size  # problems per iteration of GAE; group: batch / G problems × G
+        episodes = 2 if quick else DEFAULTS.batch_size  # per iteration, for both estimators
+        group_size = (2 if quick else 4) if estimator == "group" else 1
         args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes), "--eval_samples", "2",
-                "--no-eval_greedy", "--seed", "1", "--batch_size", str(batch)]
+                "--no-eval_greedy", "--seed", "1", "--batch_size", str(episodes // group_size)]
         if estimator == "group":
-            group_size = 2 if quick else 4
-            args = args[:-1] + [str(batch // group_size), "--advantage", "group", "--group_size", str(group_size), "--credit", "shared"]
+            args += ["--advantage", "group", "--group_size", str(group_size), "--credit", "shared"]
         if quick:
             args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]), "--eval_problems", str(sizes["eval_problems"])]
         rows, peak = run_marft(out, f"learning-{name}", args, threads)
