@@ -39,7 +39,9 @@ Deviations from the paper and choices it leaves open (each a named option of run
   the action, and not normalised again per agent. The agent-by-agent update and M are unchanged.
 - Held-out accuracy is measured two ways: `eval/accuracy` is pass@1 averaged over
   `eval_samples` samples at the training temperature (the policy that is trained), and
-  `eval/accuracy_greedy` decodes greedily. Both are logged; the summary reports both.
+  `eval/accuracy_greedy` decodes greedily. Both are logged; the summary reports both. The
+  evaluations every `eval_interval` iterations in between decode greedily only (sampling an
+  untrained policy costs most of an evaluation: its samples run to max_new_tokens).
 - All randomness of iteration k is re-seeded from (seed, k) at its start, so a run resumed from
   a checkpoint replays exactly the iterations an uninterrupted run would (same machine, same
   thread count). The checkpoint therefore stores the iteration, not generator states.
@@ -97,7 +99,8 @@ def train(cfg: Config) -> dict:
                                       fallback_sync_dir=run.dir / "vllm_adapters")
 
     with Grader() as grader, contextlib.closing(backend):
-        evaluate_heldout = lambda: heldout_metrics(backend.generate, tokenizer, org, held_out, grader, cfg)[0]
+        evaluate_heldout = lambda greedy_only=False: heldout_metrics(backend.generate, tokenizer, org, held_out, grader,
+                                                                     cfg, greedy_only)[0]
         if start == 0:
             print(f"held-out evaluation before training: {len(held_out)} problems × {cfg.eval_samples} samples"
                   f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
@@ -136,9 +139,10 @@ def train(cfg: Config) -> dict:
             done_iterations = iteration + 1
             out_of_time = cfg.time_limit_minutes > 0 and run.elapsed() >= 60 * cfg.time_limit_minutes
             with timer("eval"):
-                if (done_iterations == cfg.iterations or out_of_time
-                        or (cfg.eval_interval and done_iterations % cfg.eval_interval == 0)):
+                if done_iterations == cfg.iterations or out_of_time:
                     metrics |= evaluate_heldout()
+                elif cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
+                    metrics |= evaluate_heldout(greedy_only=True)
             metrics |= iteration_metrics(org, rollout, old, returns, cfg, timer)
             metrics["time/elapsed"] = elapsed = run.elapsed()
             run.log(done_iterations, metrics)

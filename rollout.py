@@ -160,24 +160,27 @@ def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
 
 @torch.no_grad()
 def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
-                    grader: Grader, cfg: Config) -> tuple[dict, Rollout, Rollout | None]:
-    """Held-out metrics of the current policies: (metrics, sampled rollout, greedy rollout or None).
+                    grader: Grader, cfg: Config, greedy_only: bool = False) -> tuple[dict, Rollout | None, Rollout | None]:
+    """Held-out metrics of the current policies: (metrics, sampled rollout or None, greedy rollout or None).
 
     The sampled rollout plays problems × cfg.eval_samples episodes at cfg.temperature, episode b
     on problem b mod P; with cfg.eval_greedy one greedy episode per problem follows. The sampling
     noise is re-seeded from cfg.seed, so every evaluation of a run sees the same noise.
+    `greedy_only` (with cfg.eval_greedy) skips the sampled episodes: training's evaluations between
+    the first and the last, where they would cost most of the time (an untrained policy's samples
+    run to max_new_tokens, the greedy decode mostly stops early).
     """
-    samples = cfg.eval_samples
-    torch.manual_seed(cfg.seed + 424242)
-    sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,
-                           agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), cfg)
-    counts = solved_counts(sampled, len(problems))
-    metrics = {
-        "eval/accuracy": sum(c / samples for c in counts) / len(problems),  # pass@1
-        "eval/unparseable_rate": sampled.unparseable / max(sampled.graded_answers, 1),
-    }
-    if samples > 1:
-        metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
+    metrics, sampled = {}, None
+    if not (greedy_only and cfg.eval_greedy):
+        samples = cfg.eval_samples
+        torch.manual_seed(cfg.seed + 424242)
+        sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,
+                               agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), cfg)
+        counts = solved_counts(sampled, len(problems))
+        metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
+        metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)
+        if samples > 1:
+            metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
     greedy_rollout = None
     if cfg.eval_greedy:
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,

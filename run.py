@@ -39,7 +39,7 @@ import torch
 
 import agents as agents_lib
 import ppo
-from envs import ROLE_REWARD_TERMS
+from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS
 from flex_pomdp import load_organisation
 
 
@@ -66,7 +66,7 @@ class Config:
     """training problems: "arithmetic" (generated), a MATH/GSM8K .jsonl/.json file, or an HF dataset id"""
     eval_data: str = ""
     """held-out problems; empty: the arithmetic test split, or the last eval_problems rows of `data`"""
-    arithmetic_levels: str = "1,2"
+    arithmetic_levels: str = ",".join(map(str, DEFAULT_ARITHMETIC_LEVELS))
     """levels of the generated task: 1 a+b, 2 a*b (one digit), 3 two-digit+one-digit, 4 two-digit*one-digit"""
     skip_malformed_rows: bool = False
     """leave out malformed data rows with a warning naming each (default: stop at the first, naming file and line)"""
@@ -132,9 +132,9 @@ class Config:
     """d of --credit step_discount: each agent of a step gets d times the reward of the agent after it"""
 
     # --- update ---
-    lr: float = 2e-4
+    lr: float = 5e-4
     """learning rate of every policy adapter (Adam)"""
-    critic_lr: float = 5e-4
+    critic_lr: float = 1e-3
     """learning rate of the critic adapter and value head (Adam)"""
     ppo_epochs: int = 1
     """passes over an agent's samples per iteration"""
@@ -168,8 +168,8 @@ class Config:
     """iterations that train only the critic before the policies move"""
 
     # --- evaluation, logging, checkpoints ---
-    eval_interval: int = 0
-    """evaluate every this many iterations (0: only at the start and the end)"""
+    eval_interval: int = 3
+    """also evaluate every this many iterations, greedily only when eval_greedy (0: only at the start and the end, which also sample)"""
     eval_samples: int = 2
     """samples per held-out problem for eval/accuracy (pass@1 averaged over samples)"""
     eval_greedy: bool = True
@@ -394,6 +394,9 @@ class Run:
         self.metrics.close()
         self.summary["wall_seconds"] = self.elapsed()
         self.summary["run_dir"] = str(self.dir)
+        rows = [json.loads(line) for line in self.metrics.path.read_text().splitlines() if line]
+        if (explained := last_third_mean(rows, "losses/explained_variance")) is not None:
+            self.summary["critic_explained_variance_last_third"] = explained
         write_json_atomically(self.summary_path, self.summary)
         first, last = self.summary.get("initial", {}), self.summary.get("final", {})
         print("\n=== MARFT summary ===")
@@ -401,8 +404,19 @@ class Run:
         for key, label in (("eval/accuracy", "held-out accuracy (pass@1, sampled)"), ("eval/accuracy_greedy", "held-out accuracy (greedy)"),
                            ("eval/unparseable_rate", "held-out unparseable rate")):
             print(f"{label:<38} iteration 0: {first.get(key, float('nan')):.3f}   end: {last.get(key, float('nan')):.3f}")
+        if explained is not None:
+            print(f"{'critic explained variance':<38} mean over the last third of the iterations: {explained:.3f}")
         print(f"wall time             {self.summary['wall_seconds'] / 60:.1f} min")
         return self.summary
+
+
+def last_third_mean(rows: list[dict], key: str) -> float | None:
+    """Mean of metric `key` over the rows of the last third of the iterations (at least the last
+    row), leaving out NaN (explained variance is undefined when every return is equal); None
+    when no such row has a value."""
+    last_iteration = max((row["iteration"] for row in rows), default=0)
+    values = [row[key] for row in rows if row["iteration"] > last_iteration * 2 // 3 and key in row and not math.isnan(row[key])]
+    return sum(values) / len(values) if values else None
 
 
 def write_json_atomically(path: Path, data: dict) -> None:

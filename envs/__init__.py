@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 from .grader import Grader
 from .math_env import ROLE_REWARD_TERMS, MathEnv
-from .problems import Problem, extract_boxed, load_problems, make_arithmetic_problems
+from .problems import DEFAULT_ARITHMETIC_LEVELS, Problem, extract_boxed, load_problems, make_arithmetic_problems
 
 
 @runtime_checkable
@@ -45,4 +45,5 @@ __all__ = [
     "extract_boxed",
     "load_problems",
     "make_arithmetic_problems",
+    "DEFAULT_ARITHMETIC_LEVELS",
 ]

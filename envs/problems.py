@@ -17,6 +17,7 @@ reference evaluator turned the gold `\\frac{1}{2}` into `2` that way. Malformed 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -297,7 +298,7 @@ def load_problems(
     """Load problems from `source`, keeping the first `limit` of them.
 
     source:
-    * "arithmetic" (levels 1 and 2) or "arithmetic:1,2,3,4": the generated task, see
+    * "arithmetic" (DEFAULT_ARITHMETIC_LEVELS) or "arithmetic:1,2,3,4": the generated task, see
       `make_arithmetic_problems`; `split` ("train"/"test") and `seed` pick the rows.
     * a path ending in .jsonl (one row per line) or .json (a list of rows): the file is the
       split, so `split` and `seed` are not used;
@@ -312,7 +313,7 @@ def load_problems(
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     if source == "arithmetic" or source.startswith("arithmetic:"):
         level_spec = source.partition(":")[2]
-        levels = _parse_arithmetic_levels(level_spec) if level_spec else (1, 2)
+        levels = _parse_arithmetic_levels(level_spec) if level_spec else DEFAULT_ARITHMETIC_LEVELS
         problems = make_arithmetic_problems(split, seed=seed, levels=levels)
         return problems if limit is None else problems[:limit]
     if source.endswith((".jsonl", ".json")):
@@ -330,6 +331,9 @@ _ARITHMETIC_LEVELS = {
     4: ("*", range(10, 100), range(10)),  # two-digit times one-digit: 900 pairs
 }
 ARITHMETIC_TEST_FRACTION = 0.25
+# The main job's task (README, "Results of the default run"): one-digit multiplication, which the
+# base model mostly solves greedily, and two-digit plus one-digit addition, which it mostly fails.
+DEFAULT_ARITHMETIC_LEVELS = (2, 3)
 
 
 def _arithmetic_problem(level: int, operator: str, left: int, right: int) -> Problem:
@@ -365,7 +369,7 @@ def _arithmetic_level_split(level: int, split: str, seed: int) -> list[Problem]:
 
 
 def make_arithmetic_problems(
-    split: str, seed: int = 0, levels: tuple[int, ...] | list[int] = (1, 2)
+    split: str, seed: int = 0, levels: tuple[int, ...] | list[int] = DEFAULT_ARITHMETIC_LEVELS
 ) -> list[Problem]:
     """The project's offline task, in MATH's schema, e.g. "What is 7 + 5?" -> "12".
 
@@ -373,8 +377,10 @@ def make_arithmetic_problems(
     4 two-digit times one-digit. Every operand pair of a level is enumerated; 25% of each
     level (at least 1, rounded up to whole twin pairs) is "test", the rest "train". The same
     seed gives the same lists; train and test never share a problem, nor a commuted twin
-    (b ∘ a of a held-out a ∘ b). The result is shuffled (levels mixed) so that taking the
-    first N rows samples every requested level.
+    (b ∘ a of a held-out a ∘ b). Each level's rows are shuffled, then the levels are interleaved
+    (one row of each in turn until a level runs out), so that the first N rows hold the requested
+    levels in equal shares: the held-out accuracy on the first N weighs every level alike, however
+    many problems a level has.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -384,8 +390,9 @@ def make_arithmetic_problems(
             f"arithmetic levels must be a non-empty subset of {sorted(_ARITHMETIC_LEVELS)}, "
             f"got {list(levels)}"
         )
-    problems = []
+    by_level = []
     for level in dict.fromkeys(levels):  # each requested level once, in order
-        problems += _arithmetic_level_split(level, split, seed)
-    random.Random(f"arithmetic-seed{seed}-{split}-mix").shuffle(problems)
-    return problems
+        rows = _arithmetic_level_split(level, split, seed)
+        random.Random(f"arithmetic-seed{seed}-{split}-level{level}-order").shuffle(rows)
+        by_level.append(rows)
+    return [row for turn in itertools.zip_longest(*by_level) for row in turn if row is not None]

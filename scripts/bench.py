@@ -16,19 +16,19 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 by default and memory-lean (`--gradient_checkpointing`, glibc mmap threshold fixed at
                 1 MiB); the ratio 4-agent / 1-agent, the base model's and one adapter's size, and the
                 mean prompt length per agent position (later agents read earlier agents' actions).
-    learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) on the default
-                task at equal wall time (`--time_limit_minutes`, which counts the evaluations too), and
-                for single and chain the critic + GAE estimator vs group advantages (no critic; G = 4
-                episodes of 4 problems, as many episodes per iteration as GAE's 16 problems, credit
-                `shared`): held-out accuracy at iteration 0 and at the end, seconds per iteration,
-                peak resident memory, and an overlay plot (scripts/plot.py).
+    learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`), critic + GAE,
+                and the chain with group advantages (no critic; G = 4 episodes of a quarter as many
+                problems, as many episodes per iteration as GAE's, credit `shared`), on the default
+                task at equal wall time (`--time_limit_minutes`, which counts the evaluations too),
+                seeds 1 and 2: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
+                seconds per iteration, peak resident memory, and an overlay plot (scripts/plot.py).
 
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: the memory-lean setting is left out, and
-the learning section runs `single` and `chain-group` only); the full mode takes about 75 minutes
-on 2 cores.
+the learning section runs `single` and `chain-group`, seed 1 only); the full mode takes about 100
+minutes on 2 cores.
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 """
 from __future__ import annotations
@@ -58,12 +58,12 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            eval_problems=4, learning_minutes=8.0,
-            memory_settings=("default", "lean"), learning_runs=("single", "single-group", "chain", "chain-group", "parallel"))
+            eval_problems=4, learning_minutes=8.0, memory_settings=("default", "lean"),
+            learning_runs=("single", "chain", "parallel", "chain-group"), learning_seeds=(1, 2))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
-             memory_settings=("default",), learning_runs=("single", "chain-group"))
+             memory_settings=("default",), learning_runs=("single", "chain-group"), learning_seeds=(1,))
 
 
 def machine() -> dict:
@@ -239,24 +239,28 @@ def prompt_lengths_by_position(tokenizer) -> list[float]:
 
 
 def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) -> dict:
-    """Each run is named <organisation> (critic + GAE) or <organisation>-group (group advantages)."""
+    """Each run is named <organisation> (critic + GAE) or <organisation>-group (group advantages),
+    then -seed<k>; every configuration runs once per seed of sizes["learning_seeds"]."""
     table = {}
     for name in sizes["learning_runs"]:
         agents_name, _, estimator = name.partition("-")
         episodes = 2 if quick else DEFAULTS.batch_size  # per iteration, for both estimators
         group_size = (2 if quick else 4) if estimator == "group" else 1
-        args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes), "--eval_samples", "2",
-                "--no-eval_greedy", "--seed", "1", "--batch_size", str(episodes // group_size)]
-        if estimator == "group":
-            args += ["--advantage", "group", "--group_size", str(group_size), "--credit", "shared"]
-        if quick:
-            args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]), "--eval_problems", str(sizes["eval_problems"])]
-        rows, peak = run_marft(out, f"learning-{name}", args, threads)
-        evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
-        table[name] = {"iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
-                       "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
-                       "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
-                       "pass@2_end": evals[-1].get("eval/pass@2", float("nan"))}
+        for seed in sizes["learning_seeds"]:
+            args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes),
+                    "--seed", str(seed), "--batch_size", str(episodes // group_size)]
+            if estimator == "group":
+                args += ["--advantage", "group", "--group_size", str(group_size), "--credit", "shared"]
+            if quick:
+                args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]),
+                         "--eval_problems", str(sizes["eval_problems"])]
+            rows, peak = run_marft(out, f"learning-{name}-seed{seed}", args, threads)
+            evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
+            table[f"{name}-seed{seed}"] = {
+                "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
+                "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
+                "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"]}
     figures = out / "learning"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(out / "runs" / f"learning-{a}") for a in table),
                     "--labels", ",".join(table), "--out", str(figures)], check=True, cwd=ROOT)
@@ -313,11 +317,15 @@ def markdown(report: dict) -> str:
     if learn := report.get("learning"):
         lines += [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
                   f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
-                  f"| pass@2 end |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        label = lambda name: name.replace("-group", ", group advantages") if "-group" in name else f"{name}, critic + GAE"
-        lines += [f"| {label(name)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
-                  f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} | {r['pass@2_end']:.2f} |"
-                  for name, r in learn["runs"].items()]
+                  f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        def label(run: str) -> str:
+            name, seed = run.rsplit("-seed", 1)
+            estimator = "group advantages" if name.endswith("-group") else "critic + GAE"
+            return f"{name.removesuffix('-group')}, {estimator}, seed {seed}"
+        lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
+                  f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
+                  f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
+                  for run, r in learn["runs"].items()]
         lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
     return "\n".join(lines)
 

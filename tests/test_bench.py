@@ -48,7 +48,7 @@ def test_quick_mode_measures_every_section(tmp_path):
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
     assert all(math.isfinite(x) and x > 0 for x in numbers)
-    assert set(report["learning"]["runs"]) == {"single", "chain-group"}  # quick mode: GAE and group advantages
+    assert set(report["learning"]["runs"]) == {"single-seed1", "chain-group-seed1"}  # quick mode: GAE and group advantages
     assert all(r["peak_rss_mib"] > 0 and r["seconds_per_iteration"] > 0 for r in report["learning"]["runs"].values())
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()

@@ -217,15 +217,15 @@ def true_result(question: str) -> int:
 
 
 def test_arithmetic_split_is_deterministic_and_disjoint():
-    train = make_arithmetic_problems("train", seed=0)
-    test = make_arithmetic_problems("test", seed=0)
-    assert train == make_arithmetic_problems("train", seed=0)
-    assert test == make_arithmetic_problems("test", seed=0)
+    train = make_arithmetic_problems("train", seed=0, levels=(1, 2))
+    test = make_arithmetic_problems("test", seed=0, levels=(1, 2))
+    assert train == make_arithmetic_problems("train", seed=0, levels=(1, 2))
+    assert test == make_arithmetic_problems("test", seed=0, levels=(1, 2))
     # 25% of 100 problems per level, rounded up to whole twin pairs: 25 or 26 per level
     assert 50 <= len(test) <= 52 and len(train) + len(test) == 200
     assert not {p.problem for p in train} & {p.problem for p in test}
     assert len({p.problem for p in train + test}) == 200
-    assert {p.problem for p in test} != {p.problem for p in make_arithmetic_problems("test", seed=1)}
+    assert {p.problem for p in test} != {p.problem for p in make_arithmetic_problems("test", seed=1, levels=(1, 2))}
 
 
 def operands(question: str) -> tuple[str, int, int]:
@@ -249,6 +249,15 @@ def test_arithmetic_split_of_a_level_does_not_depend_on_other_levels():
     together = make_arithmetic_problems("test", seed=3, levels=(1, 2, 3, 4))
     assert {p.problem for p in alone} == {p.problem for p in together if p.level == "Level 1"}
     assert len([p for p in together if p.level == "Level 3"]) == 225  # 25% of 900 (no twins at level 3)
+
+
+def test_the_first_rows_hold_the_levels_in_equal_shares():
+    # Level 2 has 26 held-out problems, level 3 225: the first 50 rows are 25 of each, alternating,
+    # and the rest are level 3's.
+    test = make_arithmetic_problems("test", seed=1, levels=(2, 3))
+    assert [p.level for p in test[:4]] == ["Level 2", "Level 3", "Level 2", "Level 3"]
+    assert sum(p.level == "Level 2" for p in test[:50]) == 25
+    assert {p.level for p in test[52:]} == {"Level 3"} and len(test) == 26 + 225
 
 
 def test_arithmetic_rows_are_right_and_math_shaped():
