@@ -132,7 +132,7 @@ class Config:
     """d of --credit step_discount: each agent of a step gets d times the reward of the agent after it"""
 
     # --- update ---
-    lr: float = 5e-4
+    lr: float = 2e-4
     """learning rate of every policy adapter (Adam)"""
     critic_lr: float = 1e-3
     """learning rate of the critic adapter and value head (Adam)"""
