@@ -254,3 +254,34 @@ def test_run_errors_name_the_fix(tiny_model_dir, tmp_path):
     (run / "config.json").write_text(json.dumps(dict(config, agents="chain3")))  # a verifier the checkpoint lacks
     with pytest.raises(SystemExit, match="no adapter 'policy_verifier'"):
         evaluate.main(["--run", str(run), "--checkpoint", "iter_000002"])
+
+
+def test_greedy_only_evaluations_skip_the_sampled_episodes():
+    """Training's evaluations between the first and the last decode greedily only: no sampled
+    episode is generated and only eval/accuracy_greedy is reported; a full evaluation samples
+    eval_samples episodes per problem, then decodes greedily."""
+    from transformers import AutoTokenizer
+
+    from envs import Grader
+    from rollout import heldout_metrics
+
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    calls = []  # (prompts, temperature) of each generate call
+
+    def scripted(prompt_ids, adapter, sampling):  # greedy answers right (5), samples wrong (4)
+        calls.append((len(prompt_ids), sampling.temperature))
+        text = "\\boxed{5}" if sampling.temperature == 0 else "\\boxed{4}"
+        ids = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        return agents.Actions([ids] * len(prompt_ids), [[0.0] * len(ids)] * len(prompt_ids))
+
+    problems = [Problem("What is 2 + 3?", "5", "", ""), Problem("What is 1 + 4?", "5", "", "")]
+    cfg = run_lib.Config(agents="single", eval_samples=3)
+    with Grader() as grader:
+        metrics, sampled, greedy = heldout_metrics(scripted, tokenizer, load_organisation("single"), problems, grader,
+                                                   cfg, greedy_only=True)
+        assert calls == [(2, 0.0)] and sampled is None and greedy is not None
+        assert metrics == {"eval/accuracy_greedy": 1.0}
+        calls.clear()
+        metrics, sampled, greedy = heldout_metrics(scripted, tokenizer, load_organisation("single"), problems, grader, cfg)
+    assert calls == [(6, 1.0), (2, 0.0)]  # 2 problems × 3 samples, then one greedy episode each
+    assert metrics["eval/accuracy"] == 0.0 and metrics["eval/pass@3"] == 0.0 and metrics["eval/accuracy_greedy"] == 1.0

@@ -213,3 +213,12 @@ def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_
     strip = lambda folder: [{k: v for k, v in json.loads(l).items() if not k.startswith(("time/", "perf/"))}
                             for l in (folder / "metrics.jsonl").read_text().splitlines()]
     assert json.dumps(strip(killed)) == json.dumps(strip(tmp_path / "straight"))
+
+
+def test_last_third_mean_of_a_metric_skips_nan_and_rows_without_it():
+    nan = float("nan")
+    rows = [{"iteration": 0, "eval/accuracy": 0.1}] + [{"iteration": i, "ev": v} for i, v in
+                                                       zip(range(1, 10), [9, 9, 9, 9, 9, 9, 0.3, nan, 0.1])]
+    rows.append({"iteration": 9, "eval/accuracy": 0.5})  # 9 iterations: the last third is 7, 8, 9
+    assert run.last_third_mean(rows, "ev") == pytest.approx((0.3 + 0.1) / 2)
+    assert run.last_third_mean(rows, "losses/value_loss") is None  # a run without a critic
