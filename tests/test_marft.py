@@ -1,4 +1,4 @@
-"""marft.py: data plumbing, the phases of the algorithm box, and whole runs (resume, learning)."""
+"""marft.py: data plumbing, the phases of the algorithm box, and whole runs (resume; the learning run is tests/test_learning.py)."""
 import json
 import math
 import shutil
