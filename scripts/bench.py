@@ -27,8 +27,8 @@ Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts b
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: the memory-lean setting is left out, and
-the learning section runs `single` and `chain-group`, seed 1 only); the full mode takes about 100
-minutes on 2 cores.
+the learning section runs `single` and `chain-group`, seed 1 only); the full mode takes about two
+hours on 2 cores (8 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            eval_problems=4, learning_minutes=8.0, memory_settings=("default", "lean"),
+            eval_problems=4, learning_minutes=10.0, memory_settings=("default", "lean"),
             learning_runs=("single", "chain", "parallel", "chain-group"), learning_seeds=(1, 2))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(ROOT / "results"), help="folder for bench.json, bench.md, figures and runs/")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
     parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
-    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 8, quick 0.1)")
+    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
     parser.add_argument("--update_readme", action="store_true", help="write bench.md into README.md's Results block")
     parser.add_argument("--render_only", action="store_true",
                         help="measure nothing: rewrite <out>/bench.md (and the README block) from <out>/bench.json")
