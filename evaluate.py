@@ -195,14 +195,15 @@ def pass_at_k_table(counts: list[int], samples: int) -> dict[str, float]:
 
 
 def ordered_metrics(metrics: dict, pass_table: dict, greedy: Rollout | None) -> dict:
-    """evaluate_policy's metrics with every pass@k' and the greedy unparseable rate, in reading order."""
+    """evaluate_policy's metrics with every pass@k' and the greedy unparseable rate, in reading order,
+    then any others (the orchestration metrics)."""
     ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_table}
     if greedy is not None:
         ordered["eval/accuracy_greedy"] = metrics["eval/accuracy_greedy"]
     ordered["eval/unparseable_rate"] = metrics["eval/unparseable_rate"]
     if greedy is not None:
         ordered["eval/unparseable_rate_greedy"] = greedy.unparseable / max(greedy.graded_answers, 1)
-    return ordered
+    return ordered | {key: value for key, value in metrics.items() if key not in ordered and not key.startswith("eval/pass@")}
 
 
 def unparseable_tallies(rollout: Rollout, num_problems: int) -> list[tuple[int, int]]:
@@ -243,8 +244,9 @@ def breakdown(problems: list[Problem], field: str, counts: list[int], samples: i
 
 
 def transcripts(rollout: Rollout, problems: list[Problem], org: Organisation, count: int) -> list[dict]:
-    """The first `count` episodes of a rollout in full: per step, every agent's response in σ order,
-    the graded outcomes and the team reward. Episode b played problems[b mod P]."""
+    """The first `count` episodes of a rollout in full: per step, every action in the order taken
+    (σ, or the orchestrator's realised sequence with its calls and how the step ended), the graded
+    outcomes and the team reward. Episode b played problems[b mod P]."""
     result = []
     for b in range(min(count, len(rollout.solved))):
         problem = problems[b % len(problems)]
@@ -253,6 +255,8 @@ def transcripts(rollout: Rollout, problems: list[Problem], org: Organisation, co
             actions = [{"role": org.order[rollout.agent_index[s]], "text": rollout.texts[s]}
                        for s in range(len(rollout.texts)) if rollout.episode[s] == b and rollout.step[s] == t]
             steps.append({"step": t, "actions": actions, "outcomes": outcomes, "reward": float(rollout.team_reward[b, t])})
+            if org.orchestrator:  # the realised D_t: executors called, in order, and how the step ended
+                steps[-1] |= {"calls": rollout.calls[b][t], "ended_by": rollout.step_ends[b][t]}
         result.append({"episode": b, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
                        "type": problem.type, "solved": rollout.solved[b], "steps": steps})
     return result
@@ -297,6 +301,12 @@ def format_table(report: dict) -> str:
     for kind, key in (("level", "by_level"), ("subject", "by_subject")):
         for name, stats in report[key].items():
             lines.append(row(f"{kind}: {name}", stats))
+    if "eval/calls_per_episode" in metrics:  # the realised D_t of the greedy episodes (orchestrated)
+        per_role = ", ".join(f"{key.removeprefix('eval/calls/')} {value:.2f}" for key, value in metrics.items()
+                             if key.startswith("eval/calls/"))
+        lines.append(f"orchestration (greedy): {metrics['eval/calls_per_episode']:.2f} calls per episode ({per_role}); "
+                     f"finish {metrics['eval/finish_rate']:.2f}, max_calls {metrics['eval/max_calls_rate']:.2f}, "
+                     f"errors {metrics['eval/orchestration_errors']:.2f} of the steps")
     lines.append(f"wall time {report['wall_seconds']:.0f} s ({report['wall_seconds'] / 60:.1f} min)")
     return "\n".join(lines)
 
@@ -308,6 +318,8 @@ def format_transcript(transcript: dict) -> str:
     for step in transcript["steps"]:
         for action in step["actions"]:
             lines.append(f"[step {step['step']}] {action['role']}: {action['text'].strip()}")
+        if "calls" in step:
+            lines.append(f"[step {step['step']}] calls: {' → '.join(step['calls']) or 'none'}; ended by {step['ended_by']}")
         outcomes = ", ".join(f"{role} {outcome}" for role, outcome in step["outcomes"].items())
         lines.append(f"[step {step['step']}] graded: {outcomes}; reward {step['reward']:.3f}")
     return "\n".join(lines)
@@ -318,20 +330,17 @@ def format_transcript(transcript: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def progress_printer(generate_actions, org: Organisation):
-    """Wrap a GenerateActions function to print one line per (phase, step, agent) generation.
-
-    run_episodes calls it once per agent per step, in σ order: the k-th call of a phase is
-    agent σ[k mod N] at step ⌊k / N⌋."""
+    """Wrap a GenerateActions function to print one line per generation call: phase, call number,
+    the adapter that acted (one call per agent per step under a fixed D; per orchestrator round
+    or called executor with an orchestrator), episodes and seconds."""
     calls = {"sampled": 0, "greedy": 0}
 
     def generate(prompt_ids, adapter, sampling):
         phase = "greedy" if sampling.temperature == 0 else "sampled"
-        k = calls[phase]
         calls[phase] += 1
         started = time.perf_counter()
         actions = generate_actions(prompt_ids, adapter, sampling)
-        role = org.order[k % len(org.order)]
-        print(f"  {phase:<7} step {k // len(org.order)}  {role:<12} {len(prompt_ids):>5} episodes  "
+        print(f"  {phase:<7} call {calls[phase]:<3} {adapter:<20} {len(prompt_ids):>5} episodes  "
               f"{time.perf_counter() - started:6.1f} s", flush=True)
         return actions
 
@@ -360,7 +369,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         vllm_dtype=args.vllm_dtype, vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
         device="cpu" if args.backend == "vllm" else args.device)  # vllm: the policies only hand their adapters to the engine
     try:
-        load_organisation(cfg.agents)
+        load_organisation(cfg.agents, cfg.anonymous)
     except ValueError as err:
         raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
     return run_dir, checkpoint, cfg, data_seed
@@ -397,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
     wall_start = time.time()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     run_dir, checkpoint, cfg, data_seed = resolve_config(args)
-    org = load_organisation(cfg.agents)
+    org = load_organisation(cfg.agents, cfg.anonymous)
     source, problems = load_eval_problems(args, cfg, data_seed)
     print(f"evaluating {checkpoint or 'the base model ' + cfg.model} with agents {cfg.agents} "
           f"on {len(problems)} problems of {source}", flush=True)

@@ -21,9 +21,19 @@ Special cases: the *chain* (D(a^i, a^j) = 1 for all i < j: planner → solver �
 D ≡ 0 (`parallel`, a Dec-POMDP of independent agents). This file imports nothing of ours and no
 torch: it is plain data and graph code.
 
-Deviation from the paper: D here is fixed for the whole episode (the paper also allows D to
-change with t, e.g. an orchestrator choosing executors). A fork that needs a dynamic D makes
-`Organisation` a function of t; every consumer only calls `order` and `unrolled_messages`.
+A dynamic D (the paper lets D change with t): with an *orchestrator* agent the organisation has
+no fixed D. At every step the orchestrator reads the problem and the step's transcript and ends its
+response with one decision, `\\call{role}` (that executor acts next) or `\\call{finish}`
+(`parse_decision`). The called executor reads every earlier action of the step, so the realised
+D_t is "each action reads all earlier actions of the step", over a sequence
+
+    orchestrator, executor, orchestrator, executor, …, orchestrator (finish)
+
+whose length differs between episodes. At most `max_calls` executor calls per step; after the
+last one the step ends as if the orchestrator had finished. A decision that is missing, doubled
+or names no executor ends the step as it stands (rollout.py counts it). The team's answer of the
+step is the last answer of a graded executor in it. A fixed DAG is the special case where every
+step's sequence is σ.
 
 Profile file format (JSON), used by `load_organisation`:
 
@@ -35,11 +45,21 @@ Profile file format (JSON), used by `load_organisation`:
 
 `dependencies` lists the pairs (i, j) with D(a^i, a^j) = 1 ("j reads i"); an empty list is D ≡ 0.
 `rewards` (optional) names per-role reward terms and their weights (README: Advantages and credit).
+An orchestrated organisation names its orchestrator instead of dependencies, gives every executor
+a one-line `description` (what the orchestrator is told about it) and a call budget:
+
+    {"agents": [{"role": "orchestrator", "system_prompt": "..."},
+                {"role": "solver", "system_prompt": "...", "graded": true, "description": "..."}],
+     "orchestrator": "orchestrator", "max_calls": 4}
+
+`anonymous` turns any organisation into AReaL-based MARFT's ablation: the same topology with roles
+agent_1 … agent_N and one generic prompt.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -56,15 +76,28 @@ class AgentProfile:
     # Per-role reward terms (term name, weight), added to this agent's placed team reward at every
     # step it acts; the environment defines the terms (envs.ROLE_REWARD_TERMS).
     rewards: tuple[tuple[str, float], ...] = ()
+    # What an orchestrator is told about this executor (one line; orchestrated organisations only).
+    description: str = ""
 
 
 @dataclass(frozen=True)
 class Organisation:
-    """The agents N and the dependency function D, with σ precomputed and validated."""
+    """The agents N and the dependency function D, with σ precomputed and validated.
+
+    With an orchestrator there is no fixed D (`dependencies` is empty): `order` is the
+    orchestrator followed by the executors in listing order, and every step's realised sequence
+    is decided by the orchestrator's actions (module docstring)."""
 
     agents: tuple[AgentProfile, ...]
     dependencies: frozenset[tuple[str, str]]  # {(i, j) : D(a^i, a^j) = 1}
     order: tuple[str, ...]  # σ, a topological order of D
+    orchestrator: str | None = None
+    max_calls: int = 0  # executor calls per step (orchestrated only)
+
+    @property
+    def executors(self) -> tuple[str, ...]:
+        """The roles an orchestrator may call (every role of a fixed-D organisation)."""
+        return tuple(r for r in self.order if r != self.orchestrator)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -112,9 +145,13 @@ def topological_order(roles: list[str], dependencies: set[tuple[str, str]]) -> t
     return tuple(placed)
 
 
-def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, str]]) -> Organisation:
-    """Validate the agents and D, then compute σ. Every configuration error is a ValueError."""
+def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, str]], orchestrator: str | None = None,
+                      max_calls: int = 0) -> Organisation:
+    """Validate the agents and D (or the orchestrator and its call budget), then compute σ.
+    Every configuration error is a ValueError."""
     roles = [a.role for a in agents]
+    if orchestrator is not None:
+        return make_orchestrated(agents, orchestrator, max_calls, dependencies)
     if not agents:
         raise ValueError("the organisation has no agents: list at least one agent profile")
     duplicates = sorted({r for r in roles if roles.count(r) > 1})
@@ -143,6 +180,79 @@ def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, 
     return Organisation(agents=tuple(agents), dependencies=frozenset(edges), order=order)
 
 
+def make_orchestrated(agents: list[AgentProfile], orchestrator: str, max_calls: int,
+                      dependencies: list[tuple[str, str]] = ()) -> Organisation:
+    """An organisation whose D the orchestrator decides step by step (module docstring)."""
+    roles = [a.role for a in agents]
+    if orchestrator not in roles:
+        raise ValueError(f"orchestrator {orchestrator!r} is not one of the agents {roles}")
+    if list(dependencies):
+        raise ValueError("an orchestrated organisation has no fixed dependencies: the orchestrator decides who acts "
+                         "and every executor reads all earlier actions of the step; leave 'dependencies' out")
+    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+        raise ValueError(f"max_calls={max_calls!r}: give the most executor calls per step, an integer ≥ 1")
+    if FINISH in roles or TEAM_ANSWER in roles:
+        raise ValueError(f"no agent of an orchestrated organisation may be called {FINISH!r} (\\call{{{FINISH}}} is the "
+                         f"orchestrator's finish decision) or {TEAM_ANSWER!r} (the name of the team's answer)")
+    if len(agents) < 2:
+        raise ValueError("an orchestrated organisation needs the orchestrator and at least one executor")
+    head = next(a for a in agents if a.role == orchestrator)
+    if head.graded:
+        raise ValueError(f"the orchestrator {orchestrator!r} cannot be graded: the team's answer is a graded executor's")
+    executors = [a for a in agents if a.role != orchestrator]
+    undescribed = [a.role for a in executors if not a.description.strip()]
+    if undescribed:
+        raise ValueError(f"executor(s) {undescribed} need a one-line 'description': it is what the orchestrator is told about them")
+    # Everything else (names, duplicates, a graded executor) is checked as for a fixed D ≡ 0.
+    checked = make_organisation(agents, [])
+    return replace(checked, order=(orchestrator, *[a.role for a in executors]), orchestrator=orchestrator,
+                   max_calls=max_calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# The orchestrator's decision: \call{role} or \call{finish}
+# ---------------------------------------------------------------------------------------------
+
+FINISH = "finish"
+TEAM_ANSWER = "answer"  # the environment's name for the step's answer: the last graded executor's action
+DECISION = re.compile(r"\\call\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What an orchestrator's action decides: call `role`, finish, or an error (`error` says why)."""
+
+    kind: str  # "call" | "finish" | "error"
+    role: str | None = None
+    error: str | None = None
+
+
+def parse_decision(text: str, executors: tuple[str, ...]) -> Decision:
+    """The one decision an orchestrator's response must contain: `\\call{role}` or `\\call{finish}`.
+
+    No decision, two or more decisions, or a role that is not an executor are errors (the step
+    then ends as it stands). Role names match exactly, after stripping spaces."""
+    found = [name.strip() for name in DECISION.findall(text)]
+    if not found:
+        return Decision("error", error="no decision")
+    if len(found) > 1:
+        return Decision("error", error=f"{len(found)} decisions")
+    name = found[0]
+    if name == FINISH:
+        return Decision("finish")
+    if name in executors:
+        return Decision("call", role=name)
+    return Decision("error", error=f"unknown role {name!r}")
+
+
+def orchestrator_system_prompt(org: Organisation) -> str:
+    """The orchestrator's own system prompt followed by its team (role: description) and the decision format."""
+    members = "\n".join(f"- {role}: {org.profile(role).description}" for role in org.executors)
+    return (f"{org.profile(org.orchestrator).system_prompt}\n\nTeam members:\n{members}\n\n"
+            f"End your reply with exactly one decision: \\call{{ROLE}} to let that member act next, "
+            f"or \\call{{{FINISH}}} when the team's answer is final. You may call members at most {org.max_calls} times.")
+
+
 # ---------------------------------------------------------------------------------------------
 # The unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
 # ---------------------------------------------------------------------------------------------
@@ -156,20 +266,31 @@ def unrolled_user_text(observation: str, dependency_actions: list[tuple[str, str
 
 
 def unrolled_messages(org: Organisation, role: str, observation: str, step_actions: dict[str, str]) -> list[dict]:
-    """Chat messages agent `role` sees at this step: system prompt, worked examples, then ô^j_t.
+    """Chat messages agent `role` sees at this step under a fixed D: system prompt, worked examples, then ô^j_t.
 
     `step_actions` holds the actions already taken at this step (role → text); every parent of
     `role` under D must be among them, which holds whenever agents act in σ order.
     """
-    profile = org.profile(role)
     missing = [p for p in org.parents(role) if p not in step_actions]
     if missing:
         raise ValueError(f"agent {role!r} depends on {missing}, which have not acted yet in this step")
-    messages = [{"role": "system", "content": profile.system_prompt}]
+    return chat_messages(org, role, unrolled_user_text(observation, [(p, step_actions[p]) for p in org.parents(role)]))
+
+
+def realised_messages(org: Organisation, role: str, observation: str, transcript: list[tuple[str, str]]) -> list[dict]:
+    """Chat messages of the orchestrator or an executor: ô = o_t ⊕ every earlier action of the step
+    (`transcript`, (role, text) in the order they were taken), the realised D_t of the module docstring."""
+    return chat_messages(org, role, unrolled_user_text(observation, transcript))
+
+
+def chat_messages(org: Organisation, role: str, user_text: str) -> list[dict]:
+    """System prompt (the orchestrator's lists its team and the decision format), worked examples, then ô."""
+    profile = org.profile(role)
+    system = orchestrator_system_prompt(org) if role == org.orchestrator else profile.system_prompt
+    messages = [{"role": "system", "content": system}]
     for user, assistant in profile.examples:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-    dependency_actions = [(p, step_actions[p]) for p in org.parents(role)]
-    messages.append({"role": "user", "content": unrolled_user_text(observation, dependency_actions)})
+    messages.append({"role": "user", "content": user_text})
     return messages
 
 
@@ -221,6 +342,37 @@ def _chain(kinds: list[str], graded: str) -> Organisation:
     return _builtin([(k, k, k == graded) for k in kinds], edges)
 
 
+# The orchestrated team: an orchestrator over a planner, a solver and a verifier. Each executor's
+# worked example is the orchestrator calling it on the example problem; the orchestrator's two
+# examples show a call and a finish (short: its prompt is read at every one of its decisions).
+_DESCRIPTIONS = {
+    "planner": "says in one sentence which operation to do on which numbers; gives no answer",
+    "solver": "computes the result and gives the answer as \\boxed{N}",
+    "verifier": "checks the latest answer and gives the corrected final answer as \\boxed{N}",
+}
+_ORCHESTRATOR_PROMPT = ("You are the orchestrator of a team that solves math problems. Read the problem and what the "
+                        "team has written so far, and say in one short sentence who should act next.")
+_EXAMPLE_CALLS = {
+    "planner": "The planner should say what to do first. \\call{planner}",
+    "solver": "The solver can compute this sum. \\call{solver}",
+    "verifier": "The verifier should check the answer. \\call{verifier}",
+    "finish": "The solver gave the answer. \\call{finish}",
+}
+
+
+def _orchestrated(executors: tuple[str, ...] = ("planner", "solver", "verifier"), max_calls: int = 3) -> Organisation:
+    call = lambda role: ("orchestrator", _EXAMPLE_CALLS[role])
+    solved = [call("solver"), ("solver", _EXAMPLE_ACTIONS["solver"])]  # the example step after the solver answered
+    transcripts = {"planner": [call("planner")], "solver": [call("solver")], "verifier": solved + [call("verifier")]}
+    profiles = [AgentProfile("orchestrator", _ORCHESTRATOR_PROMPT, False, (
+        (unrolled_user_text(_EXAMPLE_PROBLEM, []), _EXAMPLE_CALLS["solver"]),
+        (unrolled_user_text(_EXAMPLE_PROBLEM, solved), _EXAMPLE_CALLS["finish"])))]
+    for role in executors:
+        example = (unrolled_user_text(_EXAMPLE_PROBLEM, transcripts[role]), _EXAMPLE_ACTIONS[role])
+        profiles.append(AgentProfile(role, _SYSTEM_PROMPTS[role], role != "planner", (example,), description=_DESCRIPTIONS[role]))
+    return make_orchestrated(profiles, "orchestrator", max_calls)
+
+
 BUILTIN_ORGANISATIONS = {
     "single": lambda: _builtin([("solver", "lone_solver", True)], []),
     "chain": lambda: _chain(["planner", "solver"], graded="solver"),
@@ -229,19 +381,23 @@ BUILTIN_ORGANISATIONS = {
     "chain4": lambda: _chain(["analyst", "planner", "solver", "verifier"], graded="verifier"),
     # D ≡ 0: two independent solvers, both graded (the reward is their mean).
     "parallel": lambda: _builtin([("solver_a", "lone_solver", True), ("solver_b", "lone_solver", True)], []),
+    # A dynamic D: the orchestrator calls the planner, the solver or the verifier, up to 3 calls a step.
+    "orchestrated": _orchestrated,
 }
 
 
 def organisation_from_dict(spec: dict, where: str) -> Organisation:
     """Parse the profile-file format (see the module docstring); `where` names the source in errors."""
-    if not isinstance(spec, dict) or set(spec) != {"agents", "dependencies"}:
-        raise ValueError(f"{where}: a profile file is a JSON object with exactly the keys 'agents' and 'dependencies' "
-                         "(an empty dependency list means D ≡ 0)")
+    orchestrated = isinstance(spec, dict) and "orchestrator" in spec
+    required = {"agents", "orchestrator", "max_calls"} if orchestrated else {"agents", "dependencies"}
+    if not isinstance(spec, dict) or not required <= set(spec) <= required | {"dependencies"}:
+        raise ValueError(f"{where}: a profile file is a JSON object with the keys 'agents' and 'dependencies' (an empty "
+                         "dependency list means D ≡ 0), or, for a dynamic D, 'agents', 'orchestrator' and 'max_calls'")
     agents = []
     for k, entry in enumerate(spec["agents"]):
         if not isinstance(entry, dict) or "role" not in entry or "system_prompt" not in entry:
             raise ValueError(f"{where}: agents[{k}] needs at least 'role' and 'system_prompt'")
-        unknown = set(entry) - {"role", "system_prompt", "graded", "examples", "rewards"}
+        unknown = set(entry) - {"role", "system_prompt", "graded", "examples", "rewards", "description"}
         if unknown:
             raise ValueError(f"{where}: agents[{k}] has unknown key(s) {sorted(unknown)}")
         if not isinstance(entry.get("graded", False), bool):
@@ -254,13 +410,20 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
         rewards = entry.get("rewards", {})
         if not isinstance(rewards, dict) or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in rewards.values()):
             raise ValueError(f"{where}: agents[{k}].rewards is an object {{term name: weight (a number)}}")
+        if not isinstance(entry.get("description", ""), str):
+            raise ValueError(f"{where}: agents[{k}].description is one line of text")
         agents.append(AgentProfile(entry["role"], entry["system_prompt"], bool(entry.get("graded", False)), tuple(examples),
-                                   tuple((name, float(w)) for name, w in rewards.items())))
-    return make_organisation(agents, [tuple(d) for d in spec["dependencies"]])
+                                   tuple((name, float(w)) for name, w in rewards.items()), entry.get("description", "")))
+    dependencies = [tuple(d) for d in spec.get("dependencies", [])]
+    if orchestrated:
+        return make_orchestrated(agents, spec["orchestrator"], spec["max_calls"], dependencies)
+    return make_organisation(agents, dependencies)
 
 
-def load_organisation(name_or_path: str) -> Organisation:
-    """A built-in organisation by name, or a profile JSON file."""
+def load_organisation(name_or_path: str, anonymous: bool = False) -> Organisation:
+    """A built-in organisation by name, or a profile JSON file; `anonymous` applies `make_anonymous`."""
+    if anonymous:
+        return make_anonymous(load_organisation(name_or_path))
     if name_or_path in BUILTIN_ORGANISATIONS:
         return BUILTIN_ORGANISATIONS[name_or_path]()
     path = Path(name_or_path)
@@ -274,3 +437,34 @@ def load_organisation(name_or_path: str) -> Organisation:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     return organisation_from_dict(spec, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The anonymous ablation (AReaL-based MARFT): same topology, roles agent_1 … agent_N, one prompt
+# ---------------------------------------------------------------------------------------------
+
+ANONYMOUS_PROMPT = ("You are {role}, a member of a team of agents. Read the problem and what your teammates wrote, "
+                    "then do your part. If you give the answer, end with \\boxed{{N}}.")
+ANONYMOUS_DESCRIPTION = "a member of the team"
+
+
+def make_anonymous(org: Organisation) -> Organisation:
+    """The same organisation with the k-th role of σ renamed agent_k and one generic system prompt
+    (executors get one generic description): whatever the team learns cannot come from role names
+    or role prompts. Worked examples keep their text with every role name in it renamed;
+    graded flags, reward terms, D (or the orchestrator and max_calls) are unchanged."""
+    names = {role: f"agent_{k + 1}" for k, role in enumerate(org.order)}
+
+    def rename(text: str) -> str:  # every role name in an example (tags, calls, prose) → its new name
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b", re.IGNORECASE)
+        lower = {role.lower(): new for role, new in names.items()}
+        swap = lambda m: lower[m.group(0).lower()].capitalize() if m.group(0)[0].isupper() else lower[m.group(0).lower()]
+        return pattern.sub(swap, text)
+
+    agents = [replace(a, role=names[a.role], system_prompt=ANONYMOUS_PROMPT.format(role=names[a.role]),
+                      examples=tuple((rename(user), rename(reply)) for user, reply in a.examples),
+                      description=ANONYMOUS_DESCRIPTION if a.description else "")
+              for a in sorted(org.agents, key=lambda a: org.order.index(a.role))]
+    if org.orchestrator:
+        return make_orchestrated(agents, names[org.orchestrator], org.max_calls)
+    return make_organisation(agents, [(names[i], names[j]) for i, j in sorted(org.dependencies)])

@@ -15,6 +15,7 @@ equation to the function that computes it. The other modules:
 One iteration (the paper's algorithm box):
 
     1. rollout      for t = 0 … H−1: for j in σ: a^j_t ~ π^j(· | ô^j_t); env.step(a_t) → R_t, done_t
+                    (orchestrated: the orchestrator and the executors it calls act in turn)
     2. old policy   log π^j_old(a^j_t | ô^j_t), V_φ(ô^j_t) (and log π_ref for the KL option)
     3. advantages   r^i_t by credit assignment; Â, R by GAE over the (step, agent) chain,
                     or over the token chain with --level token
@@ -37,6 +38,15 @@ Deviations from the paper and choices it leaves open (each a named option of run
   G = `group_size` episodes per problem, each action's Â is its agent's return against those of
   the other episodes of the problem at that step (ppo.group_advantages), given to every token of
   the action, and not normalised again per agent. The agent-by-agent update and M are unchanged.
+- A D that changes with t (`--agents orchestrated`, or a profile's `orchestrator`): each step is
+  the sequence of actions an orchestrator agent decides as it goes (flex_pomdp's docstring), of
+  K_t actions. Tables are indexed by (episode, step, k-th action of the step) instead of
+  (episode, step, agent); credit spreads R over the step's K_t actions and GAE runs along each
+  episode's own chain (ppo.gae), so a fixed D (K_t = N) gives the numbers it always did. An
+  agent that acts several times in a step is updated on all its actions and enters M with the
+  product of their ratios (one factor per agent per joint action, as HAPPO has); with group
+  advantages its step reward is the mean over its actions (`per_agent_mean`), so being called
+  twice is not paid twice.
 - Held-out accuracy is measured two ways: `eval/accuracy` is pass@1 averaged over
   `eval_samples` samples at the training temperature (the policy that is trained), and
   `eval/accuracy_greedy` decodes greedily. Both are logged; the summary reports both. The
@@ -82,7 +92,7 @@ import ppo
 import run as run_lib
 from envs import Grader, Problem, load_problems, make_arithmetic_problems
 from flex_pomdp import Organisation, load_organisation
-from rollout import Rollout, heldout_metrics, run_episodes
+from rollout import Rollout, heldout_metrics, orchestration_metrics, run_episodes
 from run import Config
 
 
@@ -205,20 +215,36 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
 # ---------------------------------------------------------------------------------------------
 
 def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg: Config):
-    """r^i_t by credit assignment plus each agent's per-role reward terms, then Â: (Â [S, L], R [S, L]
-    or None without a critic, metrics: the fraction of groups with no signal)."""
-    N = len(org.order)
-    rewards = ppo.place_team_reward(rollout.team_reward, N, cfg.credit, cfg.credit_discount)  # [B, T, N]
-    rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward), N)  # the profiles' per-role terms
-    where = (rollout.episode, rollout.step, rollout.agent_index)
+    """r_{t,k} by credit assignment over each step's actions plus each agent's per-role reward terms,
+    then Â: (Â [S, L], R [S, L] or None without a critic, metrics: the fraction of groups with no signal).
+
+    The grids are [B, T, P]: the k-th action of step t, which is agent σ_k under a fixed D and the
+    k-th action of the realised sequence with an orchestrator (steps then differ in length)."""
+    acted = rollout.to_grid(torch.ones(len(rollout.position)))  # [B, T, P]
+    rewards = ppo.place_team_reward(rollout.team_reward, acted, cfg.credit, cfg.credit_discount)  # [B, T, P]
+    rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward))  # the profiles' per-role terms
+    where = (rollout.episode, rollout.step, rollout.position)
     if cfg.advantage == "group":
-        group = torch.arange(len(rollout.solved)) // cfg.group_size  # [B]
-        advantages, zero_signal = ppo.group_advantages(rewards, rollout.step_mask, group, cfg.gamma, cfg.group_std)  # [B, T, N]
-        # Every decision of an action (each token at the token level) gets the action's Â.
-        return advantages[where].unsqueeze(-1) * old.mask, None, {"charts/zero_signal_groups": zero_signal}
-    advantages, returns = ppo.gae(rewards, rollout.to_grid(old.values, N), rollout.to_grid(old.mask, N), rollout.dones,
-                                  cfg.gamma, cfg.gamma_agent, cfg.gamma_token, cfg.lam)  # [B, T, N, L]
+        # Per agent: its reward at step t is the mean over its actions of the step (an agent that
+        # acts twice is not paid twice); the group compares it across the problem's episodes.
+        agent_rewards, agent_acted = per_agent_mean(rollout, rewards[where], len(org.order))  # [B, T, N]
+        advantages, zero_signal = ppo.group_advantages(agent_rewards, agent_acted, torch.arange(len(rollout.solved)) // cfg.group_size,
+                                                       cfg.gamma, cfg.group_std)  # [B, T, N]
+        # Every decision of an action (each token at the token level) gets its agent's Â.
+        return (advantages[rollout.episode, rollout.step, rollout.agent_index].unsqueeze(-1) * old.mask, None,
+                {"charts/zero_signal_groups": zero_signal})
+    advantages, returns = ppo.gae(rewards, rollout.to_grid(old.values), rollout.to_grid(old.mask), rollout.dones,
+                                  cfg.gamma, cfg.gamma_agent, cfg.gamma_token, cfg.lam)  # [B, T, P, L]
     return advantages[where], returns[where], {}
+
+
+def per_agent_mean(rollout: Rollout, sample_rewards: torch.Tensor, num_agents: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample rewards [S] → (mean reward of each agent's actions at each step [B, T, N], 1 where it acted [B, T, N])."""
+    B, T = rollout.step_mask.shape
+    index = (torch.tensor(rollout.episode), torch.tensor(rollout.step), torch.tensor(rollout.agent_index))
+    total = torch.zeros(B, T, num_agents, dtype=sample_rewards.dtype).index_put_(index, sample_rewards, accumulate=True)
+    count = torch.zeros(B, T, num_agents, dtype=sample_rewards.dtype).index_put_(index, torch.ones_like(sample_rewards), accumulate=True)
+    return total / count.clamp(min=1.0), (count > 0).to(sample_rewards.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +265,7 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
         to_train = ppo.agents_to_train(order, org.order, iteration, cfg.agent_iteration_interval)
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
                 for role in to_train]
+        plan = [entry for entry in plan if entry[2]]  # an executor no episode called has nothing to learn from
     stats: dict[str, float] = {}
     happo_weight = torch.ones_like(rollout.step_mask)  # M [B, T]: one factor per joint action, starts at 1
     for m, (label, adapter, sample_list) in enumerate(plan):
@@ -324,7 +351,9 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
                                            cfg.level, cfg.normalisation)  # log ρ of each action, [n]
     episode, step = torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]
     log_ratio_grid, acted = torch.zeros_like(happo_weight), torch.zeros_like(happo_weight)  # [B, T]
-    log_ratio_grid[episode, step] = log_ratio
+    # An agent that acted more than once in a step (an orchestrator, a re-called executor) enters
+    # M with the ratio of all its actions there: the log-ratios add up before the clip.
+    log_ratio_grid.index_put_((episode, step), log_ratio, accumulate=True)
     acted[episode, step] = 1.0
     return ppo.update_happo_weight(happo_weight, log_ratio_grid, acted, cfg.happo_ratio_clip or None)
 
@@ -389,7 +418,7 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
 def build(cfg: Config):
     """Organisation, base model with every policy and critic adapter, value heads, optimisers
     (--advantage group: no critic adapter and an empty set of value heads)."""
-    org = load_organisation(cfg.agents)
+    org = load_organisation(cfg.agents, cfg.anonymous)
     policy_adapters = agents_lib.policy_adapter_names(org.order, cfg.shared_adapter)
     critic_adapters = critic_lib.critic_adapter_names(org.order, cfg.critic_per_agent) if cfg.advantage == "gae" else []
     model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
@@ -475,6 +504,7 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
         "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),
         **timer.metrics(),
+        **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
     }
     if returns is not None:  # the critic's metrics
         metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)

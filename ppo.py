@@ -7,7 +7,9 @@ imports nothing of ours, so every function can be checked against a hand-worked 
 Symbols and shapes
 
     B     episodes in the batch            T   steps per episode (horizon H)
-    N     agents, in the topological order σ of D
+    N     actions per step: the agents in the topological order σ of a fixed D, or, with an
+          orchestrator, the longest realised sequence P (step t holds K_t ≤ P actions, a mask
+          says which; "agent σ_n" below then reads "the n-th action of the step")
     K     length of a flattened chain (K = T·N at the action level)
     r     rewards            [B, T, N]     V   critic values V_φ(ô^i_t)        [B, T, N]
     done  episode ended at t [B, T]        γ   discount between steps
@@ -65,28 +67,34 @@ ADVANTAGE_OPTIONS = ("gae", "group")
 # Credit assignment: where the team reward R(s_t, a_t) lands among the agents of step t
 # ---------------------------------------------------------------------------------------------
 
-def place_team_reward(team_reward: torch.Tensor, num_agents: int, credit: str, discount: float = 1.0) -> torch.Tensor:
-    """[B, T] team reward → [B, T, N] per-agent rewards r^i_t.
+def place_team_reward(team_reward: torch.Tensor, action_mask: torch.Tensor, credit: str, discount: float = 1.0) -> torch.Tensor:
+    """[B, T] team reward → [B, T, P] rewards r_{t,k} of the k-th action of step t.
 
-    last:          R on the last agent of the step (σ_N), 0 on the others (default)
-    equal:         R / N to each agent
-    shared:        R to each agent
-    step_discount: R · d^(N−1−k) to the k-th agent of the step (k = 0 … N−1 in σ order): the last
-                   agent gets R, each earlier one d times what the next one gets (d = `discount`;
-                   d = 1 is `shared`, d = 0 is `last`)
+    action_mask [B, T, P]: 1 where step t had a k-th action. With a fixed D the k-th action is
+    agent σ_k's and every step that happened has all P = N of them; with an orchestrator the
+    realised sequence of step t is its first K_t = Σ_k mask positions (K_t differs between steps).
+
+    last:          R on the step's last action (σ_N; the orchestrator's finish), 0 on the others (default)
+    equal:         R / K_t to each action of the step
+    shared:        R to each action
+    step_discount: R · d^(K_t−1−k) to the k-th of the step's K_t actions: the last gets R, each
+                   earlier one d times what the next one gets (d = `discount`; d = 1 is `shared`,
+                   d = 0 is `last`)
     """
     if credit not in CREDIT_OPTIONS:
         raise ValueError(f"credit={credit!r}: choose one of {CREDIT_OPTIONS}")
-    B, T = team_reward.shape
+    mask = action_mask.to(team_reward.dtype)  # [B, T, P]
+    count = mask.sum(-1, keepdim=True)  # K_t, [B, T, 1]
+    position = torch.arange(mask.shape[-1], dtype=team_reward.dtype)  # k, [P]
     if credit == "last":
-        rewards = torch.zeros(B, T, num_agents, dtype=team_reward.dtype)
-        rewards[:, :, -1] = team_reward
-        return rewards
-    if credit == "step_discount":
-        scale = discount ** torch.arange(num_agents - 1, -1, -1, dtype=team_reward.dtype)  # [N]: d^(N−1−k)
-        return team_reward.unsqueeze(-1) * scale
-    scale = 1.0 / num_agents if credit == "equal" else 1.0
-    return team_reward.unsqueeze(-1).expand(B, T, num_agents) * scale
+        share = (position == count - 1).to(team_reward.dtype)
+    elif credit == "step_discount":
+        share = torch.as_tensor(discount, dtype=team_reward.dtype) ** (count - 1 - position).clamp(min=0)
+    elif credit == "equal":
+        share = 1.0 / count.clamp(min=1.0)
+    else:
+        share = torch.ones_like(mask)
+    return team_reward.unsqueeze(-1) * share * mask
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,8 +193,12 @@ def token_level_gae(
     is_last = mask & (position == (lengths - 1).unsqueeze(-1))
     rewards = torch.where(is_last, token_rewards_at_end.unsqueeze(-1).expand(B, T, N, L), torch.zeros(()))
     hop_discount = torch.full((B, T, N, L), gamma_token, dtype=token_values.dtype)
-    end_of_action = torch.full((B, T, N), gamma_agent, dtype=token_values.dtype)
-    end_of_action[:, :, -1] = gamma * (1.0 - dones.to(token_values.dtype))
+    # The hop out of an action: γ_agent to the next action of the step, γ · (1 − done_t) out of
+    # the step's last action (σ_N with a fixed D; the K_t-th of a realised sequence).
+    acted = mask.any(-1)  # [B, T, N]: the step had this action (realised actions come first)
+    step_last = torch.arange(N) == acted.sum(-1, keepdim=True) - 1  # [B, T, N]
+    across = (gamma * (1.0 - dones.to(token_values.dtype))).unsqueeze(-1).expand(B, T, N)
+    end_of_action = torch.where(step_last, across, torch.full_like(across, gamma_agent))
     hop_discount = torch.where(is_last, end_of_action.unsqueeze(-1).expand(B, T, N, L), hop_discount)
     advantages = torch.zeros_like(token_values)
     returns = torch.zeros_like(token_values)
@@ -209,11 +221,16 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: 
     """Advantages and returns of every decision, [B, T, N, L], whatever a decision is.
 
     rewards [B, T, N] (placed by credit assignment), values and mask [B, T, N, L], dones [B, T].
+    The third axis is the k-th action of a step: agent σ_k with a fixed D, the k-th action of the
+    realised sequence with an orchestrator (then steps hold different numbers of actions).
     L = 1 is one decision per action: `action_level_gae`. L > 1 is one decision per token:
     `token_level_gae`, of which the action level is the special case L = 1 (a test checks that
-    both give the same numbers there).
+    both give the same numbers there); it also runs realised sequences of unequal lengths, whose
+    chains it compresses episode by episode.
     """
-    if values.shape[-1] == 1:
+    acted = mask.any(-1)  # [B, T, N]
+    ragged = bool((acted != acted[..., :1]).any())  # some step has fewer actions than another
+    if values.shape[-1] == 1 and not ragged:
         advantages, returns = action_level_gae(rewards, values[..., 0], dones, gamma, gamma_agent, lam)
         return advantages.unsqueeze(-1), returns.unsqueeze(-1)
     return token_level_gae(rewards, values, mask, dones, gamma, gamma_agent, gamma_token, lam)
@@ -223,25 +240,27 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: 
 # Critic-free group advantages (GRPO-style)
 # ---------------------------------------------------------------------------------------------
 
-def group_advantages(rewards: torch.Tensor, step_mask: torch.Tensor, group: torch.Tensor, gamma: float,
+def group_advantages(rewards: torch.Tensor, acted: torch.Tensor, group: torch.Tensor, gamma: float,
                      scale_by_std: bool, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
-    """Â^i_t of every action from its group's returns, no critic: (advantages [B, T, N], zero-signal fraction).
+    """Â^i_t of every agent's actions from its group's returns, no critic: (advantages [B, T, N], zero-signal fraction).
 
-    rewards [B, T, N] (placed by credit assignment, plus any per-role terms), step_mask [B, T]
-    (1 where the step happened), group [B] (episodes of the same problem share a group id).
+    rewards [B, T, N]: agent i's reward at step t (placed by credit assignment, plus any per-role
+    terms); acted [B, T, N] (or [B, T] when every agent acts at every step that happened): 1 where
+    agent i acted at step t; group [B] (episodes of the same problem share a group id).
 
         G^i_{b,t} = Σ_{t' ≥ t} γ^(t'−t) r^i_{b,t'}                       (agent i's return from step t)
         Â^i_{b,t} = (G^i_{b,t} − mean_g G^i_t) / (std_g G^i_t + ε)       (scale_by_std; else G − mean)
 
-    where g is the *step group* of (b, t): the episodes of b's problem that played step t. With
-    H = 1 it is the G episodes of the problem (GRPO). An episode that ended earlier has no action at
-    step t to compare, so it is not in the step group; a step group of one episode has no baseline
-    and gets Â = 0. std is the sample standard deviation (n − 1, as torch.std). A step group whose
-    returns are all equal, for an agent, carries no signal (Â = 0 there); the second output is the
-    fraction of (step group, agent) cells that carry none, one-episode groups included.
+    where g is the *step group* of (b, t, i): the episodes of b's problem in which agent i acted at
+    step t. With H = 1 and a fixed D it is the G episodes of the problem (GRPO). An episode that
+    ended earlier (or, with an orchestrator, did not call agent i at step t) has no action to
+    compare, so it is not in the step group; a step group of one episode has no baseline and gets
+    Â = 0. std is the sample standard deviation (n − 1, as torch.std). A step group whose returns
+    are all equal carries no signal (Â = 0 there); the second output is the fraction of
+    (step group, agent) cells that carry none, one-episode groups included.
     """
     B, T, N = rewards.shape
-    mask = step_mask.to(rewards.dtype)
+    acted = (acted.unsqueeze(-1).expand(B, T, N) if acted.dim() == 2 else acted) > 0
     returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]; steps that did not happen have r = 0
     running = torch.zeros(B, N, dtype=rewards.dtype)
     for t in reversed(range(T)):
@@ -251,16 +270,17 @@ def group_advantages(rewards: torch.Tensor, step_mask: torch.Tensor, group: torc
     cells = silent = 0
     for g in group.unique().tolist():
         for t in range(T):
-            members = ((group == g) & (mask[:, t] > 0)).nonzero().squeeze(-1)  # [n]
-            if members.numel() == 0:
-                continue
-            G = returns[members, t]  # [n, N]
-            cells += N
-            silent += int((G == G[0]).all(0).sum())
-            if members.numel() < 2:
-                continue
-            centred = G - G.mean(0)
-            advantages[members, t] = centred / (G.std(0) + eps) if scale_by_std else centred
+            for i in range(N):
+                members = ((group == g) & acted[:, t, i]).nonzero().squeeze(-1)  # [n]
+                if members.numel() == 0:
+                    continue
+                G = returns[members, t, i]  # [n]
+                cells += 1
+                silent += int(bool((G == G[0]).all()))
+                if members.numel() < 2:
+                    continue
+                centred = G - G.mean()
+                advantages[members, t, i] = centred / (G.std() + eps) if scale_by_std else centred
     return advantages, silent / max(cells, 1)
 
 

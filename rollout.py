@@ -15,8 +15,14 @@ episodes through `run_episodes`, so they are the same game.
 Generation goes through a `GenerateActions` function, (prompt ids, adapter, sampling) → Actions:
 the `generate` method of the backend `agents.make_backend` built (transformers or vLLM).
 
-A `Rollout` keeps every action as one sample s; `to_grid` scatters a per-sample table into the
-[B, T, N, …] grid of joint actions that the advantage equations index.
+With an orchestrator (a dynamic D, flex_pomdp's docstring) a step is a realised sequence instead:
+the orchestrator acts on the problem and the step's transcript, its decision calls an executor,
+who acts on the same transcript, and so on until the orchestrator finishes, errs, or `max_calls`
+executors have acted. Each episode's sequence is kept (`calls`, `step_ends`) and counted.
+
+A `Rollout` keeps every action as one sample s, with its agent and its position k in the step's
+sequence (k = σ index under a fixed D); `to_grid` scatters a per-sample table into the
+[B, T, P, …] grid of (episode, step, k-th action) that the advantage equations index.
 
 Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes each:
 
@@ -24,6 +30,8 @@ Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes ea
     eval/pass@k            mean over problems of 1 − C(k − c_p, k) / C(k, k)  (= any sample right)
     eval/accuracy_greedy   one greedy episode per problem
     eval/unparseable_rate  graded answers with no parseable \\boxed{}, over all graded answers
+    eval/calls_per_episode, eval/calls/<role>, eval/finish_rate, eval/max_calls_rate,
+    eval/orchestration_errors   (orchestrated only) `orchestration_metrics` of the greedy episodes
 
 with c_p the number of solved samples of problem p. `pass_at_k` is the unbiased estimator of
 Chen et al. (2021), 1 − C(n − c, k) / C(n, k), for any k ≤ n.
@@ -39,7 +47,7 @@ import torch
 
 import agents as agents_lib
 from envs import Grader, MathEnv, Problem
-from flex_pomdp import Organisation, unrolled_messages
+from flex_pomdp import FINISH, TEAM_ANSWER, Organisation, parse_decision, realised_messages, unrolled_messages
 from run import Config
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
@@ -48,8 +56,9 @@ GenerateActions = Callable[[list[list[int]], "str | None", agents_lib.Sampling],
 
 @dataclass
 class Rollout:
-    """Every action of a batch of episodes, flattened: sample s is agent agent_index[s] at
-    (episode[s], step[s]). Tensors indexed by episode and step are [B, T]."""
+    """Every action of a batch of episodes, flattened: sample s is agent agent_index[s] (its index
+    in σ), the position[s]-th action of step step[s] of episode episode[s]. Tensors indexed by
+    episode and step are [B, T]."""
 
     prompt_ids: list[list[int]] = field(default_factory=list)
     response_ids: list[list[int]] = field(default_factory=list)
@@ -58,6 +67,7 @@ class Rollout:
     episode: list[int] = field(default_factory=list)
     step: list[int] = field(default_factory=list)
     agent_index: list[int] = field(default_factory=list)
+    position: list[int] = field(default_factory=list)  # k: the sample is the k-th action of its step
     role_reward: list[float] = field(default_factory=list)  # per sample: the agent's per-role reward terms (profile)
     team_reward: torch.Tensor | None = None  # [B, T]
     dones: torch.Tensor | None = None  # [B, T]
@@ -69,6 +79,10 @@ class Rollout:
     graded_answers: int = 0
     truncated_prompts: int = 0
     generation_seconds: float = 0.0
+    # Orchestrated organisations only: [B][t] the executors called, in order, and how the step ended
+    # ("finish", "max_calls", or "error: <why>", e.g. "error: unknown role 'coder'").
+    calls: list[list[list[str]]] = field(default_factory=list)
+    step_ends: list[list[str]] = field(default_factory=list)
 
     def agent_samples(self, agent: int) -> list[int]:
         """The samples s of agent σ[agent], in rollout order."""
@@ -78,59 +92,87 @@ class Rollout:
         """(prompt ids, response ids) of the given samples: the exact ids of the rollout."""
         return [self.prompt_ids[s] for s in samples], [self.response_ids[s] for s in samples]
 
-    def to_grid(self, table: torch.Tensor, num_agents: int) -> torch.Tensor:
-        """Scatter a per-sample table [S, ...] into [B, T, N, ...] (zeros where no action was taken)."""
+    @property
+    def positions(self) -> int:
+        """P: the most actions any step holds (N under a fixed D)."""
+        return max(self.position) + 1
+
+    def to_grid(self, table: torch.Tensor) -> torch.Tensor:
+        """Scatter a per-sample table [S, ...] into [B, T, P, ...] (zeros where no action was taken)."""
         B, T = self.step_mask.shape
-        out = torch.zeros(B, T, num_agents, *table.shape[1:], dtype=table.dtype)
-        out[self.episode, self.step, self.agent_index] = table
+        out = torch.zeros(B, T, self.positions, *table.shape[1:], dtype=table.dtype)
+        out[self.episode, self.step, self.position] = table
         return out
+
+    def record(self, prompt_ids: list[int], response_ids: list[int], logprobs: list[float], text: str, episode: int,
+               step: int, agent: int, position: int) -> int:
+        """Append one action; returns its sample index s."""
+        for column, value in ((self.prompt_ids, prompt_ids), (self.response_ids, response_ids), (self.texts, text),
+                              (self.generation_logprobs, logprobs), (self.episode, episode), (self.step, step),
+                              (self.agent_index, agent), (self.position, position), (self.role_reward, 0.0)):
+            column.append(value)
+        return len(self.prompt_ids) - 1
 
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                  grader: Grader, sampling: agents_lib.Sampling, cfg: Config) -> Rollout:
-    """Play one episode per problem with every agent acting in σ order at every step.
+    """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
+    orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
 
     From `cfg`: the horizon H, the format penalty, max_prompt_tokens and shared_adapter."""
     B, T = len(problems), cfg.horizon
     role_rewards = {a.role: a.rewards for a in org.agents}
-    envs = [MathEnv(p, grader, list(org.graded_roles), horizon=T, format_penalty=cfg.format_penalty, role_rewards=role_rewards)
+    graded = [TEAM_ANSWER] if org.orchestrator else list(org.graded_roles)
+    envs = [MathEnv(p, grader, graded, horizon=T, format_penalty=cfg.format_penalty, role_rewards=role_rewards)
             for p in problems]
     observations = [env.reset() for env in envs]
     out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T),
-                  solved=[False] * B, outcomes=[[] for _ in range(B)])
+                  solved=[False] * B, outcomes=[[] for _ in range(B)],
+                  calls=[[] for _ in range(B)] if org.orchestrator else [], step_ends=[[] for _ in range(B)] if org.orchestrator else [])
+
+    def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
+        """a ~ π^role(· | ô) for each episode b, ô from the step's transcript so far: [(sample s, text)]."""
+        if org.orchestrator:  # ô = o_t ⊕ every earlier action of the step (the realised D_t)
+            messages = [realised_messages(org, role, observations[b], transcripts[b]) for b in episodes]
+        else:  # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
+            messages = [unrolled_messages(org, role, observations[b], dict(transcripts[b])) for b in episodes]
+        prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
+        started = time.perf_counter()
+        actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), sampling)
+        out.generation_seconds += time.perf_counter() - started
+        out.truncated_prompts += truncated
+        texts = tokenizer.batch_decode(actions.token_ids, skip_special_tokens=True)
+        taken = []
+        for k, b in enumerate(episodes):
+            s = out.record(prompt_ids[k], actions.token_ids[k], actions.logprobs[k], texts[k], b, t,
+                           org.order.index(role), len(transcripts[b]))
+            transcripts[b].append((role, texts[k]))
+            taken.append((s, texts[k]))
+        return taken
+
     active = list(range(B))
     for t in range(T):
-        step_actions: list[dict[str, str]] = [{} for _ in active]
-        step_samples: list[dict[str, int]] = [{} for _ in active]  # the sample index s of each action
-        for n, role in enumerate(org.order):
-            # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
-            messages = [unrolled_messages(org, role, observations[b], step_actions[k]) for k, b in enumerate(active)]
-            prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
-            started = time.perf_counter()
-            # a^j_t ~ π^j(· | ô^j_t)
-            actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), sampling)
-            out.generation_seconds += time.perf_counter() - started
-            texts = tokenizer.batch_decode(actions.token_ids, skip_special_tokens=True)
-            out.truncated_prompts += truncated
-            for k, b in enumerate(active):
-                step_actions[k][role] = texts[k]
-                step_samples[k][role] = len(out.prompt_ids)
-                out.role_reward.append(0.0)
-                out.prompt_ids.append(prompt_ids[k])
-                out.response_ids.append(actions.token_ids[k])
-                out.generation_logprobs.append(actions.logprobs[k])
-                out.texts.append(texts[k])
-                out.episode.append(b)
-                out.step.append(t)
-                out.agent_index.append(n)
+        transcripts: dict[int, list[tuple[str, str]]] = {b: [] for b in active}  # (role, text) in the order taken
+        samples: dict[int, list[int]] = {b: [] for b in active}  # the sample index s of each action
+        if org.orchestrator:
+            play_orchestrated_step(org, active, lambda role, episodes: act(role, episodes, transcripts, t), samples, out, t)
+        else:
+            for role in org.order:  # a^j_t ~ π^j(· | ô^j_t), in σ order
+                for b, (s, _) in zip(active, act(role, active, transcripts, t)):
+                    samples[b].append(s)
         still_active = []
-        for k, b in enumerate(active):
+        for b in active:
+            joint_action = dict(transcripts[b])  # role → its (last) action of the step
+            if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
+                joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcripts[b])
+                                                  if role in org.graded_roles), "")
             # env.step(a_t) → R_t, done_t, o_{t+1}
-            observations[b], reward, done, info = envs[b].step(step_actions[k])
+            observations[b], reward, done, info = envs[b].step(joint_action)
             out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
             out.solved[b] = info["correct"]
+            last_sample = {org.order[out.agent_index[s]]: s for s in samples[b]}  # a role's terms score its last action
             for role, value in info.get("role_rewards", {}).items():
-                out.role_reward[step_samples[k][role]] = value
+                out.role_reward[last_sample[role]] = value
             out.outcomes[b].append(dict(info["outcomes"]))
             out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
             out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
@@ -141,6 +183,61 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
         if not active:
             break
     return out
+
+
+def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout,
+                           t: int) -> None:
+    """One step of a dynamic D: orchestrator, executor, orchestrator, …, until each episode's
+    orchestrator finishes, gives no valid decision, or max_calls executors have acted.
+
+    `act(role, episodes)` plays one action of `role` in each episode and returns [(s, text)].
+    Executors called in the same round act as one batch per role, in the order of org.executors."""
+    for b in episodes:
+        out.calls[b].append([])
+        out.step_ends[b].append("")
+    deciding = list(episodes)
+    while deciding:
+        called: dict[str, list[int]] = {}
+        for b, (s, text) in zip(deciding, act(org.orchestrator, deciding)):
+            samples[b].append(s)
+            decision = parse_decision(text, org.executors)
+            if decision.kind == "call":
+                called.setdefault(decision.role, []).append(b)
+            else:  # finish, or an error: the step ends as it stands
+                out.step_ends[b][t] = FINISH if decision.kind == "finish" else f"error: {decision.error}"
+        deciding = []
+        for role in org.executors:
+            if role not in called:
+                continue
+            for b, (s, _) in zip(called[role], act(role, called[role])):
+                samples[b].append(s)
+                out.calls[b][t].append(role)
+                if len(out.calls[b][t]) == org.max_calls:
+                    out.step_ends[b][t] = "max_calls"
+                else:
+                    deciding.append(b)
+        deciding.sort()
+
+
+def orchestration_metrics(rollout: Rollout, org: Organisation, prefix: str = "charts") -> dict[str, float]:
+    """The realised D_t of an orchestrated rollout, as metrics (empty for a fixed D):
+
+        calls_per_episode     executor calls per episode, all steps
+        calls/<role>          calls of that executor per episode
+        finish_rate           steps the orchestrator ended with \\call{finish}
+        max_calls_rate        steps ended by the max_calls budget
+        orchestration_errors  steps ended by a missing, doubled or unknown decision
+    (the three rates are fractions of the steps played and add up to 1)."""
+    if not org.orchestrator:
+        return {}
+    episodes, ends = len(rollout.calls), [end for steps in rollout.step_ends for end in steps]
+    called = [role for steps in rollout.calls for step in steps for role in step]
+    metrics = {f"{prefix}/calls_per_episode": len(called) / episodes}
+    metrics |= {f"{prefix}/calls/{role}": called.count(role) / episodes for role in org.executors}
+    metrics[f"{prefix}/finish_rate"] = ends.count(FINISH) / len(ends)
+    metrics[f"{prefix}/max_calls_rate"] = ends.count("max_calls") / len(ends)
+    metrics[f"{prefix}/orchestration_errors"] = sum(end.startswith("error") for end in ends) / len(ends)
+    return metrics
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -186,4 +283,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
                                       agents_lib.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
+    # The realised D_t of the held-out episodes (orchestrated only): of the greedy episodes, which
+    # every evaluation plays, else of the sampled ones.
+    metrics |= orchestration_metrics(greedy_rollout or sampled, org, prefix="eval")
     return metrics, sampled, greedy_rollout

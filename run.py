@@ -49,7 +49,9 @@ class Config:
     model: str = "smollm2"
     """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id"""
     agents: str = "chain"
-    """organisation: single | chain | chain3 | chain4 | parallel, or a profile JSON file (README)"""
+    """organisation: single | chain | chain3 | chain4 | parallel | orchestrated, or a profile JSON file (README)"""
+    anonymous: bool = False
+    """ablation: the same organisation with roles agent_1 … agent_N and one generic prompt (no role names or role prompts)"""
     shared_adapter: bool = False
     """one LoRA adapter shared by all roles instead of one per agent"""
     critic_per_agent: bool = False
@@ -305,7 +307,7 @@ def validate(cfg: Config) -> None:
         levels = []
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
     try:
-        org = load_organisation(cfg.agents)
+        org = load_organisation(cfg.agents, cfg.anonymous)
     except ValueError as err:
         raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
     for profile in org.agents:
@@ -315,10 +317,11 @@ def validate(cfg: Config) -> None:
     if cfg.advantage == "group":
         need(cfg.group_size >= 2, "group_size", "--advantage group compares each episode with the other episodes of its "
                                                 "problem: give --group_size 2 or more (4 to 8 is usual)")
-        # `last` (or step_discount with d = 0) pays the earlier agents of a step nothing: without
-        # per-role terms of their own, their returns are all 0 and carry no signal.
+        # `last` (or step_discount with d = 0) pays the earlier agents of a step nothing (with an
+        # orchestrator, whose finish ends the step, the executors): without per-role terms of their
+        # own, their returns are all 0 and carry no signal.
         no_credit = cfg.credit == "last" or (cfg.credit == "step_discount" and cfg.credit_discount == 0)
-        silent = [role for role in org.order[:-1] if not org.profile(role).rewards]
+        silent = [role for role in (org.executors if org.orchestrator else org.order[:-1]) if not org.profile(role).rewards]
         need(not (no_credit and silent), "credit", f"with --advantage group the agents {silent} would get a return of 0 "
                                                    "and no signal: use --credit shared, equal or step_discount with d > 0")
         need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")

@@ -78,7 +78,7 @@ class MathEnv:
     step(joint_action) -> (observation, reward, done, info) with
         info = {"outcomes": {role: "correct" | "wrong" | "unparseable" | "ungraded"},
                 "correct": every graded answer correct,
-                "role_rewards": {role: Σ weight · term} for the roles of `role_rewards`,
+                "role_rewards": {role: Σ weight · term} for the roles of `role_rewards` in joint_action,
                 "step": index of the step just taken (0 for the first)}.
     `role_rewards`: role → ((term, weight), ...), the per-role terms of the agents' profiles.
     When done, the observation is the bare problem text (there is no next turn).
@@ -146,12 +146,12 @@ class MathEnv:
         return observation, reward, self.done, info
 
     def role_reward_terms(self, joint_action: dict[str, str], outcomes: dict[str, str]) -> dict[str, float]:
-        """Σ weight · term of each role with terms, on its own response this step."""
-        to_grade = [r for r, terms in self.role_rewards.items()
-                    if r not in outcomes and any(name == "correct" for name, _ in terms)]
+        """Σ weight · term of each role with terms that acted this step, on its own response."""
+        acted = {role: terms for role, terms in self.role_rewards.items() if role in joint_action}
+        to_grade = [r for r, terms in acted.items() if r not in outcomes and any(name == "correct" for name, _ in terms)]
         own = dict(outcomes)
         if to_grade:
             responses = [joint_action[r] for r in to_grade]
             own.update(zip(to_grade, self.grader.grade_many([self.problem.answer] * len(to_grade), responses)))
         return {role: sum(w * ROLE_REWARD_TERMS[name](joint_action[role], own.get(role)) for name, w in terms)
-                for role, terms in self.role_rewards.items()}
+                for role, terms in acted.items()}

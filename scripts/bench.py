@@ -16,19 +16,23 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 by default and memory-lean (`--gradient_checkpointing`, glibc mmap threshold fixed at
                 1 MiB); the ratio 4-agent / 1-agent, the base model's and one adapter's size, and the
                 mean prompt length per agent position (later agents read earlier agents' actions).
-    learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`), critic + GAE,
-                and the chain with group advantages (no critic; G = 4 episodes of a quarter as many
-                problems, as many episodes per iteration as GAE's, credit `shared`), on the default
+    learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
+                orchestrated team (D decided step by step), critic + GAE, and the chain with group
+                advantages (no critic; G = 4 episodes of a quarter as many problems, as many
+                episodes per iteration as GAE's, credit `shared`), on the default
                 task at equal wall time (`--time_limit_minutes`, which counts the evaluations too),
                 seeds 1 and 2: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
                 seconds per iteration, peak resident memory, and an overlay plot (scripts/plot.py).
 
+`--learning_runs a,b` measures only those learning configurations; with `--merge` the sections and
+learning runs of the existing bench.json that this invocation does not measure are kept (e.g. a
+new organisation added to an earlier comparison: same machine, same `--learning_minutes`).
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: the memory-lean setting is left out, and
 the learning section runs `single` and `chain-group`, seed 1 only); the full mode takes about two
-hours on 2 cores (8 learning runs of 10 minutes).
+and a half hours on 2 cores (10 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 """
 from __future__ import annotations
@@ -52,14 +56,14 @@ import torch  # noqa: E402
 import agents  # noqa: E402
 import critic  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
-from flex_pomdp import load_organisation, unrolled_messages  # noqa: E402
+from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
 from run import Config  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
             eval_problems=4, learning_minutes=10.0, memory_settings=("default", "lean"),
-            learning_runs=("single", "chain", "parallel", "chain-group"), learning_seeds=(1, 2))
+            learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated"), learning_seeds=(1, 2))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
@@ -238,11 +242,19 @@ def prompt_lengths_by_position(tokenizer) -> list[float]:
     return lengths
 
 
-def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) -> dict:
+def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, runs: list[str], earlier: dict | None) -> dict:
     """Each run is named <organisation> (critic + GAE) or <organisation>-group (group advantages),
-    then -seed<k>; every configuration runs once per seed of sizes["learning_seeds"]."""
-    table = {}
-    for name in sizes["learning_runs"]:
+    then -seed<k>; every configuration of `runs` runs once per seed of sizes["learning_seeds"].
+    `earlier` (--merge): the learning section of an earlier report, whose other runs are kept."""
+    if earlier and earlier["time_limit_minutes"] != minutes:
+        raise SystemExit(f"--merge: the earlier learning runs had {earlier['time_limit_minutes']} min each, these "
+                         f"{minutes}: an equal-time comparison needs the same --learning_minutes")
+    table = dict(earlier["runs"]) if earlier else {}
+    missing = [run for run in table if not (out / "runs" / f"learning-{run}").is_dir()]
+    if missing:
+        raise SystemExit(f"--merge: the earlier learning runs {missing} have no folder in {out / 'runs'}, which the plot "
+                         "redraws from; merge on the machine that ran them")
+    for name in runs:
         agents_name, _, estimator = name.partition("-")
         episodes = 2 if quick else DEFAULTS.batch_size  # per iteration, for both estimators
         group_size = (2 if quick else 4) if estimator == "group" else 1
@@ -257,7 +269,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool) 
             rows, peak = run_marft(out, f"learning-{name}-seed{seed}", args, threads)
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
-                "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                "measured": date.today().isoformat(), "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
                 "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
                 "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"]}
@@ -322,6 +334,9 @@ def markdown(report: dict) -> str:
             name, seed = run.rsplit("-seed", 1)
             estimator = "group advantages" if name.endswith("-group") else "critic + GAE"
             return f"{name.removesuffix('-group')}, {estimator}, seed {seed}"
+        dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})
+        if len(dates) > 1:
+            lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)} (merged with `--merge`; each row's date is in bench.json).", ""]
         lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
                   f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
                   f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
@@ -350,6 +365,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
     parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
     parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
+    parser.add_argument("--learning_runs", default=None,
+                        help="comma-separated learning configurations, e.g. orchestrated,chain-group (default: the mode's list)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
     parser.add_argument("--update_readme", action="store_true", help="write bench.md into README.md's Results block")
     parser.add_argument("--render_only", action="store_true",
                         help="measure nothing: rewrite <out>/bench.md (and the README block) from <out>/bench.json")
@@ -364,11 +383,24 @@ def main(argv: list[str] | None = None) -> dict:
         return publish(json.loads((out / "bench.json").read_text()), out, args.update_readme)
     sizes = QUICK if args.quick else FULL
     minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
+    runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
+    for name in runs:
+        agents_name, _, estimator = name.partition("-")
+        if agents_name not in BUILTIN_ORGANISATIONS or estimator not in ("", "group"):
+            raise SystemExit(f"--learning_runs: {name!r} is not <organisation> or <organisation>-group with a built-in "
+                             f"organisation ({', '.join(BUILTIN_ORGANISATIONS)})")
+    earlier: dict = {}
+    if args.merge:
+        if not (out / "bench.json").is_file():
+            raise SystemExit(f"--merge: no {out / 'bench.json'} to merge into; run without --merge first")
+        earlier = json.loads((out / "bench.json").read_text())
+        if earlier.get("mode") != ("quick" if args.quick else "full"):
+            raise SystemExit(f"--merge: {out / 'bench.json'} is a {earlier.get('mode')} report; merge runs of the same mode")
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     print(f"bench: {'quick' if args.quick else 'full'} mode, {args.threads} threads, sections "
           f"{[s for s in SECTIONS if s not in skip]}; learning runs {minutes} min each", flush=True)
-    report: dict = {"mode": "quick" if args.quick else "full", "machine": machine()}
+    report: dict = earlier or {"mode": "quick" if args.quick else "full", "machine": machine()}
     started = time.perf_counter()
 
     def section(name, function):
@@ -386,8 +418,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("bench: phases + memory …", flush=True)
         report["phases"], report["memory"] = phases_and_memory(sizes, args.threads, out, skip)
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
-    section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick))
-    report["seconds"] = time.perf_counter() - started
+    section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
+    report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     return publish(report, out, args.update_readme)
 

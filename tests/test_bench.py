@@ -57,3 +57,23 @@ def test_quick_mode_measures_every_section(tmp_path):
     (tmp_path / "bench.md").unlink()
     bench.main(["--render_only", "--out", str(tmp_path)])
     assert (tmp_path / "bench.md").read_text() == text
+    # --merge adds a configuration to the comparison and keeps everything else.
+    bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--learning_runs", "parallel",
+                "--out", str(tmp_path)])
+    merged = json.loads((tmp_path / "bench.json").read_text())
+    assert set(merged["learning"]["runs"]) == {"single-seed1", "chain-group-seed1", "parallel-seed1"}
+    assert merged["throughput"] == report["throughput"] and merged["memory"] == report["memory"]
+    assert merged["learning"]["runs"]["single-seed1"] == report["learning"]["runs"]["single-seed1"]
+    assert "| parallel, critic + GAE, seed 1 |" in (tmp_path / "bench.md").read_text()
+
+
+def test_learning_runs_must_name_a_built_in_organisation_and_merge_needs_a_report(tmp_path):
+    with pytest.raises(SystemExit, match="'chian' is not <organisation>"):
+        bench.main(["--learning_runs", "single,chian", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="'chain-gae' is not <organisation>"):
+        bench.main(["--learning_runs", "chain-gae", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no .*bench.json to merge into"):
+        bench.main(["--merge", "--out", str(tmp_path)])
+    (tmp_path / "bench.json").write_text(json.dumps({"mode": "quick"}))
+    with pytest.raises(SystemExit, match="is a quick report"):
+        bench.main(["--merge", "--out", str(tmp_path)])

@@ -28,6 +28,11 @@ def t(x):
     return torch.tensor(x, dtype=torch.float64)
 
 
+def every(team_reward, num_agents):
+    """The action mask of a fixed D: every agent acts at every step, [B, T, N] of ones."""
+    return torch.ones(*team_reward.shape, num_agents)
+
+
 def close(actual, expected, msg=""):
     torch.testing.assert_close(actual, t(expected), **TOL, msg=msg or None)
 
@@ -102,13 +107,13 @@ TEAM = [[1.0, 2.0], [-3.0, 0.0]]  # [B=2, T=2]
 
 
 def test_place_team_reward_last():
-    r = ppo.place_team_reward(t(TEAM), 3, "last")
+    r = ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "last")
     assert r.shape == (2, 2, 3)
     close(r, [[[0, 0, 1.0], [0, 0, 2.0]], [[0, 0, -3.0], [0, 0, 0]]])
 
 
 def test_place_team_reward_equal():
-    r = ppo.place_team_reward(t(TEAM), 3, "equal")
+    r = ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "equal")
     third = 1.0 / 3.0
     close(r, [[[third] * 3, [2 * third] * 3], [[-1.0] * 3, [0.0] * 3]])
     # the per-step sum over agents is the team reward
@@ -116,23 +121,23 @@ def test_place_team_reward_equal():
 
 
 def test_place_team_reward_shared():
-    r = ppo.place_team_reward(t(TEAM), 3, "shared")
+    r = ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "shared")
     close(r, [[[1.0] * 3, [2.0] * 3], [[-3.0] * 3, [0.0] * 3]])
 
 
 def test_place_team_reward_unknown_option_raises():
     with pytest.raises(ValueError, match="credit"):
-        ppo.place_team_reward(t(TEAM), 2, "first")
+        ppo.place_team_reward(t(TEAM), every(t(TEAM), 2), "first")
 
 
 def test_step_discount_gives_the_kth_of_K_agents_R_times_d_to_the_K_minus_1_minus_k():
     # Two agents, d = 0.5: the last gets R, the first R/2.
-    close(ppo.place_team_reward(t([[1.0], [0.5]]), 2, "step_discount", 0.5), [[[0.5, 1.0]], [[0.25, 0.5]]])
+    close(ppo.place_team_reward(t([[1.0], [0.5]]), every(t([[1.0], [0.5]]), 2), "step_discount", 0.5), [[[0.5, 1.0]], [[0.25, 0.5]]])
     # Three agents, d = 0.5, R = 4 then −2: [4·0.25, 4·0.5, 4], [−2·0.25, −2·0.5, −2].
-    close(ppo.place_team_reward(t([[4.0, -2.0]]), 3, "step_discount", 0.5), [[[1.0, 2.0, 4.0], [-0.5, -1.0, -2.0]]])
+    close(ppo.place_team_reward(t([[4.0, -2.0]]), every(t([[4.0, -2.0]]), 3), "step_discount", 0.5), [[[1.0, 2.0, 4.0], [-0.5, -1.0, -2.0]]])
     # d = 1 is `shared`, d = 0 is `last`.
-    close(ppo.place_team_reward(t(TEAM), 3, "step_discount", 1.0), ppo.place_team_reward(t(TEAM), 3, "shared"))
-    close(ppo.place_team_reward(t(TEAM), 3, "step_discount", 0.0), ppo.place_team_reward(t(TEAM), 3, "last"))
+    close(ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "step_discount", 1.0), ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "shared"))
+    close(ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "step_discount", 0.0), ppo.place_team_reward(t(TEAM), every(t(TEAM), 3), "last"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +160,7 @@ def test_group_advantages_two_problems_of_four_episodes_with_ties_and_an_all_equ
 def test_group_advantages_compare_each_agents_return_among_the_episodes_that_played_the_step():
     # One problem, G = 2, H = 2, two agents, step_discount d = 0.5 (the first agent gets half), γ = 0.5.
     # Episode 0 is right at step 0 and ends; episode 1 is wrong at step 0, right at step 1.
-    rewards = ppo.place_team_reward(t([[1.0, 0.0], [0.0, 1.0]]), 2, "step_discount", 0.5)  # [2, 2, 2]
+    rewards = ppo.place_team_reward(t([[1.0, 0.0], [0.0, 1.0]]), every(t([[1.0, 0.0], [0.0, 1.0]]), 2), "step_discount", 0.5)  # [2, 2, 2]
     step_mask = t([[1.0, 0.0], [1.0, 1.0]])
     adv, silent = ppo.group_advantages(rewards, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=False)
     # Returns from step 0: episode 0 [0.5, 1], episode 1 0.5 · [0.5, 1] = [0.25, 0.5]; mean [0.375, 0.75].
@@ -182,7 +187,7 @@ def test_group_advantages_compare_each_agents_return_among_the_episodes_that_pla
     ],
 )
 def test_credit_option_through_gae(credit, expected):
-    rewards = ppo.place_team_reward(t([[2.0]]), 2, credit)
+    rewards = ppo.place_team_reward(t([[2.0]]), every(t([[2.0]]), 2), credit)
     adv, _ = ppo.action_level_gae(rewards, t([[[0.5, 1.0]]]), t([[1.0]]), GAMMA, GAMMA_AGENT, LAM)
     close(adv, [[expected]])
 

@@ -1,0 +1,420 @@
+"""The dynamic dependency function: an orchestrator decides, step by step, who acts (flex_pomdp's
+docstring). Tests of the decision format, the orchestrated rollout, and the advantages along
+realised sequences of unequal length at both levels.
+
+Every expected number is worked out by hand from the equations in ppo.py's docstring (the
+derivations are in the comments), never by calling the code under test or re-running its loop.
+
+The two episodes of the advantage tables (B = 2, H = 2, action level unless said otherwise):
+
+    episode 0, step 0: orchestrator, solver, orchestrator (finish)   R = 1, done
+    episode 1, step 0: orchestrator, solver (max_calls = 1 cut)      R = 0
+    episode 1, step 1: orchestrator, solver (max_calls = 1 cut)      R = 1, done
+
+so the grid [B, T, P] has P = 3 positions, of which episode 1 fills 2 per step and episode 0's
+step 1 never happens. γ = 0.9 between steps, γ_a = 0.8 between the actions of a step, λ = 0.5:
+
+    δ_k = r_k + γ_next · V_next − V_k,    Â_k = δ_k + γ_next · λ · Â_{k+1}
+"""
+import json
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest
+import torch
+
+import agents
+import marft
+import ppo
+import run as run_lib
+from envs import Grader, Problem
+from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision
+from rollout import Rollout, orchestration_metrics, run_episodes
+
+GAMMA, GAMMA_AGENT, LAM = 0.9, 0.8, 0.5
+PAD_V = 100.0  # a conspicuous value where no action was taken: it must never enter a chain
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual, t(expected), atol=1e-9, rtol=0, msg=lambda m: f"{m}\nactual={actual.tolist()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The decision format
+# ---------------------------------------------------------------------------------------------
+
+EXECUTORS = ("planner", "solver", "verifier")
+
+
+def test_a_valid_call_names_the_executor():
+    decision = parse_decision("The solver can add these. \\call{solver}", EXECUTORS)
+    assert (decision.kind, decision.role) == ("call", "solver")
+    assert parse_decision("\\call{ verifier }", EXECUTORS).role == "verifier"  # spaces around the name are dropped
+
+
+def test_finish():
+    assert parse_decision("The answer is final. \\call{finish}", EXECUTORS).kind == "finish"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("Let the coder write it. \\call{coder}", "unknown role 'coder'"),
+    ("\\call{Solver}", "unknown role 'Solver'"),  # names match exactly
+    ("\\call{solver} and then \\call{finish}", "2 decisions"),
+    ("\\call{solver} \\call{solver}", "2 decisions"),
+    ("The solver should act next.", "no decision"),
+    ("\\call{}", "unknown role ''"),
+])
+def test_unknown_role_two_decisions_or_none_are_errors(text, why):
+    decision = parse_decision(text, EXECUTORS)
+    assert (decision.kind, decision.error) == ("error", why)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The organisation: built-in, profile file, configuration errors
+# ---------------------------------------------------------------------------------------------
+
+def test_builtin_orchestrated_team():
+    org = load_organisation("orchestrated")
+    assert org.orchestrator == "orchestrator" and org.executors == EXECUTORS and org.max_calls == 3
+    assert org.graded_roles == ("solver", "verifier") and not org.dependencies
+
+
+def test_profile_file_with_an_orchestrator(tmp_path):
+    spec = {"agents": [{"role": "boss", "system_prompt": "You lead."},
+                       {"role": "adder", "system_prompt": "Add.", "graded": True, "description": "adds numbers"}],
+            "orchestrator": "boss", "max_calls": 2}
+    path = tmp_path / "team.json"
+    path.write_text(json.dumps(spec))
+    org = load_organisation(str(path))
+    assert (org.order, org.orchestrator, org.max_calls) == (("boss", "adder"), "boss", 2)
+    assert org.profile("adder").description == "adds numbers"
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(max_calls=0), "max_calls=0"),
+    (dict(orchestrator="nobody"), "orchestrator 'nobody' is not one of the agents"),
+    (dict(dependencies=[["boss", "adder"]]), "no fixed dependencies"),
+])
+def test_profile_file_errors_name_the_fix(tmp_path, change, message):
+    spec = {"agents": [{"role": "boss", "system_prompt": "You lead."},
+                       {"role": "adder", "system_prompt": "Add.", "graded": True, "description": "adds numbers"}],
+            "orchestrator": "boss", "max_calls": 2} | change
+    path = tmp_path / "team.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=message):
+        load_organisation(str(path))
+
+
+def test_orchestrated_configuration_errors():
+    boss, adder = AgentProfile("boss", "You lead."), AgentProfile("adder", "Add.", True, description="adds")
+    with pytest.raises(ValueError, match="need a one-line 'description'"):
+        make_orchestrated([boss, AgentProfile("adder", "Add.", True)], "boss", 2)
+    with pytest.raises(ValueError, match="cannot be graded"):
+        make_orchestrated([AgentProfile("boss", "You lead.", True), adder], "boss", 2)
+    with pytest.raises(ValueError, match="'finish'"):
+        make_orchestrated([boss, AgentProfile("finish", "Add.", True, description="x")], "boss", 2)
+    with pytest.raises(ValueError, match="no agent is graded"):
+        make_orchestrated([boss, AgentProfile("adder", "Add.", description="adds")], "boss", 2)
+
+
+def test_anonymous_keeps_the_topology_and_renames_every_role():
+    org = load_organisation("orchestrated", anonymous=True)
+    assert org.order == ("agent_1", "agent_2", "agent_3", "agent_4") and org.orchestrator == "agent_1"
+    assert org.graded_roles == ("agent_3", "agent_4") and org.max_calls == 3
+    prompts = {org.profile(r).system_prompt.replace(r, "ROLE") for r in org.order}
+    assert len(prompts) == 1  # one generic prompt
+    text = json.dumps([a.examples for a in org.agents] + [a.description for a in org.agents]).lower()
+    for role in ("orchestrator", "planner", "solver", "verifier"):
+        assert role not in text, f"the anonymous examples still name {role!r}"
+    chain = load_organisation("chain", anonymous=True)
+    assert chain.order == ("agent_1", "agent_2") and chain.dependencies == {("agent_1", "agent_2")}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The orchestrated rollout, with a scripted generator (the real tokenizer, no model)
+# ---------------------------------------------------------------------------------------------
+
+# What the orchestrator of each problem says, decision after decision (its n-th action of the step).
+SCRIPT = {
+    "What is 1 + 1?": ["The solver can add. \\call{solver}", "Done. \\call{finish}"],
+    "What is 2 + 2?": ["Plan first. \\call{planner}", "\\call{solver}", "unused"],  # max_calls = 2 cuts after the solver
+    "What is 3 + 3?": ["Ask the coder. \\call{coder}"],  # unknown role: the step ends with no answer
+    "What is 4 + 4?": ["\\call{solver}", "\\call{verifier} \\call{finish}"],  # two decisions: ends after the solver
+}
+ANSWERS = {"What is 1 + 1?": "2", "What is 2 + 2?": "4", "What is 3 + 3?": "6", "What is 4 + 4?": "8"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+
+
+def scripted_generator(tokenizer):
+    """Answers by role and by the problem of the prompt's last user turn (the worked examples come before it)."""
+    def generate(prompt_ids, adapter, sampling):
+        texts = []
+        for ids in prompt_ids:
+            turn = tokenizer.decode(ids).rsplit("Problem: ", 1)[1]  # this step's ô: the problem, then the transcript
+            problem, role = turn.split("\n", 1)[0].removesuffix("<|im_end|>"), adapter.removeprefix("policy_")
+            if role == "orchestrator":
+                texts.append(SCRIPT[problem][turn.count("\n\nOrchestrator: ")])  # its n-th decision of the step
+            elif role == "planner":
+                texts.append("Add the two numbers.")
+            else:  # solver and verifier answer right
+                texts.append(f"The answer is \\boxed{{{ANSWERS[problem]}}}.")
+        ids = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in texts]
+        return agents.Actions(ids, [[0.0] * len(x) for x in ids])
+    return generate
+
+
+def test_orchestrated_rollout_realised_sequences_cut_errors_and_metrics(tokenizer):
+    org = make_orchestrated(list(load_organisation("orchestrated").agents), "orchestrator", max_calls=2)
+    problems = [Problem(p, a, "", "") for p, a in ANSWERS.items()]
+    cfg = run_lib.Config(agents="orchestrated")
+    with Grader() as grader:
+        rollout = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
+                               agents.Sampling(1.0, 1.0, 32), cfg)
+    assert rollout.calls == [[["solver"]], [["planner", "solver"]], [[]], [["solver"]]]
+    assert rollout.step_ends == [["finish"], ["max_calls"], ["error: unknown role 'coder'"], ["error: 2 decisions"]]
+    # Realised sequences: the roles of each episode's samples in the order taken, with positions 0, 1, 2, …
+    roles = {b: [(org.order[rollout.agent_index[s]], rollout.position[s]) for s in range(len(rollout.episode))
+                 if rollout.episode[s] == b] for b in range(4)}
+    assert roles == {0: [("orchestrator", 0), ("solver", 1), ("orchestrator", 2)],
+                     1: [("orchestrator", 0), ("planner", 1), ("orchestrator", 2), ("solver", 3)],
+                     2: [("orchestrator", 0)],
+                     3: [("orchestrator", 0), ("solver", 1), ("orchestrator", 2)]}
+    # The team's answer is the last graded executor's: episode 2 has none (graded as it stands: 0).
+    assert rollout.team_reward[:, 0].tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert [o[0]["answer"] for o in rollout.outcomes] == ["correct", "correct", "unparseable", "correct"]
+    # The executor reads every earlier action of the step: the solver of episode 1 saw the planner.
+    solver = next(s for s in range(len(rollout.episode)) if rollout.episode[s] == 1 and rollout.position[s] == 3)
+    assert tokenizer.decode(rollout.prompt_ids[solver]).endswith(
+        "Problem: What is 2 + 2?\n\nOrchestrator: Plan first. \\call{planner}\n\nPlanner: Add the two numbers.\n\n"
+        "Orchestrator: \\call{solver}<|im_end|>\n<|im_start|>assistant\n")
+    metrics = orchestration_metrics(rollout, org)
+    assert metrics == {"charts/calls_per_episode": 4 / 4, "charts/calls/planner": 1 / 4, "charts/calls/solver": 3 / 4,
+                       "charts/calls/verifier": 0.0, "charts/finish_rate": 1 / 4, "charts/max_calls_rate": 1 / 4,
+                       "charts/orchestration_errors": 2 / 4}
+    assert orchestration_metrics(rollout, load_organisation("chain")) == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Advantages along realised sequences (the two episodes of the module docstring)
+# ---------------------------------------------------------------------------------------------
+
+# Samples in the order taken: (episode, step, agent index in σ = orchestrator 0 / solver 1, position k).
+SAMPLES = [(0, 0, 0, 0), (0, 0, 1, 1), (0, 0, 0, 2), (1, 0, 0, 0), (1, 0, 1, 1), (1, 1, 0, 0), (1, 1, 1, 1)]
+VALUES = [0.5, 0.2, 0.4, 0.3, 0.6, 1.0, -0.5]  # V(ô) of each sample (action level)
+TEAM = [[1.0, 0.0], [0.0, 1.0]]  # R_t; episode 0 has no step 1
+DONES = [[1.0, 0.0], [0.0, 1.0]]
+
+# Placed rewards per credit option (episode 0's step has K = 3 actions, episode 1's steps K = 2):
+#   last           ep0 [0, 0, 1]            ep1 t0 [0, 0]  t1 [0, 1]
+#   equal          ep0 [1/3, 1/3, 1/3]      ep1 t0 [0, 0]  t1 [0.5, 0.5]
+#   shared         ep0 [1, 1, 1]            ep1 t0 [0, 0]  t1 [1, 1]
+#   step_discount  ep0 [0.25, 0.5, 1]       ep1 t0 [0, 0]  t1 [0.5, 1]      (d = 0.5)
+#
+# Episode 0's chain: k0 (V .5) →γ_a k1 (V .2) →γ_a k2 (V .4), done.
+# Episode 1's chain: k0 (V .3) →γ_a k1 (V .6) →γ(1 − done_0) = 0.9 k2 (V 1.0) →γ_a k3 (V −.5), done.
+ADVANTAGES = {
+    # last:   ep0 δ2 = 1 − .4 = .6; δ1 = .8·.4 − .2 = .12, Â1 = .12 + .4·.6 = .36; δ0 = .8·.2 − .5 = −.34, Â0 = −.34 + .4·.36 = −.196
+    #         ep1 δ3 = 1 + .5 = 1.5; δ2 = .8·(−.5) − 1 = −1.4, Â2 = −1.4 + .4·1.5 = −.8;
+    #             δ1 = .9·1 − .6 = .3, Â1 = .3 + .45·(−.8) = −.06; δ0 = .8·.6 − .3 = .18, Â0 = .18 + .4·(−.06) = .156
+    "last": [-0.196, 0.36, 0.6, 0.156, -0.06, -0.8, 1.5],
+    # equal:  ep0 δ2 = 1/3 − .4, Â2 = −1/15; δ1 = 1/3 + .32 − .2, Â1 = .453333 − .4/15 = .426667;
+    #             δ0 = 1/3 + .16 − .5, Â0 = −.006667 + .4·.426667 = .164
+    #         ep1 δ3 = .5 + .5 = 1; δ2 = .5 − .4 − 1 = −.9, Â2 = −.9 + .4 = −.5; δ1 = .3, Â1 = .3 − .225 = .075;
+    #             Â0 = .18 + .4·.075 = .21
+    "equal": [0.164, 0.42666666666666667, -1 / 15, 0.21, 0.075, -0.5, 1.0],
+    # shared: ep0 Â2 = .6; δ1 = 1 + .32 − .2 = 1.12, Â1 = 1.12 + .24 = 1.36; δ0 = 1 + .16 − .5 = .66, Â0 = .66 + .544 = 1.204
+    #         ep1 Â3 = 1.5; δ2 = 1 − .4 − 1 = −.4, Â2 = −.4 + .6 = .2; Â1 = .3 + .45·.2 = .39; Â0 = .18 + .4·.39 = .336
+    "shared": [1.204, 1.36, 0.6, 0.336, 0.39, 0.2, 1.5],
+    # step_discount: ep0 Â2 = .6; δ1 = .5 + .32 − .2 = .62, Â1 = .86; δ0 = .25 + .16 − .5 = −.09, Â0 = −.09 + .344 = .254
+    #         ep1 Â3 = 1.5; δ2 = .5 − .4 − 1 = −.9, Â2 = −.3; Â1 = .3 + .45·(−.3) = .165; Â0 = .18 + .4·.165 = .246
+    "step_discount": [0.254, 0.86, 0.6, 0.246, 0.165, -0.3, 1.5],
+}
+
+
+def realised_rollout(response_lengths=None) -> Rollout:
+    rollout = Rollout(team_reward=t(TEAM), dones=t(DONES), step_mask=t([[1.0, 0.0], [1.0, 1.0]]), solved=[True, True])
+    for s, (b, step, agent, k) in enumerate(SAMPLES):
+        length = response_lengths[s] if response_lengths else 1
+        rollout.record([1], [7] * length, [0.0] * length, "", b, step, agent, k)
+    return rollout
+
+
+@pytest.mark.parametrize("credit", list(ADVANTAGES))
+def test_action_level_advantages_along_realised_sequences_of_3_and_4_decisions(credit):
+    org = load_organisation("orchestrated")  # orchestrator σ index 0, planner 1 (the samples' agent 1 stands for any executor)
+    rollout = realised_rollout()
+    old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=t(VALUES).unsqueeze(-1), mask=torch.ones(7, 1),
+                          ref_logprob=torch.zeros(7, 1), token_mask=torch.ones(7, 1))
+    cfg = run_lib.Config(credit=credit, credit_discount=0.5, gamma=GAMMA, gamma_agent=GAMMA_AGENT, lam=LAM)
+    advantages, returns, _ = marft.compute_advantages(org, rollout, old, cfg)
+    close(advantages[:, 0], ADVANTAGES[credit])
+    close(returns[:, 0], [a + v for a, v in zip(ADVANTAGES[credit], VALUES)])
+
+
+def test_token_level_advantages_along_realised_sequences():
+    # Response lengths: ep0 [2, 1, 1], ep1 t0 [1, 2], t1 [1, 1]; γ_token = 1, credit last.
+    # Token values: ep0 k0 [.5, .7], k1 [.2], k2 [.4]; ep1 t0 k0 [.3], k1 [.6, .1]; t1 k0 [1.0], k1 [−.5].
+    # Episode 0's token chain: a(.5) →1 b(.7) →.8 c(.2) →.8 d(.4), r = 1 at d, done.
+    #   δd = 1 − .4 = .6;  δc = .8·.4 − .2 = .12, Âc = .12 + .4·.6 = .36;
+    #   δb = .8·.2 − .7 = −.54, Âb = −.54 + .4·.36 = −.396;  δa = .7 − .5 = .2, Âa = .2 + .5·(−.396) = .002
+    # Episode 1's: e(.3) →.8 f(.6) →1 g(.1) →.9 h(1.0) →.8 i(−.5), r = 1 at i, done.
+    #   δi = 1.5;  δh = −.4 − 1 = −1.4, Âh = −.8;  δg = .9 − .1 = .8, Âg = .8 + .45·(−.8) = .44;
+    #   δf = .1 − .6 = −.5, Âf = −.5 + .5·.44 = −.28;  δe = .48 − .3 = .18, Âe = .18 + .4·(−.28) = .068
+    lengths = [2, 1, 1, 1, 2, 1, 1]
+    values = [[0.5, 0.7], [0.2, PAD_V], [0.4, PAD_V], [0.3, PAD_V], [0.6, 0.1], [1.0, PAD_V], [-0.5, PAD_V]]
+    mask = [[1.0] * n + [0.0] * (2 - n) for n in lengths]
+    old = marft.OldPolicy(logprob=torch.zeros(7, 2), values=t(values), mask=t(mask), ref_logprob=torch.zeros(7, 2),
+                          token_mask=t(mask))
+    cfg = run_lib.Config(credit="last", gamma=GAMMA, gamma_agent=GAMMA_AGENT, gamma_token=1.0, lam=LAM, level="token")
+    advantages, returns, _ = marft.compute_advantages(load_organisation("orchestrated"), realised_rollout(lengths), old, cfg)
+    close(advantages, [[0.002, -0.396], [0.36, 0], [0.6, 0], [0.068, 0], [-0.28, 0.44], [-0.8, 0], [1.5, 0]])
+    close(returns * t(mask), [[0.502, 0.304], [0.56, 0], [1.0, 0], [0.368, 0], [0.32, 0.54], [0.2, 0], [1.0, 0]])
+
+
+def test_token_level_with_one_token_per_action_gives_the_action_level_table():
+    for credit, expected in ADVANTAGES.items():
+        rewards = ppo.place_team_reward(t(TEAM), realised_rollout().to_grid(torch.ones(7)), credit, 0.5)  # [B, T, P]
+        grid = realised_rollout().to_grid
+        adv, _ = ppo.token_level_gae(rewards, grid(t(VALUES)).unsqueeze(-1), grid(torch.ones(7)).unsqueeze(-1), t(DONES),
+                                     GAMMA, GAMMA_AGENT, 1.0, LAM)
+        close(adv[[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1], [0, 1, 2, 0, 1, 0, 1], 0], expected)
+
+
+def test_place_team_reward_over_realised_sequences():
+    acted = realised_rollout().to_grid(torch.ones(7))  # [2, 2, 3]
+    close(ppo.place_team_reward(t(TEAM), acted, "last"), [[[0, 0, 1], [0, 0, 0]], [[0, 0, 0], [0, 1, 0]]])
+    close(ppo.place_team_reward(t(TEAM), acted, "equal"), [[[1 / 3] * 3, [0, 0, 0]], [[0, 0, 0], [0.5, 0.5, 0]]])
+    close(ppo.place_team_reward(t(TEAM), acted, "step_discount", 0.5), [[[0.25, 0.5, 1], [0, 0, 0]], [[0, 0, 0], [0.5, 1, 0]]])
+
+
+def test_group_advantages_score_each_agent_by_the_mean_reward_of_its_actions():
+    # One problem, G = 2 (episodes 0 and 1), H = 1, credit shared; per-role reward term on the
+    # solver's action of episode 0 only: +0.5 (solver 1.5 there).
+    # Episode 0: orchestrator acts twice with r = 1 each → mean 1; solver r = 1.5.
+    # Episode 1: orchestrator once, r = 0; solver r = 0 (wrong answer).
+    # Orchestrator returns [1, 0]: mean .5, centred [.5, −.5]; solver [1.5, 0]: centred [.75, −.75].
+    rollout = Rollout(team_reward=t([[1.0], [0.0]]), dones=t([[1.0], [1.0]]), step_mask=t([[1.0], [1.0]]), solved=[True, False])
+    for b, agent, k in [(0, 0, 0), (0, 1, 1), (0, 0, 2), (1, 0, 0), (1, 1, 1)]:
+        rollout.record([1], [7], [0.0], "", b, 0, agent, k)
+    rollout.role_reward[1] = 0.5
+    old = marft.OldPolicy(logprob=torch.zeros(5, 1), values=torch.zeros(5, 1), mask=torch.ones(5, 1),
+                          ref_logprob=torch.zeros(5, 1), token_mask=torch.ones(5, 1))
+    cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="shared")
+    advantages, returns, stats = marft.compute_advantages(load_organisation("orchestrated"), rollout, old, cfg)
+    close(advantages[:, 0], [0.5, 0.75, 0.5, -0.5, -0.75])
+    assert returns is None and stats["charts/zero_signal_groups"] == 0.0
+
+
+def test_happo_factor_of_an_agent_that_acts_twice_is_the_product_of_its_ratios():
+    # Episode 0's orchestrator acted at positions 0 and 2 with log-ratios log 1.5 and log 1.2 →
+    # ρ = 1.8 for the joint action (0, 0), clipped to c = 2 → 1.8. Episode 1's orchestrator: log 3
+    # at step 0 → clipped to 2; log 0.25 at step 1 → clipped to 1/2.
+    import math
+    rollout = realised_rollout()
+    samples = torch.tensor([0, 2, 3, 5])  # the orchestrator's actions
+    old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=torch.zeros(7, 1), mask=torch.ones(7, 1),
+                          ref_logprob=torch.zeros(7, 1), token_mask=torch.ones(7, 1))
+    new_logprob = torch.tensor([[math.log(1.5)], [math.log(1.2)], [math.log(3.0)], [math.log(0.25)]])
+    cfg = run_lib.Config(happo_ratio_clip=2.0, normalisation="sum")
+    M = marft.happo_weight_after_update(rollout, old, samples, new_logprob, torch.ones(2, 2), cfg)
+    torch.testing.assert_close(M, torch.tensor([[1.8, 1.0], [2.0, 0.5]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The whole loop on a tiny model: both estimators, resume, evaluate.py
+# ---------------------------------------------------------------------------------------------
+
+class ScriptedTeam:
+    """A generation backend whose orchestrator calls the planner first on even answers, then the
+    solver, then finishes (odd answers: solver, finish), and whose solver is right on answers not
+    divisible by 3: realised sequences of 3 and 5 actions, rewards 0 and 1. The tiny model's
+    log-probs of these tokens are what PPO trains on (the backend only proposes the tokens)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompt_ids, adapter, sampling):
+        import re
+        texts = []
+        for ids in prompt_ids:
+            turn = self.tokenizer.decode(ids).rsplit("Problem: ", 1)[1]
+            a, op, b = re.match(r"What is (\d+) ([+*]) (\d+)\?", turn).groups()
+            answer = int(a) + int(b) if op == "+" else int(a) * int(b)
+            plan = (["planner"] if answer % 2 == 0 else []) + ["solver", "finish"]
+            role = adapter.removeprefix("policy_")
+            if role == "orchestrator":
+                texts.append(f"Next. \\call{{{plan[turn.count(chr(10) * 2 + 'Orchestrator: ')]}}}")
+            elif role == "planner":
+                texts.append("Compute it.")
+            else:
+                texts.append(f"\\boxed{{{answer if answer % 3 else answer + 1}}}")
+        ids = [self.tokenizer(text, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id] for text in texts]
+        return agents.Actions(ids, [[0.0] * len(x) for x in ids])
+
+    def sync(self, model):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def scripted_backend(monkeypatch):
+    monkeypatch.setattr(agents, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
+
+
+def metrics_rows(folder):
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+            for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("estimator", [["--advantage", "gae"], ["--advantage", "group", "--group_size", "2", "--credit", "shared"]])
+def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, scripted_backend,
+                                                                                 estimator):
+    import shutil
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", "orchestrated",
+              "--batch_size", "4", "--max_new_tokens", "16", "--eval_problems", "4", "--eval_samples", "1",
+              "--eval_interval", "1", "--threads", "1", "--output_dir", str(tmp_path), *estimator]
+    marft.train(run_lib.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
+    rows = metrics_rows(tmp_path / "straight")
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        # Every episode calls the solver once and the planner on even answers: calls = 1 + share of even answers.
+        assert r["charts/calls/solver"] == 1.0 and r["charts/calls/verifier"] == 0.0
+        assert r["charts/calls_per_episode"] == 1.0 + r["charts/calls/planner"]
+        assert r["charts/finish_rate"] == 1.0 and r["charts/orchestration_errors"] == 0.0
+        for role in ("orchestrator", "solver"):
+            assert r[f"losses/approx_kl/{role}"] == r[f"losses/approx_kl/{role}"]  # every agent that acted was updated
+    assert rows[0]["eval/finish_rate"] == 1.0 and "eval/calls/planner" in rows[-1]
+    killed = tmp_path / "killed"  # as a kill -9 after iteration 2's metrics line, before its checkpoint
+    shutil.copytree(tmp_path / "straight", killed)
+    shutil.rmtree(killed / "checkpoints" / "iter_000002")
+    (killed / "checkpoints" / "latest").write_text("iter_000001")
+    marft.train(run_lib.parse_args(["--resume", str(killed), "--threads", "1"]))
+    assert json.dumps(metrics_rows(killed)) == json.dumps(rows)
+
+
+def test_evaluate_reports_the_realised_calls_of_each_episode(tiny_model_dir, tmp_path, scripted_backend):
+    import evaluate
+    report = evaluate.main(["--model", str(tiny_model_dir), "--agents", "orchestrated", "--limit", "4", "--samples", "1",
+                            "--transcripts", "4", "--threads", "1", "--out", str(tmp_path / "eval.json")])
+    for transcript in report["transcripts"]:
+        a, op, b = transcript["problem"].removeprefix("What is ").removesuffix("?").split()
+        answer = int(a) + int(b) if op == "+" else int(a) * int(b)
+        step = transcript["steps"][0]
+        assert step["calls"] == (["planner", "solver"] if answer % 2 == 0 else ["solver"]) and step["ended_by"] == "finish"
+        assert [action["role"] for action in step["actions"]] == (
+            ["orchestrator", "planner", "orchestrator", "solver", "orchestrator"] if answer % 2 == 0
+            else ["orchestrator", "solver", "orchestrator"])
+        assert transcript["solved"] == (answer % 3 != 0)
+    assert report["metrics"]["eval/finish_rate"] == 1.0
