@@ -145,13 +145,9 @@ def topological_order(roles: list[str], dependencies: set[tuple[str, str]]) -> t
     return tuple(placed)
 
 
-def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, str]], orchestrator: str | None = None,
-                      max_calls: int = 0) -> Organisation:
-    """Validate the agents and D (or the orchestrator and its call budget), then compute σ.
-    Every configuration error is a ValueError."""
+def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, str]]) -> Organisation:
+    """Validate the agents and D, then compute σ. Every configuration error is a ValueError."""
     roles = [a.role for a in agents]
-    if orchestrator is not None:
-        return make_orchestrated(agents, orchestrator, max_calls, dependencies)
     if not agents:
         raise ValueError("the organisation has no agents: list at least one agent profile")
     duplicates = sorted({r for r in roles if roles.count(r) > 1})

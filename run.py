@@ -393,7 +393,8 @@ class Run:
         save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
 
     def finish(self) -> dict:
-        """Write and print the summary: held-out accuracy at iteration 0 and at the end, wall time."""
+        """Write and print the summary: held-out accuracy at iteration 0 and at the end (and, for an
+        orchestrated team, its calls), the critic's explained variance, wall time."""
         self.metrics.close()
         self.summary["wall_seconds"] = self.elapsed()
         self.summary["run_dir"] = str(self.dir)
@@ -407,6 +408,12 @@ class Run:
         for key, label in (("eval/accuracy", "held-out accuracy (pass@1, sampled)"), ("eval/accuracy_greedy", "held-out accuracy (greedy)"),
                            ("eval/unparseable_rate", "held-out unparseable rate")):
             print(f"{label:<38} iteration 0: {first.get(key, float('nan')):.3f}   end: {last.get(key, float('nan')):.3f}")
+        if "eval/calls_per_episode" in first:  # an orchestrated team: its realised D_t on the greedy episodes
+            labels = {"eval/calls_per_episode": "calls per episode (greedy)"}
+            labels |= {k: f"  calls of {k.removeprefix('eval/calls/')}" for k in first if k.startswith("eval/calls/")}
+            labels |= {"eval/finish_rate": "steps ended by finish", "eval/orchestration_errors": "steps ended by an error"}
+            for key, label in labels.items():
+                print(f"{label:<38} iteration 0: {first[key]:.3f}   end: {last.get(key, float('nan')):.3f}")
         if explained is not None:
             print(f"{'critic explained variance':<38} mean over the last third of the iterations: {explained:.3f}")
         print(f"wall time             {self.summary['wall_seconds'] / 60:.1f} min")
