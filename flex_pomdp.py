@@ -348,12 +348,7 @@ _DESCRIPTIONS = {
 }
 _ORCHESTRATOR_PROMPT = ("You are the orchestrator of a team that solves math problems. Read the problem and what the "
                         "team has written so far, and say in one short sentence who should act next.")
-_EXAMPLE_CALLS = {
-    "planner": "The planner should say what to do first. \\call{planner}",
-    "solver": "The solver can compute this sum. \\call{solver}",
-    "verifier": "The verifier should check the answer. \\call{verifier}",
-    "finish": "The solver gave the answer. \\call{finish}",
-}
+_EXAMPLE_CALLS = {role: f"\\call{{{role}}}" for role in ("planner", "solver", "verifier", "finish")}
 
 
 def _orchestrated(executors: tuple[str, ...] = ("planner", "solver", "verifier"), max_calls: int = 3) -> Organisation:

