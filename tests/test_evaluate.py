@@ -89,6 +89,7 @@ def hand_made_rollout() -> Rollout:
             r.episode.append(b)
             r.step.append(t)
             r.agent_index.append(n)
+            r.position.append(n)
     return r
 
 

@@ -65,6 +65,7 @@ def hand_made_rollout():
     responses = [[100, 101, 2], [200], [300, 301, 302, 2], [400, 2], [500], [600, 601, 602, 603, 2]]
     return Rollout(prompt_ids=prompts, response_ids=responses, texts=[""] * 6, generation_logprobs=[[0.0] * len(r) for r in responses],
                    episode=[e for e, _, _ in where], step=[t for _, t, _ in where], agent_index=[n for _, _, n in where],
+                   position=[n for _, _, n in where],
                    role_reward=[0.0] * 6, team_reward=torch.tensor([[0.0, 1.0], [1.0, 0.0]]), dones=torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
                    step_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]), solved=[True, True], outcomes=[[], []])
 
@@ -246,7 +247,8 @@ def one_step_rollout(prompts, responses, agent_index, episode, team_reward, role
     B = len(team_reward)
     return Rollout(prompt_ids=prompts, response_ids=responses, texts=[""] * len(prompts),
                    generation_logprobs=[[0.0] * len(r) for r in responses], episode=episode, step=[0] * len(prompts),
-                   agent_index=agent_index, role_reward=role_reward, team_reward=torch.tensor(team_reward).unsqueeze(1),
+                   agent_index=agent_index, position=agent_index, role_reward=role_reward,
+                   team_reward=torch.tensor(team_reward).unsqueeze(1),
                    dones=torch.ones(B, 1), step_mask=torch.ones(B, 1), solved=[r > 0 for r in team_reward], outcomes=[[]] * B)
 
 
