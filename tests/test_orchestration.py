@@ -418,3 +418,41 @@ def test_evaluate_reports_the_realised_calls_of_each_episode(tiny_model_dir, tmp
             else ["orchestrator", "solver", "orchestrator"])
         assert transcript["solved"] == (answer % 3 != 0)
     assert report["metrics"]["eval/finish_rate"] == 1.0
+
+
+# The orchestrator must learn whom to call: alice answers (a graded solver), bob cannot (not graded,
+# so a step in which bob was called has no answer and earns 0). Both are described alike and the
+# orchestrator's two worked examples call each once, so only the reward tells them apart.
+WHOM_TO_CALL = {
+    "agents": [
+        {"role": "orchestrator", "system_prompt": "You lead a team. Choose the member who should answer the problem.",
+         "examples": [{"user": "Problem: What is 4 + 1?", "assistant": "\\call{alice}"},
+                      {"user": "Problem: What is 2 + 3?", "assistant": "\\call{bob}"}]},
+        {"role": "bob", "system_prompt": "Repeat the problem in your own words. Do not solve it.",
+         "description": "a member of the team"},
+        {"role": "alice", "system_prompt": "You are a math solver. Compute the result and end with the final answer as \\boxed{N}.",
+         "graded": True, "description": "a member of the team",
+         "examples": [{"user": "Problem: What is 2 + 3?\n\nOrchestrator: \\call{alice}",
+                       "assistant": "2 + 3 = 5. The answer is \\boxed{5}."}]},
+    ],
+    "orchestrator": "orchestrator",
+    "max_calls": 1,
+}
+
+
+@pytest.mark.slow
+def test_the_orchestrator_learns_whom_to_call(tmp_path):
+    """A real run of the embedded model (group advantages, 4 problems × 4 episodes, one-digit sums):
+    the share of sampled training episodes whose orchestrator calls alice, measured on iteration 1's
+    rollout (before any update) and on iteration 2's (after one update of every agent), must rise
+    by at least 0.3. Calibrated on 2 cores: 0.375 → 1.0 (bob 0.31 → 0, errors 0.31 → 0)."""
+    profile = tmp_path / "whom_to_call.json"
+    profile.write_text(json.dumps(WHOM_TO_CALL))
+    cfg = run_lib.parse_args(["--agents", str(profile), "--arithmetic_levels", "1", "--advantage", "group",
+                              "--group_size", "4", "--batch_size", "4", "--credit", "shared", "--iterations", "2",
+                              "--eval_problems", "4", "--eval_samples", "1", "--max_new_tokens", "24", "--lr", "5e-4",
+                              "--output_dir", str(tmp_path), "--run_name", "whom", "--threads", "2"])
+    marft.train(cfg)
+    lines = [json.loads(line) for line in (tmp_path / "whom" / "metrics.jsonl").read_text().splitlines()]
+    before, after = lines[1]["charts/calls/alice"], lines[2]["charts/calls/alice"]
+    assert after >= before + 0.3, (before, after)
