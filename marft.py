@@ -88,6 +88,7 @@ from tqdm import tqdm
 
 import agents as agents_lib
 import critic as critic_lib
+import distributed
 import ppo
 import run as run_lib
 from envs import Grader, Problem, load_problems, make_arithmetic_problems
@@ -97,8 +98,10 @@ from run import Config
 
 
 def train(cfg: Config) -> dict:
-    """MARFT's algorithm box: one pass of the loop is one iteration, one call per phase."""
-    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+    """MARFT's algorithm box: one pass of the loop is one iteration, one call per phase.
+    Under torchrun every rank runs it; distributed.py's docstring says how the work is split."""
+    distributed.init(cfg.device, cfg.dist_timeout_minutes)
+    torch.set_num_threads(distributed.local_threads(cfg.threads))
     train_problems, held_out = load_task(cfg)
     run = run_lib.Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
@@ -112,10 +115,11 @@ def train(cfg: Config) -> dict:
         evaluate_heldout = lambda greedy_only=False: heldout_metrics(backend.generate, tokenizer, org, held_out, grader,
                                                                      cfg, greedy_only)[0]
         if start == 0:
-            print(f"held-out evaluation before training: {len(held_out)} problems × {cfg.eval_samples} samples"
+            print_main(f"held-out evaluation before training: {len(held_out)} problems × {cfg.eval_samples} samples"
                   f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
             run.log(0, evaluate_heldout())
-        progress = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc="MARFT", dynamic_ncols=True)
+        progress = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc="MARFT", dynamic_ncols=True,
+                        disable=not distributed.is_main())
         for iteration in progress:
             timer, metrics = PhaseTimer(), {}
             rng = seed_iteration(cfg.seed, iteration)
@@ -147,7 +151,7 @@ def train(cfg: Config) -> dict:
 
             # 6. Held-out evaluation, metrics, checkpoint.
             done_iterations = iteration + 1
-            out_of_time = cfg.time_limit_minutes > 0 and run.elapsed() >= 60 * cfg.time_limit_minutes
+            out_of_time = distributed.broadcast_object(cfg.time_limit_minutes > 0 and run.elapsed() >= 60 * cfg.time_limit_minutes)
             with timer("eval"):
                 if done_iterations == cfg.iterations or out_of_time:
                     metrics |= evaluate_heldout()
@@ -159,9 +163,11 @@ def train(cfg: Config) -> dict:
             run.save_checkpoint(done_iterations, model, value_heads, optimisers, elapsed)
             progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{run.latest_accuracy():.2f}")
             if out_of_time:
-                print(f"\ntime limit of {cfg.time_limit_minutes} min reached after iteration {done_iterations}", flush=True)
+                print_main(f"\ntime limit of {cfg.time_limit_minutes} min reached after iteration {done_iterations}", flush=True)
                 break
-    return run.finish()
+    summary = run.finish()
+    distributed.close()
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,24 +195,27 @@ def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str |
 def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollout: Rollout, cfg: Config) -> OldPolicy:
     """log π^i_old, V_φ (zeros without a critic) and the decision mask, log π_ref per token (only when
     kl_coef > 0), of every sample."""
-    chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch
+    chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch of this rank
+    batches = []  # (role, samples) of every forward batch
     for n, role in enumerate(org.order):
         idx = rollout.agent_samples(n)
-        for start in range(0, len(idx), cfg.forward_batch_size):
-            chunk = idx[start : start + cfg.forward_batch_size]
-            policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
-            values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
-                                                 *rollout.sequences(chunk), pad, cfg.level) if cfg.advantage == "gae"
-                      else torch.zeros_like(policy.logprob))
-            ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
-                   else torch.zeros_like(policy.token_logprob))
-            chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
+        batches += [(role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
+    for role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
+        policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
+        values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
+                                             *rollout.sequences(chunk), pad, cfg.level) if cfg.advantage == "gae"
+                  else torch.zeros_like(policy.logprob))
+        ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
+               else torch.zeros_like(policy.token_logprob))
+        chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
     S = len(rollout.prompt_ids)
-    widths = [max(tables[k].shape[1] for _, *tables in chunks) for k in range(5)]  # L, L, L, K, K
+    widths = [distributed.max_int(max((tables[k].shape[1] for _, *tables in chunks), default=0)) for k in range(5)]  # L, L, L, K, K
     old = OldPolicy(*(torch.zeros(S, width) for width in widths))
     for chunk, *tables in chunks:
         for whole, part in zip((old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask), tables):
             whole[chunk, : part.shape[1]] = part
+    for table in (old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask):
+        distributed.sum_(table)  # each entry was filled on exactly one rank
     return old
 
 
@@ -293,29 +302,35 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
-        for chunk in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
+        for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
+            chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
             batch = samples[chunk]
             new = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
-            new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the minibatch's longest response
+            new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
             old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
-            if cfg.target_kl > 0 and ppo.approx_kl(new_lp.detach(), old_lp, mask).item() > cfg.target_kl:
+            share = rank_share(mask, old.mask[samples[minibatch]], counted)  # 1 in one process
+            kl = distributed.sum_(ppo.approx_kl(new_lp.detach(), old_lp, mask) * share)  # the minibatch's, on every rank
+            if cfg.target_kl > 0 and kl.item() > cfg.target_kl:
                 stopped = True  # checked before the step it would waste
                 break
             weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
             loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[chunk, :width], mask, cfg.clip_eps, weight)
             entropy_mean = ppo.masked_mean(new.entropy, mask)
-            total = loss - cfg.ent_coef * entropy_mean
+            total = (loss - cfg.ent_coef * entropy_mean) * share
+            logged = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
+                      "entropy": entropy_mean.item()}
             if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
                 tokens = new.token_logprob.shape[1]
-                kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], old.token_mask[batch, :tokens])
-                total = total + cfg.kl_coef * kl_ref
-                history["kl_to_reference"].append(kl_ref.item())
+                token_mask = old.token_mask[batch, :tokens]
+                kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], token_mask)
+                token_share = rank_share(token_mask, old.token_mask[samples[minibatch]], counted)
+                total = total + cfg.kl_coef * kl_ref * token_share
+                history["kl_to_reference"].append(minibatch_sum(kl_ref.item() * token_share))
             if not gradient_step(optimiser, total, params, cfg.max_grad_norm):
                 history["nonfinite_steps"].append(1.0)
                 continue
-            for key, value in (("policy_loss", loss.item()), ("approx_kl", s["approx_kl"]),
-                               ("clip_fraction", s["clip_fraction"]), ("entropy", entropy_mean.item())):
-                history[key].append(value)
+            for key, value in logged.items():
+                history[key].append(minibatch_sum(value * share))
         if stopped:
             break
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
@@ -331,10 +346,10 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
                           cfg: Config) -> torch.Tensor:
     """log π^{i_m}_new per decision of the agent's samples under its updated adapter, [n, L] like old.logprob."""
     new_logprob = torch.zeros(len(samples), old.logprob.shape[1])
-    for chunk in torch.arange(len(samples)).split(cfg.forward_batch_size):
+    for chunk in distributed.shard(torch.arange(len(samples)).split(cfg.forward_batch_size)):  # every G-th batch per rank
         logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg).logprob
         new_logprob[chunk, : logprob.shape[1]] = logprob
-    return new_logprob
+    return distributed.sum_(new_logprob)
 
 
 def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.Tensor, new_logprob: torch.Tensor,
@@ -362,14 +377,29 @@ def gradient_step(optimiser: torch.optim.Optimizer, loss: torch.Tensor, params: 
     """One optimiser step on `loss`, gradients clipped to max_grad_norm. A loss or gradient that
     is not finite (inf, nan) takes no step and returns False: the weights stay as they were."""
     optimiser.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
+    if not distributed.all_ranks(bool(torch.isfinite(loss))):  # every rank skips, or none does
         return False
     loss.backward()
+    distributed.sum_gradients(params)  # Σ over ranks of each rank's share: the minibatch's gradient
     if not torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)):
         optimiser.zero_grad(set_to_none=True)
         return False
     optimiser.step()
     return True
+
+
+def rank_share(rows_mask: torch.Tensor, minibatch_mask: torch.Tensor, counted: bool) -> float:
+    """Weight of this rank's masked means in the minibatch's: (its decisions) / (the minibatch's),
+    so that the weighted means summed over ranks are the minibatch's means (distributed.py). One
+    process: exactly 1."""
+    if distributed.world_size() == 1:
+        return 1.0
+    return (rows_mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item() if counted else 0.0
+
+
+def minibatch_sum(value: float) -> float:
+    """Σ over ranks of a weighted per-rank value (a logged loss or statistic of the minibatch)."""
+    return value if distributed.world_size() == 1 else distributed.sum_(torch.tensor([value], dtype=torch.float64)).item()
 
 
 def stop_if_diverged(skipped_steps: int, label: str, cfg: Config) -> float:
@@ -397,14 +427,16 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
         samples = torch.tensor(sample_list)
         params = critic_lib.critic_parameters(model, value_heads, adapter)
         for epoch in range(cfg.ppo_epochs):
-            for chunk in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
+            for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
+                chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch
                 batch = samples[chunk]
                 new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad, cfg.level)
                 width = new_values.shape[1]
+                share = rank_share(old.mask[batch, :width], old.mask[samples[minibatch]], counted)
                 loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
                                               old.mask[batch, :width], cfg.value_clip or None)
-                if gradient_step(optimisers[adapter], loss, params, cfg.max_grad_norm):
-                    losses.append(loss.item())
+                if gradient_step(optimisers[adapter], loss * share, params, cfg.max_grad_norm):
+                    losses.append(minibatch_sum(loss.item() * share))
                 else:
                     skipped[adapter] += 1
     stats = {f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped[adapter], adapter, cfg) for adapter in by_critic}
@@ -472,6 +504,12 @@ def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration:
         random.Random(seed * 7919 + epoch).shuffle(permutation)
         batch.append(train[permutation[index]])
     return batch
+
+
+def print_main(*args, **kwargs) -> None:
+    """print, on rank 0 only (every rank runs the same loop under torchrun)."""
+    if distributed.is_main():
+        print(*args, **kwargs)
 
 
 class PhaseTimer:

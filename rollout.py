@@ -46,6 +46,7 @@ from typing import Callable
 import torch
 
 import agents as agents_lib
+import distributed
 from envs import Grader, MathEnv, Problem
 from flex_pomdp import FINISH, TEAM_ANSWER, Organisation, parse_decision, realised_messages, unrolled_messages
 from run import Config
@@ -116,6 +117,18 @@ class Rollout:
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                  grader: Grader, sampling: agents_lib.Sampling, cfg: Config) -> Rollout:
+    """Play one episode per problem (`play_episodes`). Under torchrun rank r plays problems r,
+    r + G, … with its own sampling noise, and every rank returns the merged rollout of all
+    problems, laid out as one process would have played them (`merge_rollouts`)."""
+    if distributed.world_size() == 1:
+        return play_episodes(generate_actions, tokenizer, org, problems, grader, sampling, cfg)
+    distributed.reseed_sampling()
+    part = play_episodes(generate_actions, tokenizer, org, distributed.shard(problems), grader, sampling, cfg)
+    return merge_rollouts(distributed.all_gather_objects(part))
+
+
+def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
+                  grader: Grader, sampling: agents_lib.Sampling, cfg: Config) -> Rollout:
     """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
     orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
 
@@ -152,6 +165,8 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
 
     active = list(range(B))
     for t in range(T):
+        if not active:  # every episode has ended (or this rank was given none)
+            break
         transcripts: dict[int, list[tuple[str, str]]] = {b: [] for b in active}  # (role, text) in the order taken
         samples: dict[int, list[int]] = {b: [] for b in active}  # the sample index s of each action
         if org.orchestrator:
@@ -180,8 +195,37 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
             if not done:
                 still_active.append(b)
         active = still_active
-        if not active:
-            break
+    return out
+
+
+def merge_rollouts(parts: list[Rollout]) -> Rollout:
+    """The rollout of G ranks' parts, as one process would have played it: part r played the
+    episodes r, r + G, … (its local episode j is episode r + jG). Samples are put back in the order
+    of play, (step, position in the step, agent, episode), so each agent's samples, and with them
+    the minibatches of the updates, are in the same order as in one process."""
+    G, T = len(parts), parts[0].team_reward.shape[1]
+    B = sum(len(part.solved) for part in parts)
+    orchestrated = any(part.calls for part in parts)
+    out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T), solved=[False] * B,
+                  outcomes=[[] for _ in range(B)], calls=[[] for _ in range(B)] if orchestrated else [],
+                  step_ends=[[] for _ in range(B)] if orchestrated else [])
+    order = []  # (step, position, agent, episode, part, local sample)
+    for r, part in enumerate(parts):
+        for j in range(len(part.solved)):  # per-episode fields
+            b = r + j * G
+            out.team_reward[b], out.dones[b], out.step_mask[b] = part.team_reward[j], part.dones[j], part.step_mask[j]
+            out.solved[b], out.outcomes[b] = part.solved[j], part.outcomes[j]
+            if orchestrated:
+                out.calls[b], out.step_ends[b] = part.calls[j], part.step_ends[j]
+        order += [(part.step[s], part.position[s], part.agent_index[s], r + part.episode[s] * G, r, s)
+                  for s in range(len(part.prompt_ids))]
+    for step, position, agent, b, r, s in sorted(order):
+        part = parts[r]
+        new = out.record(part.prompt_ids[s], part.response_ids[s], part.generation_logprobs[s], part.texts[s], b, step, agent, position)
+        out.role_reward[new] = part.role_reward[s]
+    for counter in ("unparseable", "ungraded", "graded_answers", "truncated_prompts"):
+        setattr(out, counter, sum(getattr(part, counter) for part in parts))
+    out.generation_seconds = max(part.generation_seconds for part in parts)  # the ranks generate side by side
     return out
 
 

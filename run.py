@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 import agents as agents_lib
+import distributed
 import ppo
 from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS
 from flex_pomdp import load_organisation
@@ -194,6 +195,8 @@ class Config:
     """prompts per generate() call"""
     forward_batch_size: int = 16
     """sequences per no-grad forward pass (log-probs, values)"""
+    dist_timeout_minutes: float = 30.0
+    """torchrun: a collective that waits longer than this raises an error instead of hanging"""
 
 
 
@@ -235,7 +238,8 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
 # which extends the run). Everything else comes from the run's config.json.
 RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
-                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir")
+                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir",
+                   "dist_timeout_minutes")
 
 
 def read_config(run_dir: Path, option: str) -> Config:
@@ -278,7 +282,7 @@ def validate(cfg: Config) -> None:
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
     for option in ("eval_interval", "agent_iteration_interval", "critic_warmup_iterations", "threads"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
-    for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
+    for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm", "dist_timeout_minutes"):
         need(getattr(cfg, option) > 0, option, "must be positive")
     for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
@@ -300,6 +304,8 @@ def validate(cfg: Config) -> None:
     need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
          "must be 0 or longer than max_prompt_tokens")
     need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
+    need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun()), "backend",
+         "one vLLM engine per torchrun rank is not supported yet (README: More than one device): use --backend hf")
     need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
     try:
         levels = [int(x) for x in cfg.arithmetic_levels.split(",")]
@@ -341,20 +347,25 @@ class Run:
 
     `Run(cfg)` makes the folder and writes config.json (or, with --resume, opens it); `restore`
     loads the last checkpoint, if resuming, and opens the metrics log from the right iteration;
-    `log` appends one line per iteration; `finish` writes the summary and prints it."""
+    `log` appends one line per iteration; `finish` writes the summary and prints it.
+    Under torchrun every rank reads (the checkpoint to resume from) and rank 0 alone writes."""
 
     def __init__(self, cfg: Config):
-        self.cfg, self.wall_start = cfg, time.time()
+        self.cfg, self.wall_start, self.writes = cfg, time.time(), distributed.is_main()
         if cfg.resume:
             self.dir = Path(cfg.resume)
         else:
-            name = cfg.run_name or f"{Path(cfg.agents).stem}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            # Without --run_name the folder is named by rank 0's clock, which every rank must share.
+            name = cfg.run_name or distributed.broadcast_object(f"{Path(cfg.agents).stem}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
             self.dir = Path(cfg.output_dir) / name
             if (self.dir / "checkpoints").exists():
                 raise SystemExit(f"run folder {self.dir} already has checkpoints: pass --resume {self.dir} or another --run_name")
-            self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        print(f"run folder: {self.dir}", flush=True)
+            distributed.barrier()  # every rank has looked before rank 0 writes
+            if self.writes:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        if self.writes:
+            print(f"run folder: {self.dir}", flush=True)
         self.start_iteration, self.elapsed_before = 0, 0.0
         self.summary_path = self.dir / "summary.json"
         self.summary: dict = {}
@@ -364,10 +375,13 @@ class Run:
         if self.cfg.resume:
             state = load_checkpoint(self.dir, model, value_heads, optimisers)
             self.start_iteration, self.elapsed_before = state["iteration"], state["elapsed_seconds"]
-            print(f"resumed from iteration {self.start_iteration}", flush=True)
+            if self.writes:
+                print(f"resumed from iteration {self.start_iteration}", flush=True)
             if self.summary_path.exists():
                 self.summary = json.loads(self.summary_path.read_text())
-        self.metrics = MetricsLog(self.dir, keep_before=self.start_iteration + 1 if self.start_iteration > 0 else 0)
+        distributed.barrier()  # every rank has read the checkpoint before rank 0 writes again
+        if self.writes:
+            self.metrics = MetricsLog(self.dir, keep_before=self.start_iteration + 1 if self.start_iteration > 0 else 0)
         return self.start_iteration
 
     def elapsed(self) -> float:
@@ -376,6 +390,8 @@ class Run:
 
     def log(self, iteration: int, metrics: dict) -> None:
         """One metrics.jsonl line; held-out results also go to summary.json (initial at 0, else final)."""
+        if not self.writes:
+            return
         self.metrics.write(iteration, metrics)
         if iteration == 0:
             self.summary["initial"] = metrics
@@ -390,11 +406,15 @@ class Run:
         return self.summary.get("final", self.summary.get("initial", {})).get("eval/accuracy", float("nan"))
 
     def save_checkpoint(self, iteration: int, model, value_heads, optimisers, elapsed: float) -> None:
-        save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
+        if self.writes:  # every rank holds the same weights and optimiser states
+            save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
 
     def finish(self) -> dict:
         """Write and print the summary: held-out accuracy at iteration 0 and at the end (and, for an
-        orchestrated team, its calls), the critic's explained variance, wall time."""
+        orchestrated team, its calls), the critic's explained variance, wall time. Under torchrun
+        every rank returns rank 0's summary."""
+        if not self.writes:
+            return distributed.broadcast_object(None)
         self.metrics.close()
         self.summary["wall_seconds"] = self.elapsed()
         self.summary["run_dir"] = str(self.dir)
@@ -417,7 +437,7 @@ class Run:
         if explained is not None:
             print(f"{'critic explained variance':<38} mean over the last third of the iterations: {explained:.3f}")
         print(f"wall time             {self.summary['wall_seconds'] / 60:.1f} min")
-        return self.summary
+        return distributed.broadcast_object(self.summary)
 
 
 def last_third_mean(rows: list[dict], key: str) -> float | None:

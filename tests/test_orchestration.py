@@ -31,6 +31,7 @@ import run as run_lib
 from envs import Grader, Problem
 from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision
 from rollout import Rollout, orchestration_metrics, run_episodes
+from scripted import ScriptedTeam
 
 GAMMA, GAMMA_AGENT, LAM = 0.9, 0.8, 0.5
 PAD_V = 100.0  # a conspicuous value where no action was taken: it must never enter a chain
@@ -333,40 +334,6 @@ def test_happo_factor_of_an_agent_that_acts_twice_is_the_product_of_its_ratios()
 # ---------------------------------------------------------------------------------------------
 # 5. The whole loop on a tiny model: both estimators, resume, evaluate.py
 # ---------------------------------------------------------------------------------------------
-
-class ScriptedTeam:
-    """A generation backend whose orchestrator calls the planner first on even answers, then the
-    solver, then finishes (odd answers: solver, finish), and whose solver is right on answers not
-    divisible by 3: realised sequences of 3 and 5 actions, rewards 0 and 1. The tiny model's
-    log-probs of these tokens are what PPO trains on (the backend only proposes the tokens)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def generate(self, prompt_ids, adapter, sampling):
-        import re
-        texts = []
-        for ids in prompt_ids:
-            turn = self.tokenizer.decode(ids).rsplit("Problem: ", 1)[1]
-            a, op, b = re.match(r"What is (\d+) ([+*]) (\d+)\?", turn).groups()
-            answer = int(a) + int(b) if op == "+" else int(a) * int(b)
-            plan = (["planner"] if answer % 2 == 0 else []) + ["solver", "finish"]
-            role = adapter.removeprefix("policy_")
-            if role == "orchestrator":
-                texts.append(f"Next. \\call{{{plan[turn.count(chr(10) * 2 + 'Orchestrator: ')]}}}")
-            elif role == "planner":
-                texts.append("Compute it.")
-            else:
-                texts.append(f"\\boxed{{{answer if answer % 3 else answer + 1}}}")
-        ids = [self.tokenizer(text, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id] for text in texts]
-        return agents.Actions(ids, [[0.0] * len(x) for x in ids])
-
-    def sync(self, model):
-        pass
-
-    def close(self):
-        pass
-
 
 @pytest.fixture
 def scripted_backend(monkeypatch):
