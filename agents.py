@@ -134,6 +134,10 @@ def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
     return model, tokenizer
 
 
+# --base_dtype: the frozen base weights' dtype (a GPU's memory); trainable weights stay float32.
+BASE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def resolve_device(name: str) -> str:
     """--device auto: cuda when torch sees a GPU, else cpu; any other name as it is."""
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
@@ -145,6 +149,7 @@ def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer
     The LoRA A matrices are drawn after seeding torch with cfg.seed; every B is 0, so each
     adapter starts as the base model itself."""
     base_model, tokenizer = load_base_model(cfg.model)
+    base_model.to(BASE_DTYPES[cfg.base_dtype])  # frozen weights only: attach_adapters makes every LoRA weight float32
     torch.manual_seed(cfg.seed)  # LoRA A matrices
     model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
     model.to(resolve_device(cfg.device))

@@ -59,7 +59,7 @@ def action_values(
     with active_adapter(model, adapter):
         hidden = decoder_hidden_states(model, input_ids.to(model.device), attention_mask.to(model.device))  # [n, L, H]
     last = hidden[torch.arange(len(prompt_ids), device=hidden.device), prompt_lengths.to(hidden.device) - 1]  # [n, H]
-    return value_heads[adapter](last).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables
+    return value_heads[adapter](last.float()).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables (head in float32)
 
 
 def token_values(
@@ -84,7 +84,7 @@ def token_values(
     positions = (prompt_lengths.to(device).unsqueeze(1) - 1 + offsets).clamp(max=hidden.shape[1] - 1)  # [n, L]
     gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
     mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    return (value_heads[adapter](gathered).squeeze(-1) * mask).cpu()
+    return (value_heads[adapter](gathered.float()).squeeze(-1) * mask).cpu()
 
 
 def decision_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],

@@ -63,6 +63,8 @@ class Config:
     """LoRA scaling α"""
     lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     """comma-separated module names that get LoRA weights"""
+    base_dtype: str = "float32"
+    """dtype of the frozen base weights: float32 | bfloat16 | float16 (halves a GPU's memory for them; LoRA weights, value heads and optimiser states stay float32)"""
 
     # --- task ---
     data: str = "arithmetic"
@@ -303,6 +305,7 @@ def validate(cfg: Config) -> None:
     need(cfg.vllm_max_num_batched_tokens >= 1, "vllm_max_num_batched_tokens", "must be at least 1")
     need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
          "must be 0 or longer than max_prompt_tokens")
+    need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
     need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
     need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun()), "backend",
          "one vLLM engine per torchrun rank is not supported yet (README: More than one device): use --backend hf")

@@ -267,3 +267,39 @@ def test_the_models_generation_config_does_not_change_the_rollout_distribution(t
     greedy_ids = runs["plain"][0]
     assert any(len(set(r)) < len(r) for r in greedy_ids)  # greedy repeats tokens: no_repeat_ngram_size would bind
     assert runs["opinionated"] == runs["plain"]
+
+
+def test_a_bfloat16_base_trains_float32_adapters_critic_and_optimiser_state(tiny_model_dir, tmp_path):
+    """--base_dtype bfloat16: the frozen base weights take half the memory; every trainable weight,
+    its gradient and its Adam state stay float32, and a whole run (generation, log-probs, values,
+    both updates, checkpoint) goes through with no non-finite step."""
+    import json
+
+    import marft
+    import run as run_lib
+    cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--base_dtype", "bfloat16", "--lora_rank", "2", "--batch_size", "2",
+                              "--max_new_tokens", "6", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "1",
+                              "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "bf16"])
+    org, model, _, heads, optimisers = marft.build(cfg)
+    frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)
+    assert all(p.dtype == torch.float32 for p in heads.parameters())
+    # One policy step and one critic step by hand: float32 gradients, finite, and nonzero where they
+    # can be (the policy's B, which starts at 0; the critic's zero-initialised head, not yet its adapter).
+    logprob = agents.policy_logprobs(model, PROMPTS, RESPONSES, "policy_solver", 2, "action", "sum", 1.0).logprob
+    values = critic.decision_values(model, heads, "critic", PROMPTS, RESPONSES, 2, "action")
+    (logprob.sum() + values.sum()).backward()
+    policy_grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n and n.split(".")[-2] == "policy_solver"]
+    critic_grads = [p.grad for p in critic.critic_parameters(model, heads, "critic") if p.grad is not None]
+    for grads in (policy_grads, critic_grads):
+        assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+        assert any(g.abs().max() > 0 for g in grads)
+    for adapter in ("policy_solver", "critic"):
+        optimisers[adapter].step()
+        assert optimisers[adapter].state and all(state["exp_avg"].dtype == torch.float32
+                                                 for state in optimisers[adapter].state.values())
+    summary = marft.train(cfg)
+    row = json.loads((tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()[1])
+    assert all(row[f"losses/nonfinite_steps/{name}"] == 0.0 for name in ("planner", "solver", "critic"))
+    assert summary["final_iteration"] == 1
