@@ -10,6 +10,7 @@ equation to the function that computes it. The other modules:
     ppo.py         credit assignment, GAE, losses, agent-by-agent schedule (pure tensor math)
     rollout.py     agents playing episodes in σ order; held-out metrics
     run.py         the Config (--help), the run folder, checkpoints, the metrics log
+    distributed.py torchrun ranks: each rank's share of the work, summed gradients
     envs/          the math task, data, grading
 
 One iteration (the paper's algorithm box):
@@ -71,6 +72,9 @@ Deviations from the paper and choices it leaves open (each a named option of run
   backend's own sampled-token log-probs are only logged against them (`charts/rollout_logprob_gap`).
   vLLM draws one seed per request from torch's generator, so runs stay reproducible.
 - `--time_limit_minutes` ends a run early at equal wall time (the benchmark's comparisons).
+- Under torchrun (not in the paper) the work of every phase is split over G ranks so that the
+  numbers stay one process's: rollouts by episode, forward passes by batch, minibatches by row,
+  each rank's loss its share of the minibatch's mean, gradients summed (distributed.py).
 
 Usage: python marft.py --help
 """

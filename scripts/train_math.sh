@@ -2,6 +2,10 @@
 # The main job: MARFT on the math task. Every default can be overridden by an environment
 # variable below, and any other marft.py option can be appended: bash scripts/train_math.sh --lam 0.9
 set -euo pipefail
+NPROC="${NPROC:-1}"                  # processes (ranks) on this node: G > 1 launches torchrun (data parallel)
+case "$NPROC" in
+  '' | *[!0-9]* | 0) echo "NPROC=$NPROC: give the number of processes on this node, a whole number ≥ 1 (e.g. NPROC=2)" >&2; exit 2 ;;
+esac
 BACKEND="${BACKEND:-hf}"             # hf (transformers generate) | vllm (installed on first use)
 if [ "$BACKEND" = "vllm" ]; then export MARFT_VLLM=1; fi
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -17,7 +21,11 @@ LR="${LR:-2e-4}"
 SEED="${SEED:-1}"
 OUTPUT_DIR="${OUTPUT_DIR:-runs}"
 
-exec python marft.py \
+LAUNCH=(python)
+if [ "$NPROC" -gt 1 ]; then
+  LAUNCH=(torchrun --standalone --nproc-per-node "$NPROC")
+fi
+exec "${LAUNCH[@]}" marft.py \
   --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" --level "$LEVEL" --backend "$BACKEND" \
   --iterations "$ITERATIONS" --batch_size "$BATCH_SIZE" --lr "$LR" --seed "$SEED" \
   --output_dir "$OUTPUT_DIR" "$@"
