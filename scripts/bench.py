@@ -24,7 +24,8 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 seeds 1 and 2: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
                 seconds per iteration, peak resident memory, and an overlay plot (scripts/plot.py).
 
-`--learning_runs a,b` measures only those learning configurations; with `--merge` the sections and
+`--learning_runs a,b` measures only those learning configurations (`--learning_seeds 1,2`: with
+those seeds); with `--merge` the sections and
 learning runs of the existing bench.json that this invocation does not measure are kept (e.g. a
 new organisation added to an earlier comparison: same machine, same `--learning_minutes`).
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
@@ -367,6 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
     parser.add_argument("--learning_runs", default=None,
                         help="comma-separated learning configurations, e.g. orchestrated,chain-group (default: the mode's list)")
+    parser.add_argument("--learning_seeds", default=None, help="comma-separated seeds of every learning run (default: 1,2; quick 1)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
     parser.add_argument("--update_readme", action="store_true", help="write bench.md into README.md's Results block")
@@ -384,6 +386,11 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = QUICK if args.quick else FULL
     minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
     runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
+    if args.learning_seeds:
+        try:
+            sizes = {**sizes, "learning_seeds": tuple(int(x) for x in args.learning_seeds.split(","))}
+        except ValueError:
+            raise SystemExit(f"--learning_seeds={args.learning_seeds!r}: give comma-separated whole numbers, e.g. 1,2") from None
     for name in runs:
         agents_name, _, estimator = name.partition("-")
         if agents_name not in BUILTIN_ORGANISATIONS or estimator not in ("", "group"):
