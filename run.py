@@ -104,7 +104,7 @@ class Config:
     vllm_gpu_memory_utilization: float = 0.3
     """vllm: fraction of GPU memory the engine may take (the trainer shares the GPU)"""
     vllm_tensor_parallel_size: int = 1
-    """vllm: GPUs the engine shards the model over"""
+    """vllm: GPUs the engine shards the model over (1 under torchrun: every rank runs its own engine)"""
     vllm_max_model_len: int = 0
     """vllm: longest prompt + response in tokens (0: max_prompt_tokens + max_new_tokens)"""
     vllm_max_num_batched_tokens: int = 8192
@@ -307,8 +307,8 @@ def validate(cfg: Config) -> None:
          "must be 0 or longer than max_prompt_tokens")
     need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
     need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
-    need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun()), "backend",
-         "one vLLM engine per torchrun rank is not supported yet (README: More than one device): use --backend hf")
+    need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun() and cfg.vllm_tensor_parallel_size > 1),
+         "vllm_tensor_parallel_size", "under torchrun every rank runs its own vLLM engine on its own episodes: use 1")
     need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
     try:
         levels = [int(x) for x in cfg.arithmetic_levels.split(",")]

@@ -2,8 +2,11 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed_worker.py <marft.py options>
 
+(MARFT_TEST_BACKEND=real keeps the backend that --backend names: one vLLM engine per rank.)
+
 After the run the ranks compare their trainable weights (every adapter, the critic, the value
 heads) bit for bit; the process exits with status 3 when any rank's differ from rank 0's."""
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +20,8 @@ import marft  # noqa: E402
 import run  # noqa: E402
 from scripted import ScriptedTeam  # noqa: E402
 
-agents.make_backend = lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer)
+if os.environ.get("MARFT_TEST_BACKEND") != "real":
+    agents.make_backend = lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer)
 built = {}
 build = marft.build
 marft.build = lambda cfg: built.setdefault("parts", build(cfg))  # keep the model and the value heads to compare

@@ -33,9 +33,9 @@ def tiny_options(model_dir, out, name, *extra):
             "--threads", "1", "--output_dir", str(out), "--run_name", name, "--dist_timeout_minutes", "2", *extra]
 
 
-def torchrun(options, timeout=300):
+def torchrun(options, timeout=300, env=None):
     """2 gloo ranks of tests/distributed_worker.py; fails the test with their output when they fail."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(ROOT / "tests" / "distributed_worker.py"), *options],
                           env=env, capture_output=True, text=True, timeout=timeout)

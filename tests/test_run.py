@@ -49,6 +49,16 @@ def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     assert str(err.value).startswith(option)
 
 
+def test_vllm_under_torchrun_takes_one_engine_per_rank(monkeypatch):
+    """Under torchrun every rank's engine generates that rank's episodes: an engine sharded over
+    several ranks (tensor parallel) is refused at start; one per rank is accepted."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as err:
+        run.parse_args(["--backend", "vllm", "--vllm_tensor_parallel_size", "2"])
+    assert str(err.value).startswith("--vllm_tensor_parallel_size")
+    assert run.parse_args(["--backend", "vllm"]).backend == "vllm"
+
+
 def test_cyclic_profile_file_is_rejected_at_start(tmp_path):
     profile = tmp_path / "cyclic.json"
     profile.write_text(json.dumps({
