@@ -35,6 +35,9 @@ is a smoke test of every section in a few minutes (CI: the memory-lean setting i
 the learning section runs `single` and `chain-group`, seed 1 only); the full mode takes about two
 and a half hours on 2 cores (10 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
+Each learning run's metrics.jsonl is kept in <out>/learning/metrics/<run>/, which the plot is drawn
+from, so a later `--merge` on another machine redraws it; rows merged from a report that kept no
+metrics stay in the table and are named as missing from the figure.
 """
 from __future__ import annotations
 
@@ -251,10 +254,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
         raise SystemExit(f"--merge: the earlier learning runs had {earlier['time_limit_minutes']} min each, these "
                          f"{minutes}: an equal-time comparison needs the same --learning_minutes")
     table = dict(earlier["runs"]) if earlier else {}
-    missing = [run for run in table if not (out / "runs" / f"learning-{run}").is_dir()]
-    if missing:
-        raise SystemExit(f"--merge: the earlier learning runs {missing} have no folder in {out / 'runs'}, which the plot "
-                         "redraws from; merge on the machine that ran them")
+    kept = out / "learning" / "metrics"  # each run's metrics.jsonl, kept with the report: the plot redraws from them
     for name in runs:
         agents_name, _, estimator = name.partition("-")
         episodes = 2 if quick else DEFAULTS.batch_size  # per iteration, for both estimators
@@ -268,6 +268,8 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                 args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]),
                          "--eval_problems", str(sizes["eval_problems"])]
             rows, peak = run_marft(out, f"learning-{name}-seed{seed}", args, threads)
+            (kept / f"{name}-seed{seed}").mkdir(parents=True, exist_ok=True)
+            shutil.copy(out / "runs" / f"learning-{name}-seed{seed}" / "metrics.jsonl", kept / f"{name}-seed{seed}")
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
                 "measured": date.today().isoformat(), "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
@@ -275,9 +277,12 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
                 "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"]}
     figures = out / "learning"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(out / "runs" / f"learning-{a}") for a in table),
-                    "--labels", ",".join(table), "--out", str(figures)], check=True, cwd=ROOT)
-    return {"time_limit_minutes": minutes, "runs": table,
+    plotted = [run for run in table if (kept / run / "metrics.jsonl").is_file()]  # runs merged from an older report may have none
+    if unplotted := [run for run in table if run not in plotted]:
+        print(f"bench: {unplotted} stay in the table but not in the plot: their metrics were not kept in {kept}", flush=True)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(kept / run) for run in plotted),
+                    "--labels", ",".join(plotted), "--out", str(figures)], check=True, cwd=ROOT)
+    return {"time_limit_minutes": minutes, "runs": table, "plotted": plotted,
             "figures": [str(p.relative_to(out)) for p in sorted(figures.glob("*.png"))]}
 
 
@@ -342,6 +347,9 @@ def markdown(report: dict) -> str:
                   f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
                   f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
                   for run, r in learn["runs"].items()]
+        plotted = learn.get("plotted", list(learn["runs"]))
+        if len(plotted) < len(learn["runs"]):
+            lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
         lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
     return "\n".join(lines)
 

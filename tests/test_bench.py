@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -57,14 +58,22 @@ def test_quick_mode_measures_every_section(tmp_path):
     (tmp_path / "bench.md").unlink()
     bench.main(["--render_only", "--out", str(tmp_path)])
     assert (tmp_path / "bench.md").read_text() == text
-    # --merge adds a configuration to the comparison and keeps everything else.
+    # --merge adds a configuration to the comparison and keeps everything else, also on a machine
+    # without the earlier run folders: the plot redraws from the metrics kept beside the report,
+    # and a row whose metrics were not kept stays in the table, out of the figure.
+    assert report["learning"]["plotted"] == ["single-seed1", "chain-group-seed1"]
+    shutil.rmtree(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "learning" / "metrics" / "single-seed1")
     bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--learning_runs", "parallel",
                 "--out", str(tmp_path)])
     merged = json.loads((tmp_path / "bench.json").read_text())
     assert set(merged["learning"]["runs"]) == {"single-seed1", "chain-group-seed1", "parallel-seed1"}
+    assert merged["learning"]["plotted"] == ["chain-group-seed1", "parallel-seed1"]
     assert merged["throughput"] == report["throughput"] and merged["memory"] == report["memory"]
     assert merged["learning"]["runs"]["single-seed1"] == report["learning"]["runs"]["single-seed1"]
-    assert "| parallel, critic + GAE, seed 1 |" in (tmp_path / "bench.md").read_text()
+    text = (tmp_path / "bench.md").read_text()
+    assert "| parallel, critic + GAE, seed 1 |" in text and "| single, critic + GAE, seed 1 |" in text
+    assert "The figures show the runs chain-group-seed1, parallel-seed1" in text
 
 
 def test_learning_runs_must_name_a_built_in_organisation_and_merge_needs_a_report(tmp_path):
