@@ -1,4 +1,4 @@
-"""Evaluate the base model or a checkpoint of a MARFT run on a math data set.
+"""Evaluate the base model or a checkpoint of a MARFT run on a math or code data set.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129). README: "Evaluating". The agents play exactly the
 episodes of training (`rollout.run_episodes`: every agent acts in σ order on its unrolled
@@ -23,7 +23,9 @@ formulas are those of rollout.py's docstring, computed by `rollout.heldout_metri
     eval/unparseable_rate   graded answers without a parseable \\boxed{}, over all sampled graded answers
 
 c_p is the number of solved sampled episodes of problem p; an episode is solved when every graded
-answer of its last step is correct. The same numbers are broken down per level and per subject
+answer of its last step is correct (code tasks: every graded program passed every test; the report
+then also counts how the graded programs ended, sampled and greedy: passed, failed, syntax_error,
+timeout, crash, no_program, and "unparseable" means no program). The same numbers are broken down per level and per subject
 (`Problem.level`, `Problem.type`; rows without one are grouped as "(none)").
 
 A transcript is one complete sampled episode: the problem, its gold answer, and for every step
@@ -66,7 +68,8 @@ import torch
 import agents as agents_lib
 import run as run_lib
 from envs import Grader, Problem, load_problems
-from flex_pomdp import Organisation, load_organisation
+from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
+from flex_pomdp import CODE_ORGANISATIONS, Organisation, load_organisation
 from rollout import Rollout, heldout_metrics, pass_at_k, solved_counts
 from run import Config
 
@@ -91,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="organisation without --run: single | chain | chain3 | chain4 | parallel, or a profile "
                            f"JSON file (default: {Config.agents}); with --run it comes from config.json")
     data = parser.add_argument_group("data")
-    data.add_argument("--data", default="arithmetic",
+    data.add_argument("--data", default=None,
                       help="arithmetic (the generated held-out task; with --run its levels and seed), arithmetic:1,2,3 "
-                           "(levels), a MATH/GSM8K .jsonl/.json file, or an HF dataset id (default: arithmetic)")
+                           "(levels), code (the generated code task's held-out split), humaneval, a MATH/GSM8K/MBPP "
+                           ".jsonl/.json file, or an HF dataset id (default: code for a code organisation, else arithmetic)")
     data.add_argument("--split", default="test",
                       help="split of the generated task or of an HF dataset (a file is its own split; default: test)")
     data.add_argument("--limit", type=int, default=None, help="evaluate the first N problems (default: all)")
@@ -258,7 +262,8 @@ def transcripts(rollout: Rollout, problems: list[Problem], org: Organisation, co
             if org.orchestrator:  # the realised D_t: executors called, in order, and how the step ended
                 steps[-1] |= {"calls": rollout.calls[b][t], "ended_by": rollout.step_ends[b][t]}
         result.append({"episode": b, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
-                       "type": problem.type, "solved": rollout.solved[b], "steps": steps})
+                       "type": problem.type, "solved": rollout.solved[b], "steps": steps}
+                      | ({"tests": list(problem.tests)} if problem.tests else {}))
     return result
 
 
@@ -307,6 +312,8 @@ def format_table(report: dict) -> str:
         lines.append(f"orchestration (greedy): {metrics['eval/calls_per_episode']:.2f} calls per episode ({per_role}); "
                      f"finish {metrics['eval/finish_rate']:.2f}, max_calls {metrics['eval/max_calls_rate']:.2f}, "
                      f"errors {metrics['eval/orchestration_errors']:.2f} of the steps")
+    for kind, counts in report.get("program_outcomes", {}).items():  # code tasks: how the graded programs ended
+        lines.append(f"programs ({kind}): " + ", ".join(f"{outcome} {count}" for outcome, count in counts.items()))
     lines.append(f"wall time {report['wall_seconds']:.0f} s ({report['wall_seconds'] / 60:.1f} min)")
     return "\n".join(lines)
 
@@ -314,7 +321,8 @@ def format_table(report: dict) -> str:
 def format_transcript(transcript: dict) -> str:
     lines = [f"--- episode {transcript['episode']} ({'solved' if transcript['solved'] else 'not solved'}) "
              f"[{transcript['level'] or NO_GROUP} · {transcript['type'] or NO_GROUP}]",
-             f"problem: {transcript['problem']}", f"gold answer: {transcript['answer']}"]
+             f"problem: {transcript['problem']}"]
+    lines += [f"test: {test}" for test in transcript["tests"]] if "tests" in transcript else [f"gold answer: {transcript['answer']}"]
     for step in transcript["steps"]:
         for action in step["actions"]:
             lines.append(f"[step {step['step']}] {action['role']}: {action['text'].strip()}")
@@ -372,6 +380,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         load_organisation(cfg.agents, cfg.anonymous)
     except ValueError as err:
         raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
+    if args.data is None:
+        args.data = "code" if cfg.agents in CODE_ORGANISATIONS else "arithmetic"
     return run_dir, checkpoint, cfg, data_seed
 
 
@@ -389,6 +399,7 @@ def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) ->
         problems = problems[: args.limit]
     if not problems:
         raise SystemExit(f"--data={args.data!r}: no problems to evaluate")
+    run_lib.check_task_fits(cfg.agents, problems, "data")
     return source, problems
 
 
@@ -453,6 +464,10 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
         "diagnostics": {"truncated_prompts": sampled.truncated_prompts + (greedy.truncated_prompts if greedy else 0),
                         "generation_seconds": sampled.generation_seconds + (greedy.generation_seconds if greedy else 0.0)},
         "transcripts": transcripts(sampled, problems, org, args.transcripts),
+        # code tasks: how many graded programs ended each way, sampled and greedy
+        "program_outcomes": {kind: {o: rollout.program_outcomes.get(o, 0) for o in PROGRAM_OUTCOMES}
+                             for kind, rollout in (("sampled", sampled), ("greedy", greedy))
+                             if rollout is not None and rollout.program_outcomes},
     }
 
 

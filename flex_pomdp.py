@@ -321,14 +321,39 @@ _SYSTEM_PROMPTS = {
 }
 
 
-def _builtin(agents: list[tuple[str, str, bool]], dependencies: list[tuple[str, str]]) -> Organisation:
+# The code task's agents (envs/code_env.py grades the last ```python block of a graded agent). The
+# example task is no task of the generated set (whose functions all carry a constant in their name).
+_CODE_EXAMPLE_PROBLEM = "Write a Python function `square(x)` that returns x multiplied by itself. " \
+                        "Answer with the function in one ```python block."
+_CODE_EXAMPLE_PROGRAM = "```python\ndef square(x):\n    return x * x\n```"
+_CODE_EXAMPLE_ACTIONS = {
+    "code_planner": "Multiply x by itself and return the product.",
+    "coder": _CODE_EXAMPLE_PROGRAM,
+    "reviewer": "The coder's function is right.\n" + _CODE_EXAMPLE_PROGRAM,
+}
+_CODE_SYSTEM_PROMPTS = {
+    "code_planner": ("You are the planner of a programming team. Read the task and say in one short sentence how "
+                     "the function computes its result. Write no code."),
+    "coder": ("You are the coder of a team. Follow the planner's note if there is one, and answer with the "
+              "function in one ```python block."),
+    "lone_coder": "You are a Python programmer. Answer with the function the task asks for in one ```python block.",
+    "reviewer": ("You are the reviewer of a team. Check the coder's function against the task, and answer with the "
+                 "corrected function (the same one if it is right) in one ```python block."),
+}
+_TASK_TEXTS = {  # task → (example problem, example action of each kind, system prompt of each kind)
+    "math": (_EXAMPLE_PROBLEM, {**_EXAMPLE_ACTIONS, "lone_solver": _EXAMPLE_ACTIONS["solver"]}, _SYSTEM_PROMPTS),
+    "code": (_CODE_EXAMPLE_PROBLEM, {**_CODE_EXAMPLE_ACTIONS, "lone_coder": _CODE_EXAMPLE_PROGRAM}, _CODE_SYSTEM_PROMPTS),
+}
+
+
+def _builtin(agents: list[tuple[str, str, bool]], dependencies: list[tuple[str, str]], task: str = "math") -> Organisation:
     """Build an organisation from (role, kind, graded) triples; `kind` picks prompt and example line."""
+    example_problem, example_actions, system_prompts = _TASK_TEXTS[task]
     profiles = []
     for role, kind, graded in agents:
-        parents = [(other, _EXAMPLE_ACTIONS[other_kind]) for other, other_kind, _ in agents if (other, role) in dependencies]
-        example_reply = _EXAMPLE_ACTIONS["solver" if kind == "lone_solver" else kind]
-        example = (unrolled_user_text(_EXAMPLE_PROBLEM, parents), example_reply)
-        profiles.append(AgentProfile(role, _SYSTEM_PROMPTS[kind], graded, (example,)))
+        parents = [(other, example_actions[other_kind]) for other, other_kind, _ in agents if (other, role) in dependencies]
+        example = (unrolled_user_text(example_problem, parents), example_actions[kind])
+        profiles.append(AgentProfile(role, system_prompts[kind], graded, (example,)))
     return make_organisation(profiles, dependencies)
 
 
@@ -374,7 +399,14 @@ BUILTIN_ORGANISATIONS = {
     "parallel": lambda: _builtin([("solver_a", "lone_solver", True), ("solver_b", "lone_solver", True)], []),
     # A dynamic D: the orchestrator calls the planner, the solver or the verifier, up to 3 calls a step.
     "orchestrated": _orchestrated,
+    # Code tasks (--data code | humaneval | an MBPP file): the graded agent's last ```python block is run.
+    "coder": lambda: _builtin([("coder", "lone_coder", True)], [], task="code"),
+    "planner_coder": lambda: _builtin([("planner", "code_planner", False), ("coder", "coder", True)], [("planner", "coder")],
+                                      task="code"),
+    "coder_reviewer": lambda: _builtin([("coder", "coder", False), ("reviewer", "reviewer", True)], [("coder", "reviewer")],
+                                       task="code"),
 }
+CODE_ORGANISATIONS = ("coder", "planner_coder", "coder_reviewer")  # the built-ins whose prompts ask for programs
 
 
 def organisation_from_dict(spec: dict, where: str) -> Organisation:

@@ -95,9 +95,9 @@ import critic as critic_lib
 import distributed
 import ppo
 import run as run_lib
-from envs import Grader, Problem, load_problems, make_arithmetic_problems
+from envs import Grader, Problem, load_problems, make_arithmetic_problems, make_code_problems
 from flex_pomdp import Organisation, load_organisation
-from rollout import Rollout, heldout_metrics, orchestration_metrics, run_episodes
+from rollout import Rollout, heldout_metrics, orchestration_metrics, program_metrics, run_episodes
 from run import Config
 
 
@@ -476,18 +476,23 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
     """(train problems, held-out problems). A data source that cannot be read ends the run at
     start with one paragraph naming the option, the file and line, and the fix."""
+    generated = cfg.data in ("arithmetic", "code")  # the project's own tasks, split by seed
     if cfg.data == "arithmetic":
         levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
         train = make_arithmetic_problems("train", seed=cfg.seed, levels=levels)
         held_out = make_arithmetic_problems("test", seed=cfg.seed, levels=levels)
+    elif cfg.data == "code":
+        train, held_out = make_code_problems("train", seed=cfg.seed), make_code_problems("test", seed=cfg.seed)
     else:
         train, held_out = read_problems("data", cfg.data, "train", cfg), []
     if cfg.eval_data:
         held_out = read_problems("eval_data", cfg.eval_data, "test", cfg)
-    elif cfg.data != "arithmetic":
+    elif not generated:
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
         train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
+    run_lib.check_task_fits(cfg.agents, train, "data")
+    run_lib.check_task_fits(cfg.agents, held_out, "eval_data")
     return train, held_out[: cfg.eval_problems]
 
 
@@ -547,6 +552,7 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),
         **timer.metrics(),
         **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
+        **program_metrics(rollout, "charts"),  # code tasks: how the programs ended
     }
     if returns is not None:  # the critic's metrics
         metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)

@@ -29,7 +29,8 @@ Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes ea
     eval/accuracy          mean over problems of c_p / k (pass@1 estimated from k samples)
     eval/pass@k            mean over problems of 1 − C(k − c_p, k) / C(k, k)  (= any sample right)
     eval/accuracy_greedy   one greedy episode per problem
-    eval/unparseable_rate  graded answers with no parseable \\boxed{}, over all graded answers
+    eval/unparseable_rate  graded answers with no parseable \\boxed{} (code: no program), over all graded answers
+    eval/program/<outcome> code tasks: the fraction of sampled programs that passed, failed, …
     eval/calls_per_episode, eval/calls/<role>, eval/finish_rate, eval/max_calls_rate,
     eval/orchestration_errors   (orchestrated only) `orchestration_metrics` of the greedy episodes
 
@@ -47,7 +48,8 @@ import torch
 
 import agents as agents_lib
 import distributed
-from envs import Grader, MathEnv, Problem
+from envs import CodeEnv, Grader, MathEnv, Problem
+from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
 from flex_pomdp import FINISH, TEAM_ANSWER, Organisation, parse_decision, realised_messages, unrolled_messages
 from run import Config
 
@@ -78,6 +80,8 @@ class Rollout:
     unparseable: int = 0  # graded answers with no parseable \boxed{}
     ungraded: int = 0  # graded answers whose check timed out or crashed the grader
     graded_answers: int = 0
+    # Code tasks: how many graded programs ended each way (passed, failed, syntax_error, timeout, crash, no_program).
+    program_outcomes: dict[str, int] = field(default_factory=dict)
     truncated_prompts: int = 0
     generation_seconds: float = 0.0
     # Orchestrated organisations only: [B][t] the executors called, in order, and how the step ended
@@ -136,8 +140,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     B, T = len(problems), cfg.horizon
     role_rewards = {a.role: a.rewards for a in org.agents}
     graded = [TEAM_ANSWER] if org.orchestrator else list(org.graded_roles)
-    envs = [MathEnv(p, grader, graded, horizon=T, format_penalty=cfg.format_penalty, role_rewards=role_rewards)
-            for p in problems]
+    envs = [make_env(p, grader, graded, cfg, role_rewards) for p in problems]
     observations = [env.reset() for env in envs]
     out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T),
                   solved=[False] * B, outcomes=[[] for _ in range(B)],
@@ -192,10 +195,27 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
             out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
             out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
             out.graded_answers += len(info["outcomes"])
+            for outcome in info.get("program_outcomes", {}).values():
+                out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + 1
             if not done:
                 still_active.append(b)
         active = still_active
     return out
+
+
+def make_env(problem: Problem, grader: Grader, graded: list[str], cfg: Config, role_rewards: dict):
+    """The environment of one episode: the code environment for a problem with tests (a program is
+    run against them), the math environment otherwise (a \\boxed{} answer is graded)."""
+    if problem.tests:
+        return CodeEnv(problem, graded, horizon=cfg.horizon, all_or_nothing=cfg.code_all_or_nothing, role_rewards=role_rewards)
+    return MathEnv(problem, grader, graded, horizon=cfg.horizon, format_penalty=cfg.format_penalty, role_rewards=role_rewards)
+
+
+def program_metrics(rollout: Rollout | None, prefix: str) -> dict[str, float]:
+    """Code tasks: the fraction of graded programs that ended each way (`<prefix>/program/<outcome>`)."""
+    total = sum(rollout.program_outcomes.values()) if rollout else 0
+    return {f"{prefix}/program/{outcome}": rollout.program_outcomes.get(outcome, 0) / total
+            for outcome in PROGRAM_OUTCOMES} if total else {}
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
@@ -225,6 +245,9 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
         out.role_reward[new] = part.role_reward[s]
     for counter in ("unparseable", "ungraded", "graded_answers", "truncated_prompts"):
         setattr(out, counter, sum(getattr(part, counter) for part in parts))
+    for part in parts:
+        for outcome, count in part.program_outcomes.items():
+            out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + count
     out.generation_seconds = max(part.generation_seconds for part in parts)  # the ranks generate side by side
     return out
 
@@ -320,6 +343,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         counts = solved_counts(sampled, len(problems))
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)
+        metrics |= program_metrics(sampled, "eval")  # code tasks: how the sampled programs ended
         if samples > 1:
             metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
     greedy_rollout = None

@@ -41,7 +41,7 @@ import agents as agents_lib
 import distributed
 import ppo
 from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS
-from flex_pomdp import load_organisation
+from flex_pomdp import BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, load_organisation
 
 
 @dataclass
@@ -68,9 +68,9 @@ class Config:
 
     # --- task ---
     data: str = "arithmetic"
-    """training problems: "arithmetic" (generated), a MATH/GSM8K .jsonl/.json file, or an HF dataset id"""
+    """training problems: "arithmetic" or "code" (generated), "humaneval", a MATH/GSM8K/MBPP .jsonl/.json file, or an HF dataset id"""
     eval_data: str = ""
-    """held-out problems; empty: the arithmetic test split, or the last eval_problems rows of `data`"""
+    """held-out problems; empty: the arithmetic or code test split, or the last eval_problems rows of `data`"""
     arithmetic_levels: str = ",".join(map(str, DEFAULT_ARITHMETIC_LEVELS))
     """levels of the generated task: 1 a+b, 2 a*b (one digit), 3 two-digit+one-digit, 4 two-digit*one-digit"""
     skip_malformed_rows: bool = False
@@ -81,6 +81,8 @@ class Config:
     """H: steps per episode; after a wrong answer the agents get feedback and try again"""
     format_penalty: float = 0.0
     """subtracted from the reward when a graded answer has no parseable \\boxed{}"""
+    code_all_or_nothing: bool = False
+    """code tasks: reward 1 only when every test passes (default: the fraction of tests passed)"""
 
     # --- rollout ---
     iterations: int = 12
@@ -339,6 +341,21 @@ def validate(cfg: Config) -> None:
          "device", "use auto, cpu, or cuda[:k] on a machine where torch sees a GPU")
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
+
+
+def check_task_fits(agents: str, problems: list, option: str) -> None:
+    """Code tasks (problems with tests) and math problems need organisations whose prompts ask for
+    a program or for a \\boxed{} answer: a built-in of the other kind, or a mix, stops the run."""
+    kinds = {bool(p.tests) for p in problems}
+    if len(kinds) > 1:
+        raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
+    code = kinds == {True}
+    if agents in CODE_ORGANISATIONS and not code:
+        raise SystemExit(f"--agents={agents!r} is a code organisation, but --{option} holds math problems: "
+                         "use --data code, humaneval or an MBPP-format file, or a math organisation (e.g. chain)")
+    if code and agents in BUILTIN_ORGANISATIONS and agents not in CODE_ORGANISATIONS:
+        raise SystemExit(f"--agents={agents!r} asks for \\boxed{{}} answers, but --{option} holds code tasks: "
+                         f"use a code organisation ({', '.join(CODE_ORGANISATIONS)}) or a profile file")
 
 
 # ---------------------------------------------------------------------------------------------

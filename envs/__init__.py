@@ -15,13 +15,18 @@ Contents:
 * `problems` -- `Problem` rows, `extract_boxed`, `load_problems` (local JSON/JSONL files,
   Hugging Face datasets, the generated arithmetic task `make_arithmetic_problems`);
 * `grader`   -- `Grader`: math-verify grading with timeouts that work from any thread;
-* `math_env` -- `MathEnv`: one episode on one math problem.
+* `math_env` -- `MathEnv`: one episode on one math problem;
+* `code_problems` -- code tasks (`Problem` rows with tests): the generated task, HumanEval, MBPP rows;
+* `code_env` -- `CodeEnv`: one episode of writing a program for one code task;
+* `sandbox` -- `run_tests`: a program and its tests in an isolated, limited child process.
 
 This package imports nothing else from the project.
 """
 
 from typing import Protocol, runtime_checkable
 
+from .code_env import CodeEnv, extract_program
+from .code_problems import load_humaneval, make_code_problems
 from .grader import Grader
 from .math_env import ROLE_REWARD_TERMS, MathEnv
 from .problems import DEFAULT_ARITHMETIC_LEVELS, Problem, extract_boxed, load_problems, make_arithmetic_problems
@@ -40,6 +45,10 @@ __all__ = [
     "Environment",
     "Grader",
     "MathEnv",
+    "CodeEnv",
+    "extract_program",
+    "make_code_problems",
+    "load_humaneval",
     "ROLE_REWARD_TERMS",
     "Problem",
     "extract_boxed",

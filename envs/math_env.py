@@ -71,6 +71,17 @@ def feedback_observation(
     return problem_text + "\n\n" + " ".join(lines) + " Try again."
 
 
+def check_step_call(env, joint_action: dict[str, str]) -> None:
+    """The protocol's preconditions of step(): reset() first, not past the end, every graded role acted."""
+    if env.steps_taken is None:
+        raise ValueError("call reset() before step()")
+    if env.done:
+        raise ValueError("step() called after the episode ended; call reset() to start again")
+    missing = [role for role in env.graded_roles if role not in joint_action]
+    if missing:
+        raise ValueError(f"joint_action has no response for graded role(s) {missing}; it has {sorted(joint_action)}")
+
+
 class MathEnv:
     """One episode of answering `problem`, graded on the responses of `graded_roles`.
 
@@ -116,16 +127,7 @@ class MathEnv:
         return self.problem.problem
 
     def step(self, joint_action: dict[str, str]) -> tuple[str, float, bool, dict]:
-        if self.steps_taken is None:
-            raise ValueError("call reset() before step()")
-        if self.done:
-            raise ValueError("step() called after the episode ended; call reset() to start again")
-        missing = [role for role in self.graded_roles if role not in joint_action]
-        if missing:
-            raise ValueError(
-                f"joint_action has no response for graded role(s) {missing}; "
-                f"it has {sorted(joint_action)}"
-            )
+        check_step_call(self, joint_action)
 
         responses = [joint_action[role] for role in self.graded_roles]
         grades = self.grader.grade_many([self.problem.answer] * len(responses), responses)

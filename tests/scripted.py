@@ -29,11 +29,16 @@ class ScriptedTeam:
                 texts.append("Compute it.")
             else:
                 texts.append(f"\\boxed{{{answer if answer % 3 else answer + 1}}}")
-        ids = [self.tokenizer(text, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id] for text in texts]
-        return agents.Actions(ids, [[0.0] * len(x) for x in ids])
+        return scripted_actions(self.tokenizer, texts)
 
     def sync(self, model):
         pass
 
     def close(self):
         pass
+
+
+def scripted_actions(tokenizer, texts: list[str]) -> agents.Actions:
+    """The token ids of each text followed by EOS, as a backend returns them (log-probs 0)."""
+    ids = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in texts]
+    return agents.Actions(ids, [[0.0] * len(x) for x in ids])

@@ -1,0 +1,116 @@
+"""The code environment: one episode of writing a program that must pass a problem's unit tests.
+
+The Flex-POMDP of the math task with another grader: the state is the task plus the feedback so
+far, a joint action is one response per agent, and the team reward comes from the graded agents'
+programs, run against the problem's tests in the sandbox (envs/sandbox.py). Each step:
+
+* every graded role's program is the last fenced python block of its response (```python … ```;
+  a block left open by the token limit counts up to the end of the response); none: outcome
+  "no_program", reward 0;
+* the program runs with the tests; its reward is the fraction of tests passed
+  (`all_or_nothing`: 1 if every test passed, else 0), and the team reward R_t is the mean over
+  the graded roles;
+* the episode ends when every graded program passed, or after `horizon` steps;
+* otherwise the next observation is the task followed by feedback on each failed program: the
+  first failing test and its error, or the syntax error, the timeout, the crash, the missing
+  block ("multi-turn repair": with --horizon 2 a team sees why its program failed and tries again).
+
+`info["outcomes"]` speaks the environment protocol (envs/__init__.py): "correct" (every test
+passed), "wrong", or "unparseable" (no program); `info["program_outcomes"]` holds the finer
+sandbox outcome of each graded role: passed | failed | syntax_error | timeout | crash | no_program.
+Per-role reward terms of profiles are math terms (`\\boxed{}`): a code task refuses them.
+"""
+from __future__ import annotations
+
+import re
+
+from .math_env import check_step_call
+from .problems import Problem
+from .sandbox import NO_PROGRAM, PASSED, SYNTAX_ERROR, TIMEOUT, Limits, TestReport, run_tests
+
+# ```python or ```py (or a bare ```) … ```; the last block wins, an unclosed last block runs to the end.
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def extract_program(response: str) -> str | None:
+    """The last fenced python block of a response, or None when it has none (or only blank ones)."""
+    blocks = [b for b in _FENCE.findall(response) if b.strip()]
+    return blocks[-1] if blocks else None
+
+
+def program_feedback(subject: str, report: TestReport | None, tests: tuple[str, ...]) -> str:
+    """One paragraph on a program that did not pass: what went wrong, with the first failing test."""
+    if report is None:
+        return f"{subject} previous answer had no ```python block."
+    if report.outcome == SYNTAX_ERROR:
+        return f"{subject} previous program has a syntax error: {report.detail}"
+    failing = report.first_failure
+    if failing is None or report.tests[failing] == "not_run":
+        what = "ran out of time" if report.outcome == TIMEOUT else f"stopped before the tests: {report.detail}"
+        return f"{subject} previous program {what}."
+    test = tests[failing] if len(tests[failing]) <= 300 else tests[failing][:300] + " …"
+    result = {"timeout": "ran out of time", "failed": "failed", "error": "raised an error"}[report.tests[failing]]
+    return f"{subject} previous program failed this test ({result}: {report.detail}):\n{test}"
+
+
+class CodeEnv:
+    """One episode of writing a program for `problem` (whose `tests` are Python statements that run
+    in the program's namespace), graded on the responses of `graded_roles`.
+
+    reset(seed=None) -> the task text.
+    step(joint_action) -> (observation, reward, done, info) with
+        info = {"outcomes": {role: "correct" | "wrong" | "unparseable"},
+                "program_outcomes": {role: passed | failed | syntax_error | timeout | crash | no_program},
+                "correct": every graded program passed every test,
+                "step": index of the step just taken}.
+    """
+
+    def __init__(self, problem: Problem, graded_roles: list[str], horizon: int = 1, limits: Limits = Limits(),
+                 all_or_nothing: bool = False, role_rewards: dict | None = None):
+        if not problem.tests:
+            raise ValueError("the problem has no tests: a code task needs at least one")
+        if not graded_roles:
+            raise ValueError("graded_roles is empty: name at least one role whose program is graded")
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        if any(terms for terms in (role_rewards or {}).values()):
+            raise ValueError("per-role reward terms (profile 'rewards') score \\boxed{} answers: a code task takes none")
+        self.problem, self.graded_roles, self.horizon = problem, list(graded_roles), horizon
+        self.limits, self.all_or_nothing = limits, all_or_nothing
+        self.steps_taken: int | None = None
+        self.done = False
+
+    def reset(self, seed: int | None = None) -> str:
+        self.steps_taken, self.done = 0, False
+        return self.problem.problem
+
+    def step(self, joint_action: dict[str, str]) -> tuple[str, float, bool, dict]:
+        check_step_call(self, joint_action)
+        reports: dict[str, TestReport | None] = {}
+        for role in self.graded_roles:
+            program = extract_program(joint_action[role])
+            reports[role] = None if program is None else run_tests(program, list(self.problem.tests), self.limits)
+        scores = [self.score(report) for report in reports.values()]
+        step_index, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        all_passed = all(r is not None and r.outcome == PASSED for r in reports.values())
+        self.done = all_passed or self.steps_taken >= self.horizon
+        observation = self.problem.problem
+        if not self.done:
+            subjects = {role: "Your" if len(reports) == 1 else f"The {role}'s" for role in reports}
+            feedback = [program_feedback(subjects[role], report, self.problem.tests)
+                        for role, report in reports.items() if report is None or report.outcome != PASSED]
+            observation += "\n\n" + "\n".join(feedback) + "\nWrite the corrected program."
+        info = {
+            "outcomes": {role: "unparseable" if r is None else "correct" if r.outcome == PASSED else "wrong"
+                         for role, r in reports.items()},
+            "program_outcomes": {role: NO_PROGRAM if r is None else r.outcome for role, r in reports.items()},
+            "correct": all_passed,
+            "step": step_index,
+        }
+        return observation, sum(scores) / len(scores), self.done, info
+
+    def score(self, report: TestReport | None) -> float:
+        """Reward of one program: the fraction of tests passed, or all-or-nothing."""
+        if report is None:
+            return 0.0
+        return float(report.outcome == PASSED) if self.all_or_nothing else report.passed_fraction
