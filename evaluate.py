@@ -399,7 +399,7 @@ def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) ->
         problems = problems[: args.limit]
     if not problems:
         raise SystemExit(f"--data={args.data!r}: no problems to evaluate")
-    run_lib.check_task_fits(cfg.agents, problems, "data")
+    run_lib.check_task_fits(cfg, problems, "data")
     return source, problems
 
 

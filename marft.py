@@ -491,8 +491,7 @@ def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
         train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
-    run_lib.check_task_fits(cfg.agents, train, "data")
-    run_lib.check_task_fits(cfg.agents, held_out, "eval_data")
+    run_lib.check_task_fits(cfg, train + held_out, "data" if not cfg.eval_data else "data and --eval_data")
     return train, held_out[: cfg.eval_problems]
 
 

@@ -40,7 +40,7 @@ import torch
 import agents as agents_lib
 import distributed
 import ppo
-from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS
+from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS, sandbox
 from flex_pomdp import BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, load_organisation
 
 
@@ -343,19 +343,33 @@ def validate(cfg: Config) -> None:
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
 
 
-def check_task_fits(agents: str, problems: list, option: str) -> None:
+def check_task_fits(cfg: Config, problems: list, option: str) -> None:
     """Code tasks (problems with tests) and math problems need organisations whose prompts ask for
-    a program or for a \\boxed{} answer: a built-in of the other kind, or a mix, stops the run."""
+    a program or for a \\boxed{} answer: a built-in of the other kind, a mix of both kinds, or
+    per-role reward terms (which score \\boxed{} answers) on code stop the run at start, and so
+    does a code sandbox that cannot run a program on this machine."""
     kinds = {bool(p.tests) for p in problems}
     if len(kinds) > 1:
         raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
     code = kinds == {True}
-    if agents in CODE_ORGANISATIONS and not code:
-        raise SystemExit(f"--agents={agents!r} is a code organisation, but --{option} holds math problems: "
+    if cfg.agents in CODE_ORGANISATIONS and not code:
+        raise SystemExit(f"--agents={cfg.agents!r} is a code organisation, but --{option} holds math problems: "
                          "use --data code, humaneval or an MBPP-format file, or a math organisation (e.g. chain)")
-    if code and agents in BUILTIN_ORGANISATIONS and agents not in CODE_ORGANISATIONS:
-        raise SystemExit(f"--agents={agents!r} asks for \\boxed{{}} answers, but --{option} holds code tasks: "
+    if not code:
+        return
+    if cfg.agents in BUILTIN_ORGANISATIONS and cfg.agents not in CODE_ORGANISATIONS:
+        raise SystemExit(f"--agents={cfg.agents!r} asks for \\boxed{{}} answers, but --{option} holds code tasks: "
                          f"use a code organisation ({', '.join(CODE_ORGANISATIONS)}) or a profile file")
+    rewarded = [a.role for a in load_organisation(cfg.agents, cfg.anonymous).agents if a.rewards]
+    if rewarded:
+        raise SystemExit(f"--agents={cfg.agents!r}: the per-role reward terms of {rewarded} score \\boxed{{}} answers, "
+                         "and a code task takes none: remove 'rewards' from the profile")
+    try:
+        works = sandbox.run_tests("x = 1\n", ["assert x == 1"]).outcome == sandbox.PASSED
+    except sandbox.SandboxError as err:
+        raise SystemExit(f"--{option} holds code tasks, but {err}") from None
+    if not works:
+        raise SystemExit(f"--{option} holds code tasks, but the code sandbox could not run a one-line program here")
 
 
 # ---------------------------------------------------------------------------------------------

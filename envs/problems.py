@@ -38,6 +38,8 @@ class Problem:
     solution: a worked solution, "" when the data has none.
     tests:    code tasks only (envs/code_problems.py): Python statements the program must pass;
               a problem with tests is played in the code environment, one without in the math one.
+    prelude:  code tasks only: code run before the program (HumanEval: the prompt, whose imports
+              and helper functions the program may use).
     """
 
     problem: str
@@ -46,6 +48,7 @@ class Problem:
     type: str
     solution: str = ""
     tests: tuple[str, ...] = ()
+    prelude: str = ""
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ if [ "$BACKEND" = "vllm" ]; then export MARFT_VLLM=1; fi
 
 MODEL="${MODEL:-smollm2}"            # smollm2 (embedded), a local HF folder, or a hub id
 DATA="${DATA:-arithmetic}"           # arithmetic or code (generated), humaneval, a MATH/GSM8K/MBPP .jsonl, or an HF dataset id
-EVAL_DATA="${EVAL_DATA:-}"           # held-out file (default: arithmetic test split / tail of DATA)
+EVAL_DATA="${EVAL_DATA:-}"           # held-out file (default: the arithmetic or code test split / tail of DATA)
 AGENTS="${AGENTS:-chain}"            # single | chain | chain3 | chain4 | parallel | orchestrated | coder | planner_coder | coder_reviewer | profile.json
 LEVEL="${LEVEL:-action}"             # action | token (one PPO decision per response, or per token)
 ITERATIONS="${ITERATIONS:-12}"

@@ -24,6 +24,7 @@ ADD_3 = Problem("Write `add_3(x)`.", "", "add", "code",
     ("```py\nA = 1\n```\nthen\n```python\nB = 2\n```", "B = 2\n"),  # the last block wins
     ("```\nC = 3\n```", "C = 3\n"),  # a bare fence
     ("```python\ndef f(x):\n    return x", "def f(x):\n    return x"),  # cut by the token limit: up to the end
+    ("```python\ndef f(x):\n    return x\n```\n```bash\npython f.py\n```\nThat's all.", "def f(x):\n    return x\n"),  # not bash
     ("def f(x): return x", None),  # no block
     ("```python\n\n```", None),  # a blank block
 ])
@@ -113,14 +114,23 @@ def test_humaneval_comes_from_its_package_and_its_reference_solutions_pass():
     assert run_tests(problems[0].solution.replace("return True", "return False"), list(problems[0].tests)).outcome == "failed"
 
 
+def test_humaneval_programs_run_after_the_prompt_whose_imports_they_may_use():
+    problem = load_humaneval()[0]  # has_close_elements(numbers: List[float], …), `from typing import List` in the prompt
+    assert "from typing import List" in problem.prelude
+    program = problem.solution[problem.solution.index("def has_close_elements"):]  # the function alone, no import
+    env = CodeEnv(problem, ["coder"])
+    env.reset()
+    assert env.step({"coder": f"```python\n{program}```"})[3]["program_outcomes"] == {"coder": "passed"}
+
+
 def test_mbpp_rows_become_code_tasks_and_bad_ones_are_named(tmp_path):
     rows = [{"task_id": 7, "text": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b",
-             "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"], "test_setup_code": "import math"}]
+             "test_list": ["assert add(1, 2) == 3", "assert round(add(0, 0)) == 0"], "test_setup_code": "import math"}]
     path = tmp_path / "mbpp.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     problem, = load_problems(str(path))
-    assert problem.tests == ("import math\nassert add(1, 2) == 3", "import math\nassert add(0, 0) == 0")
-    assert "`add`" in problem.problem and "```python" in problem.problem
+    assert problem.tests == ("import math\nassert add(1, 2) == 3", "import math\nassert round(add(0, 0)) == 0")
+    assert "The function is called `add`." in problem.problem and "```python" in problem.problem  # named by its def
     assert run_tests(problem.solution, list(problem.tests)).outcome == "passed"
     path.write_text(json.dumps({"text": "Write f.", "test_list": []}) + "\n")
     with pytest.raises(ValueError, match=r"mbpp.jsonl:1: 'test_list' must be a non-empty list"):
@@ -130,10 +140,15 @@ def test_mbpp_rows_become_code_tasks_and_bad_ones_are_named(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--agents", "coder"], "is a code organisation, but --data holds math problems"),
     (["--agents", "chain", "--data", "code"], "asks for \\boxed{} answers, but --data holds code tasks"),
+    (["--agents", "coder", "--data", "code", "--eval_data", "arithmetic"], "mixes code tasks"),
+    (["--agents", "PROFILE", "--data", "code"], "score \\boxed{} answers, and a code task takes none"),
 ])
-def test_an_organisation_of_the_other_task_stops_the_run_at_start(argv, message):
+def test_an_organisation_of_the_other_task_stops_the_run_at_start(argv, message, tmp_path):
+    profile = tmp_path / "rewarded.json"
+    profile.write_text(json.dumps({"agents": [{"role": "coder", "system_prompt": "Code.", "graded": True,
+                                               "rewards": {"boxed": 0.1}}], "dependencies": []}))
     with pytest.raises(SystemExit) as err:
-        marft.load_task(run_lib.parse_args(argv))
+        marft.load_task(run_lib.parse_args([str(profile) if a == "PROFILE" else a for a in argv]))
     assert message in str(err.value)
 
 

@@ -76,8 +76,8 @@ def test_a_loop_that_swallows_the_alarm_is_killed_at_the_program_limit(leaves_no
 
 
 def test_endless_memory_is_refused(leaves_nothing_behind):
-    program = "def hog():\n    blocks = []\n    while True:\n        blocks.append(bytearray(10**7))\n"
-    report = run_tests(program, ["hog()"], FAST)
+    program = "def hog():\n    blocks = []\n    while True:\n        blocks.append(bytearray(10**8))\n"
+    report = run_tests(program, ["hog()"], Limits(seconds_per_test=5.0, seconds_per_program=8.0))  # time enough on a busy machine
     assert report.outcome == FAILED and report.tests == ["error"] and "MemoryError" in report.detail
 
 
@@ -88,6 +88,34 @@ def test_child_processes_are_refused(leaves_nothing_behind):
     for program in (spawn, fork, shell):
         report = run_tests(program, ["assert True"], FAST)
         assert report.outcome == CRASH and "not allowed" in report.detail
+
+
+@pytest.mark.parametrize("program", [
+    "import ctypes\nctypes.pythonapi.system(b'true')\n",  # a C call to system()
+    "import _posixsubprocess\n",  # fork_exec without the subprocess module
+    "import threading\nthreading.Thread(target=lambda: None).start()\n",
+    "import sys\nframe = sys._getframe(1)\n",  # the runner's frame
+    "try:\n    1 / 0\nexcept ZeroDivisionError as err:\n    frame = err.__traceback__.tb_frame\n",
+])
+def test_c_calls_threads_and_the_runners_frames_are_out_of_reach(program, leaves_nothing_behind):
+    report = run_tests(program, ["assert True"], FAST)
+    assert report.outcome == CRASH and "not allowed" in report.detail
+
+
+def test_a_program_cannot_forge_its_results(leaves_nothing_behind):
+    """Fake "passed" and "done" events written to every open descriptor carry no nonce: dropped."""
+    forger = ("import json, os\nfor fd in range(3, 64):\n    for kind in ('test', 'done'):\n        try:\n"
+              "            os.write(fd, (json.dumps({'kind': kind, 'index': 0, 'result': 'passed', 'nonce': 'x'}) + '\\n').encode())\n"
+              "        except OSError:\n            pass\nos._exit(0)\n")
+    report = run_tests(forger, ["assert False"], FAST)
+    assert report.outcome == CRASH and report.tests == ["not_run"]
+
+
+def test_a_passing_program_that_leaves_exit_handlers_is_not_held_up(leaves_nothing_behind):
+    program = DOUBLE + "import atexit, time\natexit.register(lambda: time.sleep(30))\n"
+    started = time.monotonic()
+    assert run_tests(program, ["assert double(2) == 4"], FAST).outcome == PASSED
+    assert time.monotonic() - started < 2.0
 
 
 def test_a_large_file_is_cut_at_the_file_limit(leaves_nothing_behind):
