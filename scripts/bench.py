@@ -277,6 +277,11 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
                 "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"]}
     figures = out / "learning"
+    for run in table:  # runs of a report older than the kept metrics: their run folder, where it is still here
+        folder = out / "runs" / f"learning-{run}"
+        if not (kept / run / "metrics.jsonl").is_file() and (folder / "metrics.jsonl").is_file():
+            (kept / run).mkdir(parents=True, exist_ok=True)
+            shutil.copy(folder / "metrics.jsonl", kept / run)
     plotted = [run for run in table if (kept / run / "metrics.jsonl").is_file()]  # runs merged from an older report may have none
     if unplotted := [run for run in table if run not in plotted]:
         print(f"bench: {unplotted} stay in the table but not in the plot: their metrics were not kept in {kept}", flush=True)
