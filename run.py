@@ -9,6 +9,7 @@ point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
     Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
     save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
     load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
+    return_freed_memory    freed tensor memory goes back to the OS (peak RSS follows the memory in use)
 
 Checkpoint layout (one folder per kept iteration):
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import ctypes
 import dataclasses
 import json
 import math
@@ -199,6 +201,10 @@ class Config:
     """prompts per generate() call"""
     forward_batch_size: int = 16
     """sequences per no-grad forward pass (log-probs, values)"""
+    micro_batch_tokens: int = 384
+    """token positions per gradient pass (the rows' shared prompt prefix once, then each row's own tokens padded to the longest): a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
+    prefix_sharing: bool = True
+    """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once per pass and reuse its keys/values, in generation (hf backend), log-probs, values and the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
     dist_timeout_minutes: float = 30.0
     """torchrun: a collective that waits longer than this raises an error instead of hanging"""
 
@@ -246,6 +252,23 @@ RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "bac
                    "dist_timeout_minutes")
 
 
+def return_freed_memory() -> None:
+    """Give the memory of freed tensors back to the OS, so that the resident memory follows the
+    memory in use. glibc serves blocks below its mmap threshold from its heap and raises that
+    threshold (up to 32 MiB) each time a larger mapped block is freed, so the heap keeps every
+    large activation buffer it ever held, and freed small blocks keep their pages. Fixing the
+    threshold at 1 MiB (mallopt M_MMAP_THRESHOLD) maps every larger tensor on its own and unmaps
+    it when freed; malloc_trim(0) returns the free pages of the heap. Called at start and at the
+    end of every phase. No-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    libc.malloc_trim(0)
+
+
 def read_config(run_dir: Path, option: str) -> Config:
     """The Config a run folder's config.json holds; `option` (e.g. "--resume") names the source in errors.
 
@@ -282,7 +305,8 @@ def validate(cfg: Config) -> None:
 
     for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
                    "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
-                   "generation_batch_size", "forward_batch_size", "keep_checkpoints", "max_nonfinite_steps"):
+                   "generation_batch_size", "forward_batch_size", "micro_batch_tokens", "keep_checkpoints",
+                   "max_nonfinite_steps"):
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
     for option in ("eval_interval", "agent_iteration_interval", "critic_warmup_iterations", "threads"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")

@@ -10,12 +10,14 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 adapters (random, nonzero LoRA weights), the same thread count, after one warm-up call.
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
-                averaged over its iterations; the evaluation is reported apart.
+                averaged over its iterations, with prefix sharing (the default) and without
+                (`--no-prefix_sharing`), one run after the other: `prefix_sharing_speedup` is the
+                ratio of their iteration times; the evaluation is reported apart.
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
                 (`--agents single | chain | chain4`) at the same number of problems per iteration,
-                by default and memory-lean (`--gradient_checkpointing`, glibc mmap threshold fixed at
-                1 MiB); the ratio 4-agent / 1-agent, the base model's and one adapter's size, and the
-                mean prompt length per agent position (later agents read earlier agents' actions).
+                with the default options (no flag); the ratio 4-agent / 1-agent, the base model's
+                and one adapter's size, and the mean prompt length per agent position (later
+                agents read earlier agents' actions).
     learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
                 orchestrated team (D decided step by step), critic + GAE, and the chain with group
                 advantages (no critic; G = 4 episodes of a quarter as many problems, as many
@@ -31,8 +33,8 @@ new organisation added to an earlier comparison: same machine, same `--learning_
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
-is a smoke test of every section in a few minutes (CI: the memory-lean setting is left out, and
-the learning section runs `single` and `chain-group`, seed 1 only); the full mode takes about two
+is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
+section runs `single` and `chain-group`, seed 1 only); the full mode takes about two
 and a half hours on 2 cores (10 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 Each learning run's metrics.jsonl is kept in <out>/learning/metrics/<run>/, which the plot is drawn
@@ -66,12 +68,12 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            eval_problems=4, learning_minutes=10.0, memory_settings=("default", "lean"),
+            eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated"), learning_seeds=(1, 2))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
-             memory_settings=("default",), learning_runs=("single", "chain-group"), learning_seeds=(1,))
+             learning_runs=("single", "chain-group"), learning_seeds=(1,))
 
 
 def machine() -> dict:
@@ -197,33 +199,36 @@ def short_run_args(sizes: dict, agents_name: str, iterations: int) -> list[str]:
 
 
 PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync", "eval")
-# Memory-lean setting: gradient checkpointing, and glibc returning freed activation buffers to the
-# OS (a fixed mmap threshold; by default glibc raises it and keeps freed buffers on its heap).
-LEAN = (["--gradient_checkpointing"], {"MALLOC_MMAP_THRESHOLD_": "1048576"})
+
+
+def phase_seconds(rows: list[dict]) -> dict:
+    """Mean seconds of each phase over a run's trained iterations (metrics `time/<phase>`)."""
+    trained = [r for r in rows if r["iteration"] > 0]
+    table = {"iterations": len(trained), **{f"{p}_seconds": sum(r[f"time/{p}"] for r in trained) / len(trained) for p in PHASES}}
+    table["iteration_seconds_without_eval"] = sum(table[f"{p}_seconds"] for p in PHASES if p != "eval")
+    return table
 
 
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
-    """One short run per organisation and setting: peak memory; the default chain run also gives
-    the seconds per phase."""
-    memory, phase_table = {setting: {} for setting in sizes["memory_settings"]}, {}
-    for setting in sizes["memory_settings"]:
-        for agents_name, count in (("single", 1), ("chain", 2), ("chain4", 4)):
-            is_phase_run = setting == "default" and agents_name == "chain"
-            if "memory" in skip and not is_phase_run:
-                continue
-            args = short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1)
-            extra_args, extra_env = LEAN if setting == "lean" else ([], {})
-            rows, peak = run_marft(out, f"memory-{setting}-{agents_name}", args + extra_args, threads, extra_env)
-            memory[setting][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
-            if is_phase_run:
-                trained = [r for r in rows if r["iteration"] > 0]
-                phase_table = {"iterations": len(trained), "problems_per_iteration": sizes["batch_size"],
-                               **{f"{p}_seconds": sum(r[f"time/{p}"] for r in trained) / len(trained) for p in PHASES}}
-                phase_table["iteration_seconds_without_eval"] = sum(phase_table[f"{p}_seconds"] for p in PHASES if p != "eval")
+    """One short run per organisation with the default options: peak memory; the chain run also
+    gives the seconds per phase, and a chain run without prefix sharing the comparison."""
+    memory, phase_table = {"default": {}}, {}
+    for agents_name, count in (("single", 1), ("chain", 2), ("chain4", 4)):
+        is_phase_run = agents_name == "chain"
+        if "memory" in skip and not is_phase_run:
+            continue
+        args = short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1)
+        rows, peak = run_marft(out, f"memory-default-{agents_name}", args, threads)
+        memory["default"][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
+        if is_phase_run and "phases" not in skip:
+            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows)}
+            plain_rows, plain_peak = run_marft(out, "phases-no-prefix-sharing", args + ["--no-prefix_sharing"], threads)
+            phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows), "peak_rss_mib": plain_peak}
+            phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
+                                                     / phase_table["iteration_seconds_without_eval"])
     if "memory" in skip:
         return phase_table, {}
-    for setting in sizes["memory_settings"]:
-        memory[setting]["ratio_4_to_1"] = memory[setting]["4_agents"]["peak_rss_mib"] / memory[setting]["1_agents"]["peak_rss_mib"]
+    memory["default"]["ratio_4_to_1"] = memory["default"]["4_agents"]["peak_rss_mib"] / memory["default"]["1_agents"]["peak_rss_mib"]
     base, tokenizer = agents.load_base_model(DEFAULTS.model)
     memory["base_model_mib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
     model = agents.attach_adapters(base, ["one"], lora_config())
@@ -318,25 +323,29 @@ def markdown(report: dict) -> str:
                       f"machine the {'hf' if b['hf_tokens_per_second'] >= b['vllm_tokens_per_second'] else 'vLLM'} "
                       f"backend generates faster.", ""]
     if p := report.get("phases"):
-        lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds |",
-                  "| --- | --- |"] + [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} |" for name in PHASES if name != "eval"]
-        lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** |", ""]
+        off = p.get("without_prefix_sharing")
+        lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds"
+                  + (" | without prefix sharing |" if off else " |"), "| --- | --- |" + (" --- |" if off else "")]
+        cell = lambda table, key, bold=False: (f"**{table[key]:.1f}**" if bold else f"{table[key]:.1f}")
+        lines += [f"| {name.replace('_', ' ')} | {cell(p, f'{name}_seconds')} |" + (f" {cell(off, f'{name}_seconds')} |" if off else "")
+                  for name in PHASES if name != "eval"]
+        lines += [f"| **iteration (without eval)** | {cell(p, 'iteration_seconds_without_eval', True)} |"
+                  + (f" {cell(off, 'iteration_seconds_without_eval', True)} |" if off else ""), ""]
+        if off:
+            lines += [f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
+                      f"(`prefix_sharing_speedup`; both runs in this report, one after the other).", ""]
     if mem := report.get("memory"):
-        lines += ["| agents | peak resident memory (MiB), default | memory-lean (checkpointing + glibc mmap threshold) |",
-                  "| --- | --- | --- |"]
-        lean = lambda key: f"{mem['lean'][key]['peak_rss_mib']:.0f}" if "lean" in mem else "—"
-        lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} | {lean(k)} |"
+        lines += ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
+        lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} |"
                   for k, v in mem["default"].items() if k.endswith("_agents")]
         lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
-        lean_ratio = f"{mem['lean']['ratio_4_to_1']:.2f}" if "lean" in mem else "—"
-        lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** | **{lean_ratio}** |", "",
+        lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** |", "",
                   f"The base model ({mem['base_model_mib']:.0f} MiB) is held once whatever the number of agents; each "
-                  f"agent adds its adapter ({mem['adapter_mib']:.1f} MiB) and its Adam state (2× that). The rest of the "
-                  f"growth is activations: later agents read earlier actions, so prompts grow along chain4 "
-                  f"({lengths} tokens), and a minibatch's activations grow with them. By default glibc also keeps "
-                  f"freed activation buffers on its heap, so the peak RSS holds the largest minibatch ever seen. "
-                  f"`--gradient_checkpointing` with `MALLOC_MMAP_THRESHOLD_=1048576` keeps only layer inputs "
-                  f"and returns freed buffers: memory-lean, at the cost of slower updates.", ""]
+                  f"agent adds its adapter ({mem['adapter_mib']:.1f} MiB) and its Adam state (2× that). Later agents "
+                  f"read earlier actions, so prompts grow along chain4 ({lengths} tokens); what keeps the activations "
+                  f"from growing with them: a gradient pass holds at most `--micro_batch_tokens` tokens (micro-batches "
+                  f"of one agent's rows, gradients accumulated), the prompt prefix a batch shares is computed once, "
+                  f"and freed tensors go back to the OS (run.return_freed_memory).", ""]
     if learn := report.get("learning"):
         lines += [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
                   f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "

@@ -200,7 +200,8 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_a
             agents.enable_gradient_checkpointing(model)
         calls = []
         base.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *_: calls.append(1))
-        logprob, _ = agents.action_logprobs(model, PROMPTS, RESPONSES, "solver", tokenizer.pad_token_id, "sum", 1.0)
+        logprob, _ = agents.action_logprobs(model, PROMPTS, RESPONSES, "solver", tokenizer.pad_token_id, "sum", 1.0,
+                                            share_prefix=False)  # one forward pass: the hook counts the recompute
         logprob.sum().backward()
         assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
         assert not any(layer.training for layer in base.model.layers)
@@ -303,3 +304,17 @@ def test_a_bfloat16_base_trains_float32_adapters_critic_and_optimiser_state(tiny
     row = json.loads((tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()[1])
     assert all(row[f"losses/nonfinite_steps/{name}"] == 0.0 for name in ("planner", "solver", "critic"))
     assert summary["final_iteration"] == 1
+
+
+def test_the_entropy_carries_a_gradient_only_for_an_entropy_bonus(setup):
+    """Without a bonus the entropy is a metric: its [n, L, V] intermediates are not kept for the
+    backward pass. With one, its gradient reaches the adapter and is that of the entropy."""
+    model, tokenizer, _ = setup
+    pad = tokenizer.pad_token_id
+    metric = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", pad, "action", "mean", 1.0)
+    assert metric.logprob.requires_grad and not metric.entropy.requires_grad
+    bonus = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", pad, "action", "mean", 1.0, entropy_gradient=True)
+    torch.testing.assert_close(bonus.entropy, metric.entropy)
+    params = agents.adapter_parameters(model, "solver")
+    grads = torch.autograd.grad(bonus.entropy.sum(), params)
+    assert sum(g.abs().sum() for g in grads) > 0

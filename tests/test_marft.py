@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import agents
+import critic
 import marft
 import run
 from conftest import ROOT, SHARED_DATA
@@ -200,6 +201,72 @@ def test_a_nonfinite_loss_skips_its_step_is_counted_and_repeated_ones_stop_the_r
     stats = update(run.Config(minibatch_size=1, ppo_epochs=1, target_kl=0.0, max_nonfinite_steps=4))
     assert stats["losses/nonfinite_steps/solver"] == 3.0 and math.isnan(stats["losses/policy_loss/solver"])
     assert all(torch.isfinite(p).all() for p in params)
+
+
+@pytest.mark.parametrize("lengths, groups, budget, expected", [
+    # one agent's rows together, in order; rows × longest ≤ budget (3 × 20 = 60 fits, 2 × 50 does not)
+    ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, [[0, 2, 3], [1], [4]]),
+    ([100, 5, 5], [0, 0, 0], 60, [[0], [1, 2]]),  # a row over the budget is a micro-batch of its own
+    ([10, 10, 10, 10], [0, 0, 0, 0], 10_000, [[0, 1, 2, 3]]),  # a minibatch within the budget: one pass
+])
+def test_micro_batches_by_hand(lengths, groups, budget, expected):
+    prompts = [[7] * (length - 1) for length in lengths]  # responses of 1 token; no prefix sharing here
+    assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, budget, share_prefix=False)] == expected
+
+
+def test_a_shared_prefix_counts_once_in_a_micro_batch():
+    """Prompts of 12 tokens of which 10 are common, responses of 3: a pass over k rows computes
+    10 + k × (15 − 10) tokens with prefix sharing (k = 4: 30), k × 15 without (k = 4: 60)."""
+    prompts = [[1] * 10 + [row, 2] for row in range(4)]
+    assert marft.pass_tokens(prompts, [15] * 4, share_prefix=True) == 30
+    assert marft.pass_tokens(prompts, [15] * 4, share_prefix=False) == 60
+    assert [m.tolist() for m in marft.micro_batches(prompts, [15] * 4, [0] * 4, 30, share_prefix=True)] == [[0, 1, 2, 3]]
+    assert [m.tolist() for m in marft.micro_batches(prompts, [15] * 4, [0] * 4, 30, share_prefix=False)] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_micro_batches_accumulate_the_gradient_of_the_whole_minibatch(tiny_agents, level):
+    """An agent's and the shared critic's update with every row in its own micro-batch take the
+    step that one pass over each minibatch takes: the same weights and the same logged losses."""
+    model, pad = tiny_agents
+    model.add_adapter("critic", agents.lora_config(4, 8.0, TARGETS))
+    rollout = hand_made_rollout()
+    perturb_adapter(model, "policy_solver")
+    heads = critic.make_value_heads(model.config.hidden_size, ["critic"])
+    with torch.no_grad():
+        heads["critic"].weight.normal_(0, 1.0)
+    start = {n: p.detach().clone() for n, p in list(model.named_parameters()) + list(heads.named_parameters())}
+    advantages = torch.tensor([[0.5], [1.0], [-0.5], [-1.0], [0.2], [2.0]])
+    outcome = {}
+    for budget in (1, 10_000):  # 1 token: every row alone; 10 000: each minibatch in one pass
+        with torch.no_grad():
+            for n, p in list(model.named_parameters()) + list(heads.named_parameters()):
+                p.copy_(start[n])
+        cfg = run.Config(level=level, minibatch_size=3, ppo_epochs=2, target_kl=0.0, kl_coef=0.1, micro_batch_tokens=budget)
+        old = tables_under(model, pad, rollout, "policy_solver", cfg)
+        old.values = torch.rand(old.logprob.shape, generator=torch.Generator().manual_seed(1)) * old.mask
+        old.ref_logprob = old.ref_logprob - 0.1 * old.token_mask
+        returns = old.values + 1.0
+        if level == "token":
+            advantages_l = advantages.expand(-1, old.logprob.shape[1]) * old.mask
+        else:
+            advantages_l = advantages
+        optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=0.05)
+        stats = marft.update_agent(model, pad, rollout, old, advantages_l, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
+                                   "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
+        critic_optimiser = {"critic": torch.optim.Adam(critic.critic_parameters(model, heads, "critic"), lr=0.05)}
+        stats |= marft.update_critic(model, heads, pad, load_organisation("chain"), rollout, old, returns, cfg, critic_optimiser,
+                                     torch.Generator().manual_seed(0))
+        weights = {n: p.detach().clone() for n, p in list(model.named_parameters()) + list(heads.named_parameters())
+                   if p.requires_grad}
+        outcome[budget] = stats, weights
+    (split_stats, split), (whole_stats, whole) = outcome[1], outcome[10_000]
+    assert any(not torch.equal(split[n], start[n]) for n in split if "critic" in n)  # both updates moved their weights
+    assert any(not torch.equal(split[n], start[n]) for n in split if "policy_solver" in n)
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-6)
+    for key, value in whole_stats.items():
+        assert split_stats[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
 
 
 def plain_token_logprobs(model, adapter, prompt, response):
