@@ -301,6 +301,8 @@ def markdown(report: dict) -> str:
     lines = [f"Measured {m['date']} on {m['cpu_cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB, GPU: {m['gpu']}; "
              f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}, vllm {m['vllm']}. "
              f"Mode: {report['mode']}; {report['seconds'] / 60:.1f} min in all.", ""]
+    if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"]}:
+        lines[0] += " Measured again by a later `--merge`: " + ", ".join(f"{name} on {day}" for name, day in later.items()) + "."
     if t := report.get("throughput"):
         lines += ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
                   f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
@@ -438,6 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         print(f"bench: {name} …", flush=True)
         report[name] = function()
+        report.setdefault("section_dates", {})[name] = date.today().isoformat()
         print(f"bench: {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
     section("throughput", lambda: throughput(sizes, args.threads))
@@ -446,6 +449,8 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         print("bench: phases + memory …", flush=True)
         report["phases"], report["memory"] = phases_and_memory(sizes, args.threads, out, skip)
+        report.setdefault("section_dates", {}).update({name: date.today().isoformat() for name in ("phases", "memory")
+                                                       if name not in skip})
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started

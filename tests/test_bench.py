@@ -88,3 +88,13 @@ def test_learning_runs_must_name_a_built_in_organisation_and_merge_needs_a_repor
     (tmp_path / "bench.json").write_text(json.dumps({"mode": "quick"}))
     with pytest.raises(SystemExit, match="is a quick report"):
         bench.main(["--merge", "--out", str(tmp_path)])
+
+
+def test_a_section_measured_again_by_a_later_merge_names_its_date():
+    machine = {"date": "2026-11-24", "cpu_cores": 2, "processor": "x86_64", "memory_gib": 23.5, "gpu": "none",
+               "torch": "2", "transformers": "5", "peft": "0", "vllm": "0"}
+    report = {"mode": "full", "seconds": 60.0, "machine": machine,
+              "section_dates": {"throughput": "2026-11-24", "phases": "2026-11-25"}}
+    assert bench.markdown(report).splitlines()[0].endswith("Measured again by a later `--merge`: phases on 2026-11-25.")
+    del report["section_dates"]
+    assert "Measured again" not in bench.markdown(report)
