@@ -318,3 +318,17 @@ def test_the_entropy_carries_a_gradient_only_for_an_entropy_bonus(setup):
     params = agents.adapter_parameters(model, "solver")
     grads = torch.autograd.grad(bonus.entropy.sum(), params)
     assert sum(g.abs().sum() for g in grads) > 0
+
+
+def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_p(setup):
+    """With top-p the recorded log-prob is the token's under the renormalised nucleus: larger than
+    under the whole vocabulary by −log(nucleus mass), the same for every step of a row (the tiny
+    random model's next-token distributions are close to uniform, so half the mass is about half
+    the vocabulary and the gap about log 2)."""
+    model, tokenizer, _ = setup
+    torch.manual_seed(5)
+    actions = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(1.0, 0.5, 4), batch_size=3)
+    whole, _, _ = agents.token_logprobs(model, PROMPTS, actions.token_ids, "solver", tokenizer.pad_token_id, 1.0)
+    for row, logprobs in enumerate(actions.logprobs):
+        gaps = [recorded - whole[row, k].item() for k, recorded in enumerate(logprobs)]
+        assert gaps and all(0.5 < gap < 0.9 for gap in gaps)  # log 2 ≈ 0.69
