@@ -13,29 +13,34 @@ FAST = Limits(seconds_per_test=1.0, seconds_per_program=3.0)
 DOUBLE = "def double(x):\n    return 2 * x\n"
 
 
-def sandbox_folders() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("marft-sandbox-")}
-
-
 def processes() -> set[int]:
     return {int(p) for p in os.listdir("/proc") if p.isdigit()}
 
 
 @pytest.fixture
-def leaves_nothing_behind():
-    """After the test: no new sandbox folder, and every process started meanwhile is gone."""
-    folders, before = sandbox_folders(), processes()
+def leaves_nothing_behind(monkeypatch):
+    """After the test: no sandbox folder left, and no process left running in one. The test's
+    sandboxes are made in a temporary root of its own (traversable by the unprivileged user the
+    sandbox runs as), so the sandboxes of tests running in parallel in another worker are not
+    counted; a process belongs to the test when its working folder is in that root."""
+    root = tempfile.mkdtemp(prefix="marft-sandbox-test-")
+    os.chmod(root, 0o711)
+    monkeypatch.setattr(tempfile, "tempdir", root)
     yield
     time.sleep(0.2)
-    assert sandbox_folders() == folders
+    left = os.listdir(root)
     survivors = []
-    for pid in processes() - before:
+    for pid in processes():
         try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
-            continue  # ended meanwhile
-        if "runner.py" in cmdline or "sleep" in cmdline:
+            continue  # ended meanwhile, or not ours to read
+        if cwd.startswith(root):
             survivors.append(cmdline)
+    if not left:
+        os.rmdir(root)
+    assert not left
     assert not survivors
 
 
