@@ -540,8 +540,9 @@ def right_padded_batch(prompt_ids: list[list[int]], response_ids: list[list[int]
 def enable_gradient_checkpointing(model: PeftModel) -> None:
     """Recompute each decoder layer's activations during the backward pass instead of keeping them:
     activation memory then no longer grows with (prompt tokens × layers), for ≈ 1.5× the update
-    time on a CPU. Later agents read longer prompts, so this is what keeps memory nearly flat in
-    the number of agents (scripts/bench.py measures both settings)."""
+    time on a CPU. A checkpointed layer keeps no key/value cache, so the passes with gradient then
+    run without prefix sharing (`forward_responses`); the micro-batches of the updates bound
+    memory without it."""
     model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.get_base_model().eval()  # enabling switches to training mode; layers are switched per pass instead
 

@@ -306,8 +306,6 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     # are normalised within their groups already.
     agent_adv = (advantages[samples] if cfg.advantage == "group"
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))
-    prompts = [rollout.prompt_ids[s] for s in samples.tolist()]
-    lengths = [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in samples.tolist()]
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
@@ -316,9 +314,7 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
             optimiser.zero_grad(set_to_none=True)
             kl, logged, finite = torch.zeros(()), defaultdict(float), True
             # Gradient accumulation: each micro-batch adds its share of the minibatch's loss.
-            rows_of_chunk = chunk.tolist()
-            for micro in micro_batches([prompts[r] for r in rows_of_chunk], [lengths[r] for r in rows_of_chunk],
-                                       [0] * len(rows_of_chunk), cfg.micro_batch_tokens, cfg.prefix_sharing):
+            for micro in rollout_micro_batches(rollout, samples[chunk], cfg):
                 rows = chunk[micro]
                 batch = samples[rows]
                 new = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
@@ -416,6 +412,14 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
     return out
 
 
+def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config) -> list[torch.Tensor]:
+    """`micro_batches` of these samples of the rollout [n], grouped by agent: positions into `batch`."""
+    samples = batch.tolist()
+    return micro_batches([rollout.prompt_ids[s] for s in samples],
+                         [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in samples],
+                         [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
+
+
 def pass_tokens(prompts: list[list[int]], lengths: list[int], share_prefix: bool) -> int:
     """Token positions one forward pass over these rows computes: their shared prompt prefix once
     (`agents.shared_prefix_length`; 0 without prefix sharing), then every row padded to the
@@ -488,23 +492,19 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
     for adapter, sample_list in by_critic.items():
         samples = torch.tensor(sample_list)
         params = critic_lib.critic_parameters(model, value_heads, adapter)
-        prompts = [rollout.prompt_ids[s] for s in sample_list]
-        lengths = [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in sample_list]
-        agent = [rollout.agent_index[s] for s in sample_list]
         for epoch in range(cfg.ppo_epochs):
             for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
                 chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch
+                minibatch_mask = old.mask[samples[minibatch]]
                 optimisers[adapter].zero_grad(set_to_none=True)
                 logged, finite = 0.0, True
                 # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows.
-                rows_of_chunk = chunk.tolist()
-                for micro in micro_batches([prompts[r] for r in rows_of_chunk], [lengths[r] for r in rows_of_chunk],
-                                           [agent[r] for r in rows_of_chunk], cfg.micro_batch_tokens, cfg.prefix_sharing):
+                for micro in rollout_micro_batches(rollout, samples[chunk], cfg):
                     batch = samples[chunk[micro]]
                     new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad,
                                                             cfg.level, cfg.prefix_sharing)
                     width = new_values.shape[1]
-                    share = rank_share(old.mask[batch, :width], old.mask[samples[minibatch]], counted)
+                    share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
                     loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
                                                   old.mask[batch, :width], cfg.value_clip or None)
                     logged += loss.item() * share

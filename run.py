@@ -28,6 +28,7 @@ import argparse
 import ast
 import ctypes
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -164,7 +165,7 @@ class Config:
     max_nonfinite_steps: int = 3
     """an optimiser step whose loss or gradient is not finite is skipped and counted; this many in one agent's (or critic's) update of one iteration stop the run"""
     gradient_checkpointing: bool = False
-    """recompute decoder-layer activations in the backward pass: memory-lean, slower updates (scripts/bench.py measures both)"""
+    """recompute decoder-layer activations in the backward pass: less activation memory, slower updates; the passes with gradient then run without prefix sharing"""
     normalisation: str = "mean"
     """action log-prob: sum of token log-probs, or mean (divide by the token count |a|)"""
     update_order: str = "random"
@@ -252,21 +253,28 @@ RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "bac
                    "dist_timeout_minutes")
 
 
+@functools.cache
+def _glibc():
+    """glibc with its mmap threshold fixed at 1 MiB (mallopt M_MMAP_THRESHOLD), or None without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    return libc
+
+
 def return_freed_memory() -> None:
     """Give the memory of freed tensors back to the OS, so that the resident memory follows the
     memory in use. glibc serves blocks below its mmap threshold from its heap and raises that
     threshold (up to 32 MiB) each time a larger mapped block is freed, so the heap keeps every
-    large activation buffer it ever held, and freed small blocks keep their pages. Fixing the
-    threshold at 1 MiB (mallopt M_MMAP_THRESHOLD) maps every larger tensor on its own and unmaps
-    it when freed; malloc_trim(0) returns the free pages of the heap. Called at start and at the
-    end of every phase. No-op without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
-    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    libc.malloc_trim(0)
+    large activation buffer it ever held, and freed small blocks keep their pages. The first call
+    fixes the threshold at 1 MiB, so every larger tensor is mapped on its own and unmapped when
+    freed; every call returns the heap's free pages (malloc_trim). Called at start, at the end of
+    every phase and after every optimiser step. No-op without glibc."""
+    if (libc := _glibc()) is not None:
+        libc.malloc_trim(0)
 
 
 def read_config(run_dir: Path, option: str) -> Config:

@@ -174,7 +174,7 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
             "tokens": {"hf": hf_tokens, "vllm": vllm_tokens}}
 
 
-def run_marft(out: Path, name: str, args: list[str], threads: int, extra_env: dict | None = None) -> tuple[list[dict], float]:
+def run_marft(out: Path, name: str, args: list[str], threads: int) -> tuple[list[dict], float]:
     """Run marft.py in a child process; returns (its metrics.jsonl rows, its peak RSS in MiB)."""
     run_dir = out / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -183,7 +183,7 @@ def run_marft(out: Path, name: str, args: list[str], threads: int, extra_env: di
                "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
     command = [sys.executable, "-c", wrapper, sys.executable, str(ROOT / "marft.py"), "--output_dir", str(out / "runs"),
                "--run_name", name, "--threads", str(threads), *args]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(extra_env or {})}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"marft.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
@@ -325,17 +325,15 @@ def markdown(report: dict) -> str:
                       f"machine the {'hf' if b['hf_tokens_per_second'] >= b['vllm_tokens_per_second'] else 'vLLM'} "
                       f"backend generates faster.", ""]
     if p := report.get("phases"):
-        off = p.get("without_prefix_sharing")
-        lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds"
-                  + (" | without prefix sharing |" if off else " |"), "| --- | --- |" + (" --- |" if off else "")]
-        cell = lambda table, key, bold=False: (f"**{table[key]:.1f}**" if bold else f"{table[key]:.1f}")
-        lines += [f"| {name.replace('_', ' ')} | {cell(p, f'{name}_seconds')} |" + (f" {cell(off, f'{name}_seconds')} |" if off else "")
+        off = p["without_prefix_sharing"]
+        lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
+                  f"| without prefix sharing |", "| --- | --- | --- |"]
+        lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | {off[f'{name}_seconds']:.1f} |"
                   for name in PHASES if name != "eval"]
-        lines += [f"| **iteration (without eval)** | {cell(p, 'iteration_seconds_without_eval', True)} |"
-                  + (f" {cell(off, 'iteration_seconds_without_eval', True)} |" if off else ""), ""]
-        if off:
-            lines += [f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
-                      f"(`prefix_sharing_speedup`; both runs in this report, one after the other).", ""]
+        lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** "
+                  f"| **{off['iteration_seconds_without_eval']:.1f}** |", "",
+                  f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
+                  f"(`prefix_sharing_speedup`; both runs in this report, one after the other).", ""]
     if mem := report.get("memory"):
         lines += ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
         lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} |"
