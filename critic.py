@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from peft import PeftModel
 
-from agents import active_adapter, adapter_parameters, forward_responses
+from agents import SharedPrefix, active_adapter, adapter_parameters, forward_responses
 
 SHARED_CRITIC = "critic"
 
@@ -53,10 +53,12 @@ def action_values(
     prompt_ids: list[list[int]],
     pad_id: int,
     share_prefix: bool = True,
+    prefix: SharedPrefix | None = None,
 ) -> torch.Tensor:
     """V_φ(ô) for a batch of unrolled-observation prompts [n]: the head at the last prompt token."""
     with active_adapter(model, adapter):
-        hidden, last_prompt = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix)  # [n, W, H]
+        hidden, last_prompt = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix,
+                                                prefix)  # [n, W, H]
     last = hidden[torch.arange(len(prompt_ids), device=hidden.device), last_prompt]  # [n, H]
     return value_heads[adapter](last.float()).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables (head in float32)
 
@@ -69,6 +71,7 @@ def token_values(
     response_ids: list[list[int]],
     pad_id: int,
     share_prefix: bool = True,
+    prefix: SharedPrefix | None = None,
 ) -> torch.Tensor:
     """Token-level values V_φ(ô, w_<k) for k = 1 … K of each response, [n, L] (0 on padding).
 
@@ -76,7 +79,7 @@ def token_values(
     the action-level value V_φ(ô) and the critic shares the policy's view of each token.
     """
     with active_adapter(model, adapter):
-        hidden, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix)  # [n, W, H]
+        hidden, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix, prefix)  # [n, W, H]
     device = hidden.device
     longest = max(len(r) for r in response_ids)
     offsets = torch.arange(longest, device=device)
@@ -87,13 +90,15 @@ def token_values(
 
 
 def decision_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
-                    response_ids: list[list[int]], pad_id: int, level: str, share_prefix: bool = True) -> torch.Tensor:
+                    response_ids: list[list[int]], pad_id: int, level: str, share_prefix: bool = True,
+                    prefix: SharedPrefix | None = None) -> torch.Tensor:
     """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(ô) at the action level (L = 1),
     V(ô, w_<k) at the token level (L = the longest response). share_prefix: the batch's common
-    prompt prefix is run once (`agents.forward_responses`)."""
+    prompt prefix is run once (`agents.forward_responses`), or `prefix` was run already for
+    several passes (`agents.run_shared_prefix`)."""
     if level == "token":
-        return token_values(model, value_heads, adapter, prompt_ids, response_ids, pad_id, share_prefix)
-    return action_values(model, value_heads, adapter, prompt_ids, pad_id, share_prefix).unsqueeze(-1)
+        return token_values(model, value_heads, adapter, prompt_ids, response_ids, pad_id, share_prefix, prefix)
+    return action_values(model, value_heads, adapter, prompt_ids, pad_id, share_prefix, prefix).unsqueeze(-1)
 
 
 def critic_parameters(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str) -> list[torch.nn.Parameter]:

@@ -190,11 +190,13 @@ class OldPolicy:
     token_mask: torch.Tensor  # 1 on real tokens, [S, K]
 
 
-def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config) -> agents_lib.PolicyLogProbs:
-    """log π per decision, entropy, mask [n, L'] and token log-probs [n, K'] of the samples under `adapter`."""
+def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config,
+                      prefix: agents_lib.SharedPrefix | None = None) -> agents_lib.PolicyLogProbs:
+    """log π per decision, entropy, mask [n, L'] and token log-probs [n, K'] of the samples under
+    `adapter` (`prefix`: their prompts' shared prefix, run already)."""
     prompts, responses = rollout.sequences(samples)
     return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, cfg.temperature,
-                                      cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0)
+                                      cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0, prefix=prefix)
 
 
 @torch.no_grad()
@@ -313,11 +315,13 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
             minibatch_mask, minibatch_tokens = old.mask[samples[minibatch]], old.token_mask[samples[minibatch]]
             optimiser.zero_grad(set_to_none=True)
             kl, logged, finite = torch.zeros(()), defaultdict(float), True
-            # Gradient accumulation: each micro-batch adds its share of the minibatch's loss.
+            # Gradient accumulation: each micro-batch adds its share of the minibatch's loss; the
+            # prompt prefix its rows share is run once for all of them (minibatch_prefixes).
+            prefixes = minibatch_prefixes(model, rollout, samples[chunk], adapter, cfg)
             for micro in rollout_micro_batches(rollout, samples[chunk], cfg):
                 rows = chunk[micro]
                 batch = samples[rows]
-                new = decision_logprobs(model, pad, rollout, batch, adapter, cfg)
+                new = decision_logprobs(model, pad, rollout, batch, adapter, cfg, prefixes[rollout.agent_index[batch[0]]])
                 new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
                 old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
                 share = rank_share(mask, minibatch_mask, counted)  # its decisions / the minibatch's
@@ -341,6 +345,8 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
                 optimiser.zero_grad(set_to_none=True)
                 stopped = True  # checked before the step it would waste
                 break
+            for prefix in prefixes.values():
+                agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
             if not gradient_step(optimiser, finite, params, cfg.max_grad_norm):
                 history["nonfinite_steps"].append(1.0)
                 continue
@@ -391,20 +397,22 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
 def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int], token_budget: int,
                   share_prefix: bool) -> list[torch.Tensor]:
     """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
-    the agent of each row) → micro-batches of positions, in order: one agent's rows together (they
-    share its prompt prefix), each at most `token_budget` tokens by `pass_tokens`. A row over the
-    budget makes a micro-batch of its own. A gradient pass's activations are then bounded by the
-    budget whatever the number of agents and the length of their prompts."""
+    the agent of each row) → micro-batches of positions, in order: one agent's rows together, each
+    at most `token_budget` tokens after the prompt prefix all the agent's rows share
+    (`agents.shared_prefix_length`, 0 without prefix sharing), which `minibatch_prefixes` runs once
+    for all of them: rows × (the longest row − the prefix). A row over the budget makes a
+    micro-batch of its own. A gradient pass's activations are then bounded by the budget whatever
+    the number of agents and the length of their prompts."""
     by_group: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_group.setdefault(group, []).append(position)
     out = []
     for positions in by_group.values():
+        shared = agents_lib.shared_prefix_length([prompts[p] for p in positions]) if share_prefix else 0
         current: list[int] = []
         for position in positions:
             candidate = current + [position]
-            if current and pass_tokens([prompts[p] for p in candidate], [lengths[p] for p in candidate],
-                                       share_prefix) > token_budget:
+            if current and len(candidate) * (max(lengths[p] for p in candidate) - shared) > token_budget:
                 out.append(torch.tensor(current))
                 candidate = [position]
             current = candidate
@@ -420,12 +428,16 @@ def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config) ->
                          [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
 
 
-def pass_tokens(prompts: list[list[int]], lengths: list[int], share_prefix: bool) -> int:
-    """Token positions one forward pass over these rows computes: their shared prompt prefix once
-    (`agents.shared_prefix_length`; 0 without prefix sharing), then every row padded to the
-    longest of the rest."""
-    shared = agents_lib.shared_prefix_length(prompts) if share_prefix else 0
-    return shared + len(prompts) * (max(lengths) - shared)
+def minibatch_prefixes(model, rollout: Rollout, batch: torch.Tensor, adapter: str,
+                       cfg: Config) -> dict[int, agents_lib.SharedPrefix | None]:
+    """agent → the prompt prefix its rows among these samples [n] share, run once with gradient
+    under `adapter` (agents.run_shared_prefix) for all the micro-batches of the minibatch; None
+    without prefix sharing or with nothing shared."""
+    prompts: dict[int, list[list[int]]] = defaultdict(list)
+    for s in batch.tolist():
+        prompts[rollout.agent_index[s]].append(rollout.prompt_ids[s])
+    return {agent: agents_lib.run_shared_prefix(model, rows, adapter) if cfg.prefix_sharing else None
+            for agent, rows in prompts.items()}
 
 
 def accumulate_gradient(loss: torch.Tensor) -> bool:
@@ -498,17 +510,22 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
                 minibatch_mask = old.mask[samples[minibatch]]
                 optimisers[adapter].zero_grad(set_to_none=True)
                 logged, finite = 0.0, True
-                # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows.
+                # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows,
+                # and each agent's prompt prefix is run once for its micro-batches.
+                prefixes = minibatch_prefixes(model, rollout, samples[chunk], adapter, cfg)
                 for micro in rollout_micro_batches(rollout, samples[chunk], cfg):
                     batch = samples[chunk[micro]]
                     new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad,
-                                                            cfg.level, cfg.prefix_sharing)
+                                                            cfg.level, cfg.prefix_sharing,
+                                                            prefixes[rollout.agent_index[batch[0]]])
                     width = new_values.shape[1]
                     share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
                     loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
                                                   old.mask[batch, :width], cfg.value_clip or None)
                     logged += loss.item() * share
                     finite = accumulate_gradient(loss * share) and finite
+                for prefix in prefixes.values():
+                    agents_lib.backward_shared_prefix(prefix)
                 if gradient_step(optimisers[adapter], finite, params, cfg.max_grad_norm):
                     losses.append(minibatch_sum(logged))
                 else:

@@ -183,7 +183,9 @@ def run_marft(out: Path, name: str, args: list[str], threads: int) -> tuple[list
                "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
     command = [sys.executable, "-c", wrapper, sys.executable, str(ROOT / "marft.py"), "--output_dir", str(out / "runs"),
                "--run_name", name, "--threads", str(threads), *args]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    # The job as scripts/train_math.sh runs it with the hf backend: OpenMP's default wait policy
+    # (bench.sh installs vLLM for its backends section, and setup_env.sh then sets PASSIVE).
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"marft.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")

@@ -214,14 +214,19 @@ def test_micro_batches_by_hand(lengths, groups, budget, expected):
     assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, budget, share_prefix=False)] == expected
 
 
-def test_a_shared_prefix_counts_once_in_a_micro_batch():
-    """Prompts of 12 tokens of which 10 are common, responses of 3: a pass over k rows computes
-    10 + k × (15 − 10) tokens with prefix sharing (k = 4: 30), k × 15 without (k = 4: 60)."""
-    prompts = [[1] * 10 + [row, 2] for row in range(4)]
-    assert marft.pass_tokens(prompts, [15] * 4, share_prefix=True) == 30
-    assert marft.pass_tokens(prompts, [15] * 4, share_prefix=False) == 60
-    assert [m.tolist() for m in marft.micro_batches(prompts, [15] * 4, [0] * 4, 30, share_prefix=True)] == [[0, 1, 2, 3]]
-    assert [m.tolist() for m in marft.micro_batches(prompts, [15] * 4, [0] * 4, 30, share_prefix=False)] == [[0, 1], [2, 3]]
+def test_the_prefix_an_agents_rows_share_is_not_counted_in_its_micro_batches():
+    """Prompts of 12 tokens of which the agent's 4 rows share 10, responses of 3 (15 tokens): with
+    prefix sharing the prefix runs once per minibatch and a micro-batch of k rows computes
+    k × (15 − 10) tokens (4 rows: 20), without it k × 15 (2 rows: 30). The other agent's 2 rows
+    share 6 of their 9-token prompts: 2 × (12 − 6) = 12, within a budget of 20, over one of 11
+    (then one row each, still counted after the prefix: an agent's shared part is computed over
+    all its rows of the minibatch, whatever the micro-batch)."""
+    prompts = [[1] * 10 + [row, 2] for row in range(4)] + [[3] * 6 + [row, 4, 4] for row in range(2)]
+    lengths, groups = [15] * 4 + [12] * 2, [0] * 4 + [1] * 2
+    assert [m.tolist() for m in marft.micro_batches(prompts[:4], lengths[:4], groups[:4], 20, share_prefix=True)] == [[0, 1, 2, 3]]
+    assert [m.tolist() for m in marft.micro_batches(prompts[:4], lengths[:4], groups[:4], 30, share_prefix=False)] == [[0, 1], [2, 3]]
+    assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, 20, share_prefix=True)] == [[0, 1, 2, 3], [4, 5]]
+    assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, 11, share_prefix=True)] == [[0, 1], [2, 3], [4], [5]]
 
 
 @pytest.mark.parametrize("level", ["action", "token"])

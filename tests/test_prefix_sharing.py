@@ -104,6 +104,59 @@ def test_log_probs_values_and_gradients_agree_with_and_without_the_shared_prefix
         assert_relatively_equal(shared_grads, plain_grads)
 
 
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_a_prefix_run_once_for_several_micro_batches_gives_the_plain_tables_and_gradients(chain3, level):
+    """The update's micro-batches: the prefix of an agent's 4 rows is run once
+    (agents.run_shared_prefix), rows 0–1 and 2–3 each make a pass and a backward that read it,
+    then agents.backward_shared_prefix sends their summed gradient through the prefix. Tables and
+    the accumulated gradient are those of one plain pass over the 4 rows."""
+    model, tokenizer, heads, org, prompts, responses = chain3
+    pad = tokenizer.pad_token_id
+    for role in org.order:
+        plain, plain_grads = policy_pass(model, role, prompts[role], responses, pad, level, share=False)
+        weights = torch.linspace(-1.0, 1.0, plain.logprob.numel()).view_as(plain.logprob)
+        model.zero_grad(set_to_none=True)
+        prefix = agents.run_shared_prefix(model, prompts[role], role)
+        assert len(prefix.tokens) == agents.shared_prefix_length(prompts[role]) > 20
+        parts = []
+        for rows in (slice(0, 2), slice(2, 4)):
+            out = agents.policy_logprobs(model, prompts[role][rows], responses[rows], role, pad, level, "mean", 0.8,
+                                         entropy_gradient=True, prefix=prefix)
+            width = out.logprob.shape[1]
+            ((out.logprob * weights[rows, :width]).sum() - out.entropy.sum()).backward()
+            parts.append(out)
+        agents.backward_shared_prefix(prefix)
+        grads = torch.cat([p.grad.flatten() for p in agents.adapter_parameters(model, role)])
+        assert_relatively_equal(grads, plain_grads)
+        for table in ("logprob", "entropy"):
+            width = getattr(plain, table).shape[1]
+            joined = torch.cat([torch.nn.functional.pad(getattr(o, table), (0, width - getattr(o, table).shape[1])) for o in parts])
+            assert_relatively_equal(joined.detach(), getattr(plain, table).detach())
+
+        plain_values, plain_grads = critic_pass(model, heads, prompts[role], responses, pad, level, share=False)
+        model.zero_grad(set_to_none=True)
+        heads.zero_grad(set_to_none=True)
+        prefix = agents.run_shared_prefix(model, prompts[role], "critic")
+        scale = torch.linspace(0.5, 2.0, plain_values.numel()).view_as(plain_values)
+        values = []
+        for rows in (slice(0, 2), slice(2, 4)):
+            part = critic.decision_values(model, heads, "critic", prompts[role][rows], responses[rows], pad, level, prefix=prefix)
+            (part * scale[rows, : part.shape[1]]).sum().backward()
+            values.append(torch.nn.functional.pad(part.detach(), (0, plain_values.shape[1] - part.shape[1])))
+        agents.backward_shared_prefix(prefix)
+        grads = torch.cat([p.grad.flatten() for p in critic.critic_parameters(model, heads, "critic")])
+        assert_relatively_equal(torch.cat(values), plain_values.detach())
+        assert_relatively_equal(grads, plain_grads)
+
+
+def test_a_prompt_that_does_not_start_with_the_given_prefix_is_refused(chain3):
+    model, tokenizer, heads, org, prompts, responses = chain3
+    prefix = agents.run_shared_prefix(model, prompts["planner"], "planner")
+    with pytest.raises(ValueError, match="does not start with the shared prefix"):
+        agents.policy_logprobs(model, prompts["solver"], responses, "solver", tokenizer.pad_token_id, "action", "sum", 1.0,
+                               prefix=prefix)
+
+
 def test_the_gradient_flows_through_the_prefix_into_the_lora_weights(chain3):
     """With the prefix's keys and values detached the gradient would differ: proof that the shared
     pass keeps the prefix in the graph."""
