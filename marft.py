@@ -401,8 +401,8 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
     at most `token_budget` tokens after the prompt prefix all the agent's rows share
     (`agents.shared_prefix_length`, 0 without prefix sharing), which `minibatch_prefixes` runs once
     for all of them: rows × (the longest row − the prefix). A row over the budget makes a
-    micro-batch of its own. A gradient pass's activations are then bounded by the budget whatever
-    the number of agents and the length of their prompts."""
+    micro-batch of its own. A gradient pass's activations are then bounded by the budget, plus the
+    one prefix pass per agent, whatever the number of agents and the length of their prompts."""
     by_group: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_group.setdefault(group, []).append(position)
