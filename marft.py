@@ -315,38 +315,39 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
             minibatch_mask, minibatch_tokens = old.mask[samples[minibatch]], old.token_mask[samples[minibatch]]
             optimiser.zero_grad(set_to_none=True)
             kl, logged, finite = torch.zeros(()), defaultdict(float), True
-            # Gradient accumulation: each micro-batch adds its share of the minibatch's loss; the
-            # prompt prefix its rows share is run once for all of them (minibatch_prefixes).
-            prefixes = minibatch_prefixes(model, rollout, samples[chunk], adapter, cfg)
-            for micro in rollout_micro_batches(rollout, samples[chunk], cfg):
-                rows = chunk[micro]
-                batch = samples[rows]
-                new = decision_logprobs(model, pad, rollout, batch, adapter, cfg, prefixes[rollout.agent_index[batch[0]]])
-                new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
-                old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
-                share = rank_share(mask, minibatch_mask, counted)  # its decisions / the minibatch's
-                kl = kl + ppo.approx_kl(new_lp.detach(), old_lp, mask) * share
-                weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
-                loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[rows, :width], mask, cfg.clip_eps, weight)
-                entropy_mean = ppo.masked_mean(new.entropy, mask)
-                total = (loss - cfg.ent_coef * entropy_mean) * share
-                for key, value in (("policy_loss", loss.item()), ("approx_kl", s["approx_kl"]),
-                                   ("clip_fraction", s["clip_fraction"]), ("entropy", entropy_mean.item())):
-                    logged[key] += value * share
-                if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
-                    tokens = new.token_logprob.shape[1]
-                    token_mask = old.token_mask[batch, :tokens]
-                    kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], token_mask)
-                    token_share = rank_share(token_mask, minibatch_tokens, counted)
-                    total = total + cfg.kl_coef * kl_ref * token_share
-                    logged["kl_to_reference"] += kl_ref.item() * token_share
-                finite = accumulate_gradient(total) and finite
+            # Gradient accumulation: each micro-batch adds its share of the minibatch's loss. The
+            # prompt prefix an agent's rows share runs once for all its micro-batches, and the
+            # gradient through it goes back once after them (one agent's prefix alive at a time).
+            for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
+                prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
+                for micro in agent_micro_batches:
+                    rows = chunk[micro]
+                    batch = samples[rows]
+                    new = decision_logprobs(model, pad, rollout, batch, adapter, cfg, prefix)
+                    new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
+                    old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
+                    share = rank_share(mask, minibatch_mask, counted)  # its decisions / the minibatch's
+                    kl = kl + ppo.approx_kl(new_lp.detach(), old_lp, mask) * share
+                    weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
+                    loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[rows, :width], mask, cfg.clip_eps, weight)
+                    entropy_mean = ppo.masked_mean(new.entropy, mask)
+                    total = (loss - cfg.ent_coef * entropy_mean) * share
+                    for key, value in (("policy_loss", loss.item()), ("approx_kl", s["approx_kl"]),
+                                       ("clip_fraction", s["clip_fraction"]), ("entropy", entropy_mean.item())):
+                        logged[key] += value * share
+                    if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
+                        tokens = new.token_logprob.shape[1]
+                        token_mask = old.token_mask[batch, :tokens]
+                        kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], token_mask)
+                        token_share = rank_share(token_mask, minibatch_tokens, counted)
+                        total = total + cfg.kl_coef * kl_ref * token_share
+                        logged["kl_to_reference"] += kl_ref.item() * token_share
+                    finite = accumulate_gradient(total) and finite
+                agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
             if cfg.target_kl > 0 and distributed.sum_(kl).item() > cfg.target_kl:  # the minibatch's KL, on every rank
                 optimiser.zero_grad(set_to_none=True)
                 stopped = True  # checked before the step it would waste
                 break
-            for prefix in prefixes.values():
-                agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
             if not gradient_step(optimiser, finite, params, cfg.max_grad_norm):
                 history["nonfinite_steps"].append(1.0)
                 continue
@@ -395,49 +396,47 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
 
 
 def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int], token_budget: int,
-                  share_prefix: bool) -> list[torch.Tensor]:
+                  share_prefix: bool) -> list[list[torch.Tensor]]:
     """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
-    the agent of each row) → micro-batches of positions, in order: one agent's rows together, each
-    at most `token_budget` tokens after the prompt prefix all the agent's rows share
-    (`agents.shared_prefix_length`, 0 without prefix sharing), which `minibatch_prefixes` runs once
-    for all of them: rows × (the longest row − the prefix). A row over the budget makes a
-    micro-batch of its own. A gradient pass's activations are then bounded by the budget, plus the
-    one prefix pass per agent, whatever the number of agents and the length of their prompts."""
+    the agent of each row) → for each agent, in order of its first row, its micro-batches of
+    positions, in order. A micro-batch of k rows costs the prompt prefix all the agent's rows of
+    the minibatch share once (`agents.shared_prefix_length`; 0 without prefix sharing; `agent_prefix`
+    runs it once for all of them and its activations live while they do), plus k × (its longest
+    row − the prefix), and stays within `token_budget`. A row over the budget makes a micro-batch of
+    its own. A gradient pass's activations are then bounded by the budget whatever the number of
+    agents and the length of their prompts."""
     by_group: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_group.setdefault(group, []).append(position)
     out = []
     for positions in by_group.values():
         shared = agents_lib.shared_prefix_length([prompts[p] for p in positions]) if share_prefix else 0
-        current: list[int] = []
+        agent_micro_batches, current = [], []
         for position in positions:
             candidate = current + [position]
-            if current and len(candidate) * (max(lengths[p] for p in candidate) - shared) > token_budget:
-                out.append(torch.tensor(current))
+            if current and shared + len(candidate) * (max(lengths[p] for p in candidate) - shared) > token_budget:
+                agent_micro_batches.append(torch.tensor(current))
                 candidate = [position]
             current = candidate
-        out.append(torch.tensor(current))
+        out.append(agent_micro_batches + [torch.tensor(current)])
     return out
 
 
-def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config) -> list[torch.Tensor]:
-    """`micro_batches` of these samples of the rollout [n], grouped by agent: positions into `batch`."""
+def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config) -> list[list[torch.Tensor]]:
+    """`micro_batches` of these samples of the rollout [n], per agent: positions into `batch`."""
     samples = batch.tolist()
     return micro_batches([rollout.prompt_ids[s] for s in samples],
                          [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in samples],
                          [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
 
 
-def minibatch_prefixes(model, rollout: Rollout, batch: torch.Tensor, adapter: str,
-                       cfg: Config) -> dict[int, agents_lib.SharedPrefix | None]:
-    """agent → the prompt prefix its rows among these samples [n] share, run once with gradient
-    under `adapter` (agents.run_shared_prefix) for all the micro-batches of the minibatch; None
-    without prefix sharing or with nothing shared."""
-    prompts: dict[int, list[list[int]]] = defaultdict(list)
-    for s in batch.tolist():
-        prompts[rollout.agent_index[s]].append(rollout.prompt_ids[s])
-    return {agent: agents_lib.run_shared_prefix(model, rows, adapter) if cfg.prefix_sharing else None
-            for agent, rows in prompts.items()}
+def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config) -> agents_lib.SharedPrefix | None:
+    """The prompt prefix one agent's samples [n] of a minibatch share, run once with gradient under
+    `adapter` (agents.run_shared_prefix) for all its micro-batches; None without prefix sharing or
+    with nothing shared."""
+    if not cfg.prefix_sharing:
+        return None
+    return agents_lib.run_shared_prefix(model, [rollout.prompt_ids[s] for s in samples.tolist()], adapter)
 
 
 def accumulate_gradient(loss: torch.Tensor) -> bool:
@@ -512,19 +511,18 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
                 logged, finite = 0.0, True
                 # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows,
                 # and each agent's prompt prefix is run once for its micro-batches.
-                prefixes = minibatch_prefixes(model, rollout, samples[chunk], adapter, cfg)
-                for micro in rollout_micro_batches(rollout, samples[chunk], cfg):
-                    batch = samples[chunk[micro]]
-                    new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad,
-                                                            cfg.level, cfg.prefix_sharing,
-                                                            prefixes[rollout.agent_index[batch[0]]])
-                    width = new_values.shape[1]
-                    share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
-                    loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
-                                                  old.mask[batch, :width], cfg.value_clip or None)
-                    logged += loss.item() * share
-                    finite = accumulate_gradient(loss * share) and finite
-                for prefix in prefixes.values():
+                for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
+                    prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
+                    for micro in agent_micro_batches:
+                        batch = samples[chunk[micro]]
+                        new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad,
+                                                                cfg.level, cfg.prefix_sharing, prefix)
+                        width = new_values.shape[1]
+                        share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
+                        loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
+                                                      old.mask[batch, :width], cfg.value_clip or None)
+                        logged += loss.item() * share
+                        finite = accumulate_gradient(loss * share) and finite
                     agents_lib.backward_shared_prefix(prefix)
                 if gradient_step(optimisers[adapter], finite, params, cfg.max_grad_norm):
                     losses.append(minibatch_sum(logged))

@@ -203,7 +203,7 @@ class Config:
     forward_batch_size: int = 16
     """sequences per no-grad forward pass (log-probs, values)"""
     micro_batch_tokens: int = 384
-    """token positions per gradient pass after the prompt prefix an agent's rows of the minibatch share (rows × (longest row − prefix); the prefix itself runs once per minibatch and is not counted): a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
+    """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
     prefix_sharing: bool = True
     """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
     dist_timeout_minutes: float = 30.0

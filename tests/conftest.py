@@ -15,6 +15,19 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# The files that take minutes, longest first (measured with --durations). scripts/test.sh hands
+# whole files to its workers in collection order (--dist loadfile --no-loadscope-reorder): the
+# long files start first and the many short ones fill in behind them, so no worker is left with
+# a long file at the end while the other idles.
+LONGEST_FIRST = ("test_vllm.py", "test_bench.py", "test_learning.py", "test_orchestration.py", "test_marft.py",
+                 "test_distributed.py")
+
+
+def pytest_collection_modifyitems(items):
+    position = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: position.get(item.path.name, len(LONGEST_FIRST)))  # stable: each file keeps its order
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide Llama (random weights) saved with the embedded model's tokenizer and

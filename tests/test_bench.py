@@ -37,7 +37,7 @@ def test_render_only_needs_a_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_mode_measures_every_section(tmp_path):
+def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     """The CI smoke: every section runs and reports finite numbers (no claim about their size)."""
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--out", str(tmp_path)],
                             capture_output=True, text=True, cwd=ROOT)
@@ -66,6 +66,15 @@ def test_quick_mode_measures_every_section(tmp_path):
     assert report["learning"]["plotted"] == ["single-seed1", "chain-group-seed1"]
     shutil.rmtree(tmp_path / "runs")
     shutil.rmtree(tmp_path / "learning" / "metrics" / "single-seed1")
+    # The merged run replays a trained run's metrics instead of training (the merge is under test).
+    trained = (tmp_path / "learning" / "metrics" / "chain-group-seed1" / "metrics.jsonl").read_text()
+
+    def replay(out, name, args, threads):
+        (out / "runs" / name).mkdir(parents=True)
+        (out / "runs" / name / "metrics.jsonl").write_text(trained)
+        return [json.loads(line) for line in trained.splitlines()], 1234.0
+
+    monkeypatch.setattr(bench, "run_marft", replay)
     bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--learning_runs", "parallel",
                 "--out", str(tmp_path)])
     merged = json.loads((tmp_path / "bench.json").read_text())
@@ -73,6 +82,7 @@ def test_quick_mode_measures_every_section(tmp_path):
     assert merged["learning"]["plotted"] == ["chain-group-seed1", "parallel-seed1"]
     assert merged["throughput"] == report["throughput"] and merged["memory"] == report["memory"]
     assert merged["learning"]["runs"]["single-seed1"] == report["learning"]["runs"]["single-seed1"]
+    assert merged["learning"]["runs"]["parallel-seed1"]["peak_rss_mib"] == 1234.0
     text = (tmp_path / "bench.md").read_text()
     assert "| parallel, critic + GAE, seed 1 |" in text and "| single, critic + GAE, seed 1 |" in text
     assert "The figures show the runs chain-group-seed1, parallel-seed1" in text

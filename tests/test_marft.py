@@ -204,29 +204,32 @@ def test_a_nonfinite_loss_skips_its_step_is_counted_and_repeated_ones_stop_the_r
 
 
 @pytest.mark.parametrize("lengths, groups, budget, expected", [
-    # one agent's rows together, in order; rows × longest ≤ budget (3 × 20 = 60 fits, 2 × 50 does not)
-    ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, [[0, 2, 3], [1], [4]]),
-    ([100, 5, 5], [0, 0, 0], 60, [[0], [1, 2]]),  # a row over the budget is a micro-batch of its own
-    ([10, 10, 10, 10], [0, 0, 0, 0], 10_000, [[0, 1, 2, 3]]),  # a minibatch within the budget: one pass
+    # per agent, its rows in order; rows × longest ≤ budget (3 × 20 = 60 fits, 2 × 50 does not)
+    ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, [[[0, 2, 3]], [[1], [4]]]),
+    ([100, 5, 5], [0, 0, 0], 60, [[[0], [1, 2]]]),  # a row over the budget is a micro-batch of its own
+    ([10, 10, 10, 10], [0, 0, 0, 0], 10_000, [[[0, 1, 2, 3]]]),  # a minibatch within the budget: one pass
 ])
 def test_micro_batches_by_hand(lengths, groups, budget, expected):
     prompts = [[7] * (length - 1) for length in lengths]  # responses of 1 token; no prefix sharing here
-    assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, budget, share_prefix=False)] == expected
+    as_lists = [[m.tolist() for m in agent] for agent in marft.micro_batches(prompts, lengths, groups, budget, share_prefix=False)]
+    assert as_lists == expected
 
 
-def test_the_prefix_an_agents_rows_share_is_not_counted_in_its_micro_batches():
+def test_the_prefix_an_agents_rows_share_counts_once_in_each_micro_batch():
     """Prompts of 12 tokens of which the agent's 4 rows share 10, responses of 3 (15 tokens): with
-    prefix sharing the prefix runs once per minibatch and a micro-batch of k rows computes
-    k × (15 − 10) tokens (4 rows: 20), without it k × 15 (2 rows: 30). The other agent's 2 rows
-    share 6 of their 9-token prompts: 2 × (12 − 6) = 12, within a budget of 20, over one of 11
-    (then one row each, still counted after the prefix: an agent's shared part is computed over
-    all its rows of the minibatch, whatever the micro-batch)."""
+    prefix sharing a micro-batch of k rows costs 10 + k × (15 − 10) tokens (4 rows: 30, 3 rows:
+    25), without it k × 15 (2 rows: 30). The other agent's 2 rows share 6 of their 9-token prompts:
+    6 + 2 × (12 − 6) = 18, within a budget of 20, over one of 17 (then one row each; the prefix
+    is the one all the agent's rows of the minibatch share, whatever the micro-batch)."""
     prompts = [[1] * 10 + [row, 2] for row in range(4)] + [[3] * 6 + [row, 4, 4] for row in range(2)]
     lengths, groups = [15] * 4 + [12] * 2, [0] * 4 + [1] * 2
-    assert [m.tolist() for m in marft.micro_batches(prompts[:4], lengths[:4], groups[:4], 20, share_prefix=True)] == [[0, 1, 2, 3]]
-    assert [m.tolist() for m in marft.micro_batches(prompts[:4], lengths[:4], groups[:4], 30, share_prefix=False)] == [[0, 1], [2, 3]]
-    assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, 20, share_prefix=True)] == [[0, 1, 2, 3], [4, 5]]
-    assert [m.tolist() for m in marft.micro_batches(prompts, lengths, groups, 11, share_prefix=True)] == [[0, 1], [2, 3], [4], [5]]
+    split = lambda n, budget, share: [[m.tolist() for m in agent] for agent in
+                                      marft.micro_batches(prompts[:n], lengths[:n], groups[:n], budget, share_prefix=share)]
+    assert split(4, 30, True) == [[[0, 1, 2, 3]]]
+    assert split(4, 29, True) == [[[0, 1, 2], [3]]]
+    assert split(4, 30, False) == [[[0, 1], [2, 3]]]
+    assert split(6, 20, True) == [[[0, 1], [2, 3]], [[4, 5]]]
+    assert split(6, 17, True) == [[[0], [1], [2], [3]], [[4], [5]]]
 
 
 @pytest.mark.parametrize("level", ["action", "token"])

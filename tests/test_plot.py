@@ -67,6 +67,20 @@ def test_two_runs_overlay_into_the_chosen_folder(tmp_path):
     assert_pngs(out)
 
 
+def test_several_runs_are_named_once_beside_the_panels_and_the_metrics_in_each_panel(tmp_path, monkeypatch):
+    """Ten runs × two metrics: the figure's legend lists the ten runs (one colour each), each
+    panel's legend the two line styles, so no legend grows with runs × metrics over the data."""
+    folders = [write_run(tmp_path / f"run-{n}", synthetic_rows()) for n in range(10)]
+    figures, save = [], plot.save
+    monkeypatch.setattr(plot, "save", lambda fig, drawn, path: (figures.append(fig), save(fig, drawn, path))[1])
+    plot.main([*map(str, folders), "--out", str(tmp_path / "out")])
+    heldout = figures[1]
+    assert [t.get_text() for t in heldout.legends[0].get_texts()] == [f"run-{n}" for n in range(10)]
+    for ax in heldout.axes:
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["sampled pass@1", "greedy"]
+        assert len(ax.get_lines()) == 20  # every run's two curves are drawn
+
+
 def test_a_figure_without_metrics_is_skipped_with_a_note(tmp_path, capsys):
     run = write_run(tmp_path / "eval-only", synthetic_rows()[:1])  # only the initial evaluation
     written = plot.main([str(run), "--out", str(tmp_path / "out")])
