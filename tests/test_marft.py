@@ -395,13 +395,14 @@ def metrics_without_timings(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
 
-@pytest.mark.slow
-def test_a_run_killed_before_its_checkpoint_and_resumed_equals_the_uninterrupted_run(tmp_path):
-    # Evaluate every iteration so both runs log the same keys; 24 tokens leave room for real answers,
-    # and the format penalty makes every reward, advantage and loss nonzero even when no answer is right.
-    marft.train(run.parse_args(["--batch_size", "2", "--eval_problems", "1", "--eval_samples", "1", "--max_new_tokens", "24",
+def test_a_run_killed_before_its_checkpoint_and_resumed_equals_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    # The default organisation and estimator (chain, critic + GAE) on the tiny model. Evaluate every
+    # iteration so both runs log the same keys; the format penalty makes every reward, advantage
+    # and loss nonzero even when no answer is right.
+    marft.train(run.parse_args(["--model", str(tiny_model_dir), "--batch_size", "2", "--eval_problems", "1",
+                                "--eval_samples", "1", "--max_new_tokens", "24",
                                 "--eval_interval", "1", "--no-eval_greedy", "--format_penalty", "0.5", "--minibatch_size", "2",
-                                "--threads", "2", "--output_dir", str(tmp_path), "--seed", "5", "--iterations", "2",
+                                "--threads", "1", "--output_dir", str(tmp_path), "--seed", "5", "--iterations", "2",
                                 "--run_name", "straight"]))
     # The state a kill -9 leaves between iteration 2's metrics line (and TensorBoard events, summary)
     # and its checkpoint: the run folder as it is, with checkpoints/latest still naming iteration 1.
@@ -409,7 +410,7 @@ def test_a_run_killed_before_its_checkpoint_and_resumed_equals_the_uninterrupted
     shutil.copytree(tmp_path / "straight", killed)
     shutil.rmtree(killed / "checkpoints" / "iter_000002")
     (killed / "checkpoints" / "latest").write_text("iter_000001")
-    marft.train(run.parse_args(["--resume", str(killed), "--threads", "2"]))
+    marft.train(run.parse_args(["--resume", str(killed), "--threads", "1"]))
     straight, resumed = metrics_without_timings(tmp_path / "straight"), metrics_without_timings(killed)
     assert [r["iteration"] for r in resumed] == [0, 1, 2]  # iteration 2's first line was dropped, then replayed
     # Compared as JSON text, so that a NaN metric (e.g. explained variance of constant returns) equals itself.

@@ -107,7 +107,7 @@ def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_mod
 def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path):
     # The orchestrated team: the orchestrator's and the executors' adapters all go through the engine.
     argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
-            "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
+            "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
             "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
     summary = marft.train(run.parse_args(argv))
     run_dir = tmp_path / "run"
