@@ -34,7 +34,7 @@ Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts b
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
-section runs `single` and `chain-group`, seed 1 only); the full mode takes about two
+section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the full mode takes about two
 and a half hours on 2 cores (10 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 Each learning run's metrics.jsonl is kept in <out>/learning/metrics/<run>/, which the plot is drawn
@@ -73,7 +73,7 @@ FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens,
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
-             learning_runs=("single", "chain-group"), learning_seeds=(1,))
+             learning_runs=("chain-group",), learning_seeds=(1,))
 
 
 def machine() -> dict:

@@ -51,7 +51,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
     assert all(math.isfinite(x) and x > 0 for x in numbers)
-    assert set(report["learning"]["runs"]) == {"single-seed1", "chain-group-seed1"}  # quick mode: GAE and group advantages
+    assert set(report["learning"]["runs"]) == {"chain-group-seed1"}  # quick mode: group advantages (the phases run GAE)
     assert all(r["peak_rss_mib"] > 0 and r["seconds_per_iteration"] > 0 for r in report["learning"]["runs"].values())
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
@@ -63,11 +63,11 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     # --merge adds a configuration to the comparison and keeps everything else, also on a machine
     # without the earlier run folders: the plot redraws from the metrics kept beside the report,
     # and a row whose metrics were not kept stays in the table, out of the figure.
-    assert report["learning"]["plotted"] == ["single-seed1", "chain-group-seed1"]
-    shutil.rmtree(tmp_path / "runs")
-    shutil.rmtree(tmp_path / "learning" / "metrics" / "single-seed1")
-    # The merged run replays a trained run's metrics instead of training (the merge is under test).
+    assert report["learning"]["plotted"] == ["chain-group-seed1"]
+    # The merged run replays the trained run's metrics instead of training (the merge is under test).
     trained = (tmp_path / "learning" / "metrics" / "chain-group-seed1" / "metrics.jsonl").read_text()
+    shutil.rmtree(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "learning" / "metrics" / "chain-group-seed1")
 
     def replay(out, name, args, threads):
         (out / "runs" / name).mkdir(parents=True)
@@ -78,14 +78,14 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--learning_runs", "parallel",
                 "--out", str(tmp_path)])
     merged = json.loads((tmp_path / "bench.json").read_text())
-    assert set(merged["learning"]["runs"]) == {"single-seed1", "chain-group-seed1", "parallel-seed1"}
-    assert merged["learning"]["plotted"] == ["chain-group-seed1", "parallel-seed1"]
+    assert set(merged["learning"]["runs"]) == {"chain-group-seed1", "parallel-seed1"}
+    assert merged["learning"]["plotted"] == ["parallel-seed1"]
     assert merged["throughput"] == report["throughput"] and merged["memory"] == report["memory"]
-    assert merged["learning"]["runs"]["single-seed1"] == report["learning"]["runs"]["single-seed1"]
+    assert merged["learning"]["runs"]["chain-group-seed1"] == report["learning"]["runs"]["chain-group-seed1"]
     assert merged["learning"]["runs"]["parallel-seed1"]["peak_rss_mib"] == 1234.0
     text = (tmp_path / "bench.md").read_text()
-    assert "| parallel, critic + GAE, seed 1 |" in text and "| single, critic + GAE, seed 1 |" in text
-    assert "The figures show the runs chain-group-seed1, parallel-seed1" in text
+    assert "| parallel, critic + GAE, seed 1 |" in text and "| chain, group advantages, seed 1 |" in text
+    assert "The figures show the runs parallel-seed1 (the metrics of the other rows" in text
 
 
 def test_learning_runs_must_name_a_built_in_organisation_and_merge_needs_a_report(tmp_path):

@@ -145,7 +145,7 @@ def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(
 def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backend(tmp_path):
     import evaluate
 
-    common = ["--limit", "4", "--samples", "1", "--transcripts", "0", "--threads", "2", "--max_new_tokens", "16"]
+    common = ["--limit", "2", "--samples", "1", "--transcripts", "0", "--threads", "2", "--max_new_tokens", "16"]
     hf = evaluate.main(common + ["--out", str(tmp_path / "hf.json")])
     vllm = evaluate.main(common + ["--backend", "vllm", "--out", str(tmp_path / "vllm.json")])
     assert vllm["evaluated"]["backend"] == "vllm" and json.loads((tmp_path / "vllm.json").read_text())["metrics"]
