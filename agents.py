@@ -151,8 +151,8 @@ def sdpa_grouped_kv(module, query, key, value, attention_mask, dropout=0.0, scal
     """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention
     (SmolLM2: 9 query heads read 3 key/value heads) hands torch's kernel the key/value heads as
     they are (`enable_gqa`) instead of copying each one per query head that reads it. The copy
-    was the whole key/value cache of every layer at every call (5% of an iteration here); the
-    numbers are the same. Elsewhere (no mask: the library uses grouped heads itself; CUDA, where a
+    was the whole key/value cache of every layer at every call (5% of the time of a profiled
+    two-iteration chain run); the numbers are the same. Elsewhere (no mask: the library uses grouped heads itself; CUDA, where a
     mask with grouped heads falls back to the slow kernel) it is the library's function unchanged.
     query [n, heads, q, d], key/value [n, kv_heads, k, d] → ([n, q, heads, d], None)."""
     if attention_mask is None or query.device.type != "cpu" or query.shape[1] == key.shape[1]:

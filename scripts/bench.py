@@ -34,8 +34,8 @@ Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts b
 the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
 bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
-section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the full mode takes about two
-and a half hours on 2 cores (10 learning runs of 10 minutes).
+section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the
+full mode takes about two and a half hours on 2 cores (10 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 Each learning run's metrics.jsonl is kept in <out>/learning/metrics/<run>/, which the plot is drawn
 from, so a later `--merge` on another machine redraws it; rows merged from a report that kept no
