@@ -280,13 +280,14 @@ def return_freed_memory() -> None:
 def read_config(run_dir: Path, option: str) -> Config:
     """The Config a run folder's config.json holds; `option` (e.g. "--resume") names the source in errors.
 
-    Keys the file lacks take today's defaults; a key Config does not know is an error."""
+    Keys the file lacks take today's defaults; a key Config does not know is an error. Keys with a
+    "/" are facts the run recorded about its machine (`sandbox/isolation`), not options: skipped."""
     path = Path(run_dir) / "config.json"
     if not Path(run_dir).is_dir():
         raise SystemExit(f"{option} {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
     if not path.is_file():
         raise SystemExit(f"{option} {run_dir}: no config.json there; give a run folder written by marft.py")
-    saved = json.loads(path.read_text())
+    saved = {key: value for key, value in json.loads(path.read_text()).items() if "/" not in key}
     unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
     if unknown:
         raise SystemExit(f"{path} has options this version of marft does not know: {unknown}. "
@@ -402,6 +403,8 @@ def check_task_fits(cfg: Config, problems: list, option: str) -> None:
         raise SystemExit(f"--{option} holds code tasks, but {err}") from None
     if not works:
         raise SystemExit(f"--{option} holds code tasks, but the code sandbox could not run a one-line program here")
+    if distributed.is_main():
+        print(f"[sandbox] programs run with isolation: {sandbox.isolation()} (README: The code sandbox)", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,7 +432,8 @@ class Run:
             distributed.barrier()  # every rank has looked before rank 0 writes
             if self.writes:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+                recorded = {"sandbox/isolation": sandbox.decided_isolation()} if sandbox.decided_isolation() else {}
+                (self.dir / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), **recorded}, indent=2))
         if self.writes:
             print(f"run folder: {self.dir}", flush=True)
         self.start_iteration, self.elapsed_before = 0, 0.0

@@ -1,52 +1,87 @@
-"""The sandbox: run an agent's program against unit tests in a child process, so that nothing it
-does can hang, crash or escape into the trainer.
+"""The sandbox: run an agent's program against unit tests so that nothing it does can forge a
+reward, hang, crash the trainer, reach the network or outlive its run.
 
 The code environment (envs/code_env.py) grades a program by the fraction of its tests that pass;
-this module runs them. One call, `run_tests(program, tests, limits)`:
+this module runs them. One call, `run_tests(program, tests, limits)`. A policy under RL pressure
+finds every unearned reward, so the sandbox is built in two layers and the verdict is reached
+outside the program's process wherever the test allows it:
 
-    folder   a fresh temporary folder holds the program, its tests and a small runner; it is
-             the child's working directory and is deleted afterwards, with whatever it wrote
-    child    `python -I -S -B runner.py`: isolated mode, no site-packages (the program sees the
-             standard library only), stdin empty, environment reduced to PATH, HOME (the
-             folder), LANG and PYTHONHASHSEED, a new session (its own process group)
-    limits   set by the runner on itself before the program runs (`Limits`): address space,
-             CPU seconds, largest file, open files, processes, no core dumps; when the trainer
-             runs as root the runner then drops to the unprivileged user `nobody`, so the
-             operating system refuses writes outside the folder and signals to the trainer
-    guard    a Python audit hook refuses opening or listing files outside the folder (reading
-             the standard library excepted), importing the modules that start processes or
-             threads, open sockets or call C (`REFUSED_MODULES`), the matching os/socket/ctypes
-             calls, and reading frames (the runner's state stays out of the program's reach)
-    results  one JSON line per event on a pipe, each with a nonce only the runner knows, so a
-             program that writes fake events to its descriptors is not believed; the runner
-             leaves with os._exit, so exit handlers and threads cannot hold it up
-    time     each test runs under a wall-clock alarm (`seconds_per_test`); the whole program,
-             all tests included, under `seconds_per_program`, after which the process group
-             is killed; the group is killed at the end in any case
-    output   what the program prints is kept up to `output_chars` (the rest is dropped), so
-             a program that prints megabytes costs nothing
+    isolation   the operating system's, when the machine allows it (`isolation()`, decided once
+                per process, recorded in the run's config as `sandbox/isolation`):
+                "namespaces"       (the trainer is root) util-linux `unshare` gives the child its
+                                   own PID, network, mount, IPC and UTS namespaces; inside, a new
+                                   root of its own (`pivot_root`, the old root detached): the
+                                   system's /usr and the interpreter's folder read-only, a
+                                   size-capped tmpfs as its working folder (/sandbox), /tmp and
+                                   /dev/shm, four character devices, no /proc, /sys, /etc, /home
+                                   or /work; then it drops to the unprivileged user `nobody`.
+                                   The network namespace has only a loopback that is down: no
+                                   network at all. When the child (PID 1 of its namespace) ends,
+                                   the kernel ends every process it started; its files were
+                                   only ever in tmpfs and go with the namespace.
+                "user-namespaces"  (the trainer is not root) the same inside a user namespace
+                                   (`unshare --user --map-root-user`); the child then runs with
+                                   no capability (`setpriv --bounding-set=-all`), as its mapped
+                                   user (the trainer's), who can write only the tmpfs folders.
+                "guard"            (no namespaces: another OS, a container that forbids them)
+                                   the child runs in a fresh folder of the host as `nobody`
+                                   (under root) with the Python guard below only. Said once on
+                                   stderr at the start and in the run's config; never silent.
+    guard       a Python audit hook (second layer, in every mode): refuses opening or listing
+                files outside the folder (reading the standard library excepted), relative
+                paths resolved against a directory descriptor, importing the modules that start
+                processes or threads, open sockets or call C (`REFUSED_MODULES`), the matching
+                os/socket/ctypes calls, tracing and profiling hooks, and reading frames.
+    limits      set by the child on itself before the program runs (`Limits`): address space,
+                CPU seconds, largest file, open files, processes, no core dumps; each tmpfs is
+                capped at `disk_mib` (and a number of files)
+    input       the program, the tests and a per-run secret (nonce) arrive on the child's stdin,
+                which it reads to the end and closes before the program runs: nothing of them is
+                in its argv, environment or files
+    results     (a) a test of the shape `assert CALL == LITERAL` (the generated task, MBPP
+                asserts of that shape) is split in the parent (`split_comparison`): the child
+                is given only CALL, evaluates it and reports the value it computed as plain data
+                (builtin types, bounded size); the parent parses that defensively and compares it
+                with LITERAL, which never enters the child. A program cannot forge such a pass:
+                it would have to produce the expected values, i.e. compute them; an object whose
+                `==` is always true is not plain data and never reaches the comparison.
+                (b) any other test (HumanEval's `check(candidate)`) runs inside the child, which
+                reports "passed" on its result pipe with the nonce; see the limits below.
+    parsing     every byte the child writes is read with caps (line length, number of events,
+                total bytes; `ResultCaps`) and parsed with `ast.literal_eval` under a catch-all:
+                nothing the child writes raises in the trainer or grows its memory unbounded
+    time        each test runs under a wall-clock alarm (`seconds_per_test`); the whole run
+                under `seconds_per_program`, after which the child's process group is killed
+                (and with it, in the namespace modes, every process of the program)
+    cleanup     the guard mode's folder is removed with `rm -rf` (no recursion in Python, so
+                any depth of tree goes); the namespace modes leave no folder on the host
 
 Outcomes of a program: "passed" (every test), "failed" (some test failed or raised),
 "syntax_error", "timeout" (a test or the program ran out of time), "crash" (the program's own
 top level raised or exited, or the child died, e.g. out of memory), "no_program" (decided by the
-environment: no fenced python block). Each test's result is "passed", "failed" (assertion),
-"error" (another exception), "timeout" or "not_run".
+environment: no fenced python block). Each test's result is "passed", "failed" (assertion or a
+different value), "error" (another exception, or a value that is not plain data), "timeout" or
+"not_run".
 
-What the sandbox does not prevent (README: "Code tasks"): network access from code that gets
-past the audit hook (there is no network namespace), reading world-readable files the same way,
-using CPU and memory up to the limits while it runs, a determined escape from Python's audit
-hooks (they guard ordinary library calls, not every C-level path), and a program that games a
-test instead of passing it (an object whose == is always true). Without root the runner
-cannot change user, and the OS limits are the trainer user's own. Run untrusted code from a
-strong model inside a container or VM as well.
+What remains possible (README: "The code sandbox"). A program that escapes the Python guard (it
+guards library calls, not every C-level path) can, for tests of kind (b) only, forge "passed"
+events: the test code runs in its process and the trainer cannot tell the test's own report
+from a forged one. It still cannot reach the network, write or read outside its tmpfs folders
+(in the namespace modes), or leave a process behind. It can use CPU and memory up to the limits
+while it runs. In the guard mode there is no network namespace, and a program that gets past the
+guard can reach the network, read world-readable files and start processes. A program can
+also special-case the inputs it is tested on if the task text reveals them.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import hmac
 import json
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +91,7 @@ from dataclasses import dataclass, field
 
 PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM = "passed", "failed", "syntax_error", "timeout", "crash", "no_program"
 OUTCOMES = (PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM)
+NAMESPACES, USER_NAMESPACES, GUARD = "namespaces", "user-namespaces", "guard"
 NOBODY = 65534  # uid and gid of `nobody` on Debian and most Linux systems
 
 
@@ -65,9 +101,19 @@ class Limits:
     seconds_per_program: float = 10.0  # wall clock, the program and all its tests (the parent kills the group)
     memory_mib: int = 512  # address space of the child
     file_mib: int = 4  # largest file the child may write
+    disk_mib: int = 16  # size of each tmpfs of the namespace modes (the folder, /tmp, /dev/shm)
     open_files: int = 64
     processes: int = 32  # RLIMIT_NPROC (binds the unprivileged user only)
     output_chars: int = 10_000  # printed output kept, per program
+
+
+@dataclass(frozen=True)
+class ResultCaps:
+    """What the parent reads of the child, at most (README: "The code sandbox")."""
+    line_bytes: int = 1 << 18  # one event line; a longer one is dropped
+    total_bytes: int = 8 << 20  # everything read from the result pipe; then the child is killed
+    value_chars: int = 100_000  # the repr of one computed value (checked in the child too)
+    extra_events: int = 8  # events allowed beyond one per test
 
 
 @dataclass
@@ -87,9 +133,10 @@ class TestReport:
         return next((k for k, t in enumerate(self.tests) if t != PASSED), None)
 
 
-# Standard-library modules the runner imports before it drops privileges: the interpreter's own
-# files may be readable by its owner only (a Python under /root), and then `nobody` could import
-# nothing new. A program may import any of these, or any module `nobody` can read.
+# Standard-library modules the runner imports before it drops privileges in the guard mode: the
+# interpreter's own files may be readable by its owner only (a Python under /root), and then
+# `nobody` could import nothing new. (The namespace modes bind the interpreter's folder
+# world-readable, so nothing needs preloading there.)
 PRELOADED_MODULES = ["math", "cmath", "collections", "collections.abc", "itertools", "functools", "operator", "re",
                      "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "datetime", "copy",
                      "typing", "dataclasses", "enum", "json", "array", "textwrap", "unicodedata", "hashlib", "time"]
@@ -98,30 +145,95 @@ REFUSED_MODULES = ["subprocess", "_posixsubprocess", "multiprocessing", "_multip
                    "ctypes", "_ctypes", "threading", "_thread", "concurrent", "asyncio"]
 
 
-# The child. It reads the program and the tests, limits itself, drops privileges, installs the
-# guard, then runs the program's top level and each test, writing one JSON line per event (each
-# carrying the parent's nonce, so that a program cannot forge one) to the pipe whose descriptor
-# it is given (pass_fds keeps the parent's number). Everything lives inside main(): the program
-# reaches none of it through `import __main__`, and the guard refuses frame inspection.
-RUNNER = r"""
+# ---------------------------------------------------------------------------------------------
+# The test's shape: compared in the parent, or run in the child
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Comparison:
+    """`assert CALL == EXPECTED[, message]` with EXPECTED a literal: the child evaluates `call`
+    only, and the parent compares what it computed with `expected`."""
+    call: str
+    expected: object
+    message: str = ""
+
+
+def split_comparison(test: str) -> Comparison | None:
+    """A test of the shape `assert CALL == LITERAL` (either side the literal) → Comparison; any
+    other test (several statements, another operator, no literal side) → None (it runs in the child)."""
+    try:
+        tree = ast.parse(test)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return None
+    statement = tree.body[0]
+    compare = statement.test
+    if not (isinstance(compare, ast.Compare) and len(compare.ops) == 1 and isinstance(compare.ops[0], ast.Eq)):
+        return None
+    message = statement.msg.value if isinstance(statement.msg, ast.Constant) and isinstance(statement.msg.value, str) else ""
+    for call, literal in ((compare.left, compare.comparators[0]), (compare.comparators[0], compare.left)):
+        try:
+            expected = ast.literal_eval(literal)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        return Comparison(ast.get_source_segment(test, call) or ast.unparse(call), expected, message)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The child
+# ---------------------------------------------------------------------------------------------
+
+# The child runs `python -I -S -B -c RUNNER fd`. It reads its job (limits, nonce, program, tests)
+# from stdin and closes it, limits itself, drops privileges if it is root, installs the guard,
+# then runs the program's top level and each test, writing one event per line on the pipe `fd`:
+#     <nonce> ('kind', index, 'result', 'detail')
+# Everything the runner uses after the program starts is bound to a local name first: a program
+# can replace names in modules (builtins, os, json), not a function's locals; events are written
+# with os.write and repr of builtin types only. Everything lives inside main(): the program
+# reaches none of it through `import __main__`, and the guard refuses frames and trace hooks.
+RUNNER = r"""# marft sandbox runner
 import io, json, os, resource, signal, sys
 
 def main():
-    limits, fd, nonce = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    del sys.argv[1:]
-    report = os.fdopen(fd, "w", buffering=1)
+    _write, _repr, _len, _type, _str, _isinstance = os.write, repr, len, type, str, isinstance
+    _exec, _eval, _exit, _setitimer, _REAL = exec, eval, os._exit, signal.setitimer, signal.ITIMER_REAL
+    _AssertionError, _BaseException, _as_str = AssertionError, BaseException, str.__str__
+    _int, _float, _complex, _bytes, _list, _tuple, _dict, _set, _frozenset = int, float, complex, bytes, list, tuple, dict, set, frozenset
+    _dict_items, _NoneType = dict.items, type(None)
 
-    def say(**event):
-        report.write(json.dumps({**event, "nonce": nonce}) + "\n")
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(0)
+    job = json.loads(b"".join(chunks))
+    del chunks
+    limits, nonce, fd = job["limits"], job["nonce"], int(sys.argv[1])
+    del sys.argv[1:]
+
+    def say(kind, index=-1, result="", detail="", output=""):
+        line = nonce + " " + _repr((kind, index, result, detail, output)) + "\n"
+        try:
+            _write(fd, line.encode("utf-8", "replace"))
+        except _BaseException:
+            _exit(3)
 
     def leave():  # no atexit handler, no leftover thread can keep the child alive
-        report.flush()
-        os._exit(0)
+        _exit(0)
+
+    def text(value, cap=300):  # a program's string (maybe of a str subclass) as a plain str
+        try:
+            value = value if _isinstance(value, _str) else _str(value)
+            return _as_str(value)[:cap]
+        except _BaseException:
+            return "?"
 
     folder = os.getcwd()
     try:
-        program = open("program.py", encoding="utf-8").read()
-        tests = json.load(open("tests.json", encoding="utf-8"))
         mib = 1024 * 1024
         for name, value in (("RLIMIT_AS", limits["memory_mib"] * mib), ("RLIMIT_CPU", int(limits["seconds_per_program"]) + 1),
                             ("RLIMIT_FSIZE", limits["file_mib"] * mib), ("RLIMIT_NOFILE", limits["open_files"]),
@@ -136,47 +248,70 @@ def main():
                 __import__(name)
             except ImportError:
                 pass
-        if os.getuid() == 0:
+        if os.getuid() == 0 and limits["drop_to"] is not None:
             os.setgroups([])
-            os.setgid(limits["nobody"])
-            os.setuid(limits["nobody"])
+            os.setgid(limits["drop_to"])
+            os.setuid(limits["drop_to"])
+        items = []
+        for index, (shape, code) in enumerate(job["tests"]):
+            try:
+                items.append((shape, compile(code, "test_" + str(index), "eval" if shape == "call" else "exec")))
+            except (SyntaxError, ValueError) as err:  # a malformed test: an error of that test, not of the sandbox
+                items.append(("malformed", type(err).__name__ + ": " + text(err)))
     except Exception as err:
-        say(kind="sandbox_error", detail=f"{type(err).__name__}: {err}")
+        say("sandbox_error", detail=type(err).__name__ + ": " + text(err))
         leave()
 
     readable = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, folder})
-    refused_modules = set(limits["refused_modules"])
-    refused_events = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-                      "pty.spawn", "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "ctypes.dlopen",
-                      "ctypes.dlsym", "ctypes.call_function", "os.kill", "os.killpg", "sys._getframe",
-                      "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.truncate",
-                      "os.utime", "os.chown", "os.chflags", "os.setxattr", "os.removexattr"}
-    paths_events = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.symlink", "os.link", "shutil.rmtree",
-                    "os.listdir", "os.scandir"}
-    frame_attributes = {"tb_frame", "f_back", "f_locals", "f_globals", "gi_frame", "cr_frame", "ag_frame", "f_builtins"}
+    refused_modules = frozenset(limits["refused_modules"])
+    refused_events = frozenset({
+        "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn",
+        "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "ctypes.dlopen", "ctypes.dlsym",
+        "ctypes.call_function", "os.kill", "os.killpg", "sys._getframe", "sys._current_frames", "sys.settrace",
+        "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.truncate", "os.utime",
+        "os.chown", "os.chflags", "os.setxattr", "os.removexattr", "os.chroot", "os.mknod", "os.mkfifo"})
+    # event: (how many leading path arguments, positions of its directory descriptors; -1 = none)
+    path_events = {"os.remove": (1, (1,)), "os.rmdir": (1, (1,)), "os.mkdir": (1, (2,)), "os.chmod": (1, (2,)),
+                   "os.rename": (2, (2, 3)), "os.link": (2, (2, 3)), "os.symlink": (2, (2,)), "shutil.rmtree": (1, ()),
+                   "os.listdir": (1, ()), "os.scandir": (1, ()), "os.chdir": (1, ())}
+    frame_attributes = frozenset({"tb_frame", "f_back", "f_locals", "f_globals", "gi_frame", "cr_frame", "ag_frame",
+                                  "f_builtins"})
+    _realpath, _fsdecode, _sep, _PermissionError = os.path.realpath, os.fsdecode, os.sep, PermissionError
+    _isabs, _PathTypes = os.path.isabs, (str, bytes, os.PathLike)
 
     def outside(value):
-        path = os.path.realpath(os.fsdecode(value))
-        return not (path + os.sep).startswith(folder + os.sep), path
+        path = _realpath(_fsdecode(value))
+        return not (path + _sep).startswith(folder + _sep), path
 
     def guard(event, args):
         if event in refused_events:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args and str(args[0]).split(".")[0] in refused_modules:
-            raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
-        if event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attributes:
-            raise PermissionError(f"sandbox: reading {args[1]} is not allowed")
-        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            raise _PermissionError("sandbox: " + event + " is not allowed")
+        if event == "import" and args and _str(args[0]).split(".")[0] in refused_modules:
+            raise _PermissionError("sandbox: importing " + _str(args[0]) + " is not allowed")
+        if event == "object.__getattr__" and _len(args) > 1 and args[1] in frame_attributes:
+            raise _PermissionError("sandbox: reading " + _str(args[1]) + " is not allowed")
+        if event == "open" and args:
+            if not _isinstance(args[0], _PathTypes):
+                raise _PermissionError("sandbox: opening a file descriptor is not allowed")
             mode, flags = (list(args) + [None, 0])[1:3]
+            if mode is None and not _isabs(_fsdecode(args[0])):  # os.open: it may resolve against a dir_fd
+                raise _PermissionError("sandbox: os.open needs an absolute path")
             is_outside, path = outside(args[0])
-            writing = (any(c in mode for c in "wax+") if isinstance(mode, str)
+            writing = (any(c in mode for c in "wax+") if _isinstance(mode, _str)
                        else bool((flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC)))
             if is_outside and (writing or not path.startswith(readable)):
-                raise PermissionError(f"sandbox: no access to {path} outside the working folder")
-        if event in paths_events:
-            for arg in args[:2]:
-                if isinstance(arg, (str, bytes, os.PathLike)) and outside(arg)[0]:
-                    raise PermissionError(f"sandbox: no access to {outside(arg)[1]} outside the working folder")
+                raise _PermissionError("sandbox: no access to " + path + " outside the working folder")
+        if event in path_events:
+            count, dir_fds = path_events[event]
+            if any(_isinstance(args[k], _int) and args[k] != -1 for k in dir_fds if k < _len(args)):
+                raise _PermissionError("sandbox: " + event + " with a directory descriptor is not allowed")
+            for arg in args[:count]:
+                if arg is None and event in ("os.listdir", "os.scandir"):
+                    continue  # the current folder
+                if not _isinstance(arg, _PathTypes):
+                    raise _PermissionError("sandbox: " + event + " on a file descriptor is not allowed")
+                if outside(arg)[0]:
+                    raise _PermissionError("sandbox: no access to " + outside(arg)[1] + " outside the working folder")
 
     class Printed(io.TextIOBase):
         def __init__(self, cap):
@@ -193,6 +328,12 @@ def main():
     sys.stdout = sys.stderr = printed
     sys.stdin = io.StringIO("")
 
+    def output():
+        try:
+            return "".join(_as_str(p) for p in printed.parts if _isinstance(p, _str))[: limits["output_chars"]]
+        except _BaseException:
+            return ""
+
     class OutOfTime(BaseException):
         pass
 
@@ -203,114 +344,269 @@ def main():
     sys.setrecursionlimit(2000)
 
     def last_line(err):  # "Kind: message" (no traceback walk: the guard refuses frame access)
-        try:
-            text = str(err)
-        except BaseException:
-            text = ""
-        return (f"{type(err).__name__}: {text}" if text else type(err).__name__)[:300]
+        message = text(err)
+        name = text(_type(err).__name__, 80)
+        return (name + ": " + message if message else name)[:300]
 
+    scalars = (_NoneType, bool, _int, _float, _complex, _str, _bytes)
+
+    def plain(value, depth, budget):
+        # The computed value as builtin data only (what the parent can literal_eval and compare):
+        # a subclass is converted to its builtin base; anything else is refused. Types are
+        # compared by identity (a metaclass can make == say anything).
+        budget[0] += 1
+        if depth > 40 or budget[0] > 100_000:
+            raise ValueError("the value is nested too deeply or too large to report")
+        kind = _type(value)
+        for scalar in scalars:
+            if kind is scalar:
+                if kind is _float and value - value != 0.0:  # inf or nan: no literal to compare with
+                    raise ValueError("the value is not a finite number")
+                return value
+        for base in (_int, _float, _str, _bytes):
+            if _isinstance(value, base):
+                return plain(_as_str(value) if base is _str else base(value), depth + 1, budget)
+        for base in (_list, _tuple, _set, _frozenset):
+            if _isinstance(value, base):
+                return base([plain(v, depth + 1, budget) for v in base(value)])
+        if _isinstance(value, _dict):
+            return {plain(k, depth + 1, budget): plain(v, depth + 1, budget) for k, v in _dict_items(value)}
+        raise TypeError("the value is not plain data (a " + text(kind.__name__, 80) + ")")
+
+    say("started")
     try:
-        code = compile(program, "program.py", "exec")
+        code = compile(job["program"], "program.py", "exec")
     except (SyntaxError, ValueError) as err:
-        say(kind="syntax_error", detail=last_line(err))
+        say("syntax_error", detail=last_line(err))
         leave()
     namespace = {"__name__": "program", "exit": sys.exit, "quit": sys.exit}  # as the site module would give
     sys.addaudithook(guard)
-    signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
+    _setitimer(_REAL, limits["seconds_per_test"])
     try:
-        exec(code, namespace)
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _exec(code, namespace)
+        _setitimer(_REAL, 0)
     except OutOfTime:
-        say(kind="program", result="timeout", detail="the program's top level ran out of time")
+        say("program", result="timeout", detail="the program's top level ran out of time")
         leave()
-    except BaseException as err:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        say(kind="program", result="crash", detail=last_line(err), output="".join(printed.parts))
+    except _BaseException as err:
+        _setitimer(_REAL, 0)
+        say("program", result="crash", detail=last_line(err), output=output())
         leave()
-    say(kind="program", result="ok")
-    for index, test in enumerate(tests):
-        signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
+    say("program", result="ok")
+    for index, (shape, test) in enumerate(items):
+        _setitimer(_REAL, limits["seconds_per_test"])
         try:
-            exec(compile(test, f"test_{index}", "exec"), namespace)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            say(kind="test", index=index, result="passed")
+            if shape == "malformed":
+                _setitimer(_REAL, 0)
+                say("test", index, "error", test)
+            elif shape == "call":
+                value = _repr(plain(_eval(test, namespace), 0, [0]))
+                _setitimer(_REAL, 0)
+                if _len(value) > limits["value_chars"]:
+                    say("test", index, "error", "the value is too large to report")
+                else:
+                    say("value", index, "", value)
+            else:
+                _exec(test, namespace)
+                _setitimer(_REAL, 0)
+                say("test", index, "passed")
         except OutOfTime:
-            say(kind="test", index=index, result="timeout", detail=f"test {index} ran out of time")
-        except AssertionError as err:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            say(kind="test", index=index, result="failed", detail=last_line(err))
-        except BaseException as err:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            say(kind="test", index=index, result="error", detail=last_line(err))
-    say(kind="done", output="".join(printed.parts))
+            say("test", index, "timeout", "test " + _str(index) + " ran out of time")
+        except _AssertionError as err:
+            _setitimer(_REAL, 0)
+            say("test", index, "failed", last_line(err))
+        except _BaseException as err:
+            _setitimer(_REAL, 0)
+            say("test", index, "error", last_line(err))
+    say("done", output=output())
     leave()
 
 main()
 """
+
+# The namespace modes' setup, run by `sh` as (namespace-)root inside fresh mount, PID, network,
+# IPC and UTS namespaces: a new root on a small tmpfs, the system's /usr (and its /bin, /lib
+# links) and the interpreter's folders read-only, tmpfs for /sandbox (the program's folder), /tmp
+# and /dev/shm, four devices; `pivot_root` into it, the old root detached, the new root read-only;
+# then `exec` the runner (as PID 1 of its PID namespace). Arguments: disk MiB, files per tmpfs,
+# the read-only folders, "--", the command.
+NAMESPACE_SETUP = r"""set -eu
+disk=$1; files=$2; shift 2
+new=/tmp
+mount -t tmpfs -o size=1m,nr_inodes=256,mode=0755 marft-root "$new"
+for entry in usr bin sbin lib lib64 lib32 libx32; do
+  if [ -L "/$entry" ]; then ln -s "$(readlink "/$entry")" "$new/$entry"
+  elif [ -d "/$entry" ]; then mkdir "$new/$entry"; mount --rbind -o ro "/$entry" "$new/$entry"; fi
+done
+while [ "$1" != "--" ]; do
+  if [ ! -e "$new$1" ]; then mkdir -p "$new$1"; mount --rbind -o ro "$1" "$new$1"; fi
+  shift
+done
+shift
+mkdir -p "$new/etc" "$new/dev/shm" "$new/tmp" "$new/sandbox" "$new/.old" "$new/proc"
+if [ -f /etc/ld.so.cache ]; then touch "$new/etc/ld.so.cache"; mount --bind -o ro /etc/ld.so.cache "$new/etc/ld.so.cache"; fi
+for device in null zero urandom random; do touch "$new/dev/$device"; mount --bind "/dev/$device" "$new/dev/$device"; done
+for folder in tmp dev/shm sandbox; do
+  mount -t tmpfs -o "size=${disk}m,nr_inodes=$files,mode=1777,nosuid,nodev" "marft-$(basename $folder)" "$new/$folder"
+done
+cd "$new"
+pivot_root . .old
+cd /
+mount -t proc proc /proc
+umount -l /.old
+umount /proc
+rmdir /.old /proc
+mount -o remount,ro,bind /
+cd /sandbox
+unset OLDPWD PWD
+exec "$@"
+"""
+TMPFS_FILES = 2048  # files and folders per tmpfs
+
+
+def read_only_folders() -> list[str]:
+    """The interpreter's folders the namespace root must show (beyond /usr, /bin, /lib…)."""
+    folders = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable)))}
+    system = ("/usr/", "/bin/", "/sbin/", "/lib")
+    return sorted(f for f in folders if not f.startswith(system) and f != "/")
+
+
+def child_command(mode: str, fd: int, limits: Limits) -> list[str]:
+    """The child's argv in `mode` (the runner reads its job on stdin and writes events on `fd`)."""
+    runner = [os.path.realpath(sys.executable), "-I", "-S", "-B", "-c", RUNNER, str(fd)]
+    if mode == GUARD:
+        return runner
+    namespaces = [shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts",
+                  "--mount", "--propagation", "private"]
+    drop: list[str] = []
+    if mode == USER_NAMESPACES:  # root of its own user namespace: give up every capability first
+        namespaces += ["--user", "--map-root-user"]
+        drop = [shutil.which("setpriv") or "setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
+    return namespaces + ["/bin/sh", "-c", NAMESPACE_SETUP, "marft-sandbox", str(limits.disk_mib), str(TMPFS_FILES),
+                         *read_only_folders(), "--", *drop, *runner]
+
+
+def child_environment(folder: str) -> dict[str, str]:
+    """The child's whole environment: nothing of the trainer's (no tokens, no keys)."""
+    return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": folder, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Which isolation this machine allows (decided once per process)
+# ---------------------------------------------------------------------------------------------
+
+_ISOLATION: str | None = None
+
+
+def isolation() -> str:
+    """The strongest isolation that works here: "namespaces" (root), "user-namespaces" (not root),
+    else "guard", said once on stderr. Decided by running a one-line program in each candidate."""
+    global _ISOLATION
+    if _ISOLATION is None:
+        candidate = NAMESPACES if os.getuid() == 0 else USER_NAMESPACES
+        reason = "not Linux" if not sys.platform.startswith("linux") else ""
+        if not reason and not all(shutil.which(tool) for tool in ("unshare", "mount", "pivot_root", "umount")
+                                  + (("setpriv",) if candidate == USER_NAMESPACES else ())):
+            reason = "util-linux's unshare, mount, pivot_root or setpriv is missing"
+        if not reason:
+            try:
+                works = run_tests("x = 1\n", ["assert x == 1"], Limits(), mode=candidate).outcome == PASSED
+                reason = "" if works else "a one-line program did not pass"
+            except SandboxError as err:
+                reason = str(err)
+        _ISOLATION = candidate if not reason else GUARD
+        if _ISOLATION == GUARD:
+            print(f"[sandbox] programs run with the Python guard only, without OS isolation ({candidate}: {reason}). "
+                  "README: 'The code sandbox' says what that leaves open.", file=sys.stderr)
+    return _ISOLATION
+
+
+def decided_isolation() -> str | None:
+    """The isolation this process uses, if it has run a program yet (for the run's config), else None."""
+    return _ISOLATION
 
 
 class SandboxError(RuntimeError):
     """The sandbox itself could not be set up on this machine (not the program's fault)."""
 
 
-def child_environment(folder: str) -> dict[str, str]:
-    """The child's whole environment: nothing of the trainer's (no tokens, no keys)."""
-    return {"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+# ---------------------------------------------------------------------------------------------
+# The parent: start the child, read its events with caps, decide
+# ---------------------------------------------------------------------------------------------
 
-
-def run_tests(program: str, tests: list[str], limits: Limits = Limits()) -> TestReport:
-    """Run `program`'s top level, then each test (Python statements, e.g. `assert f(2) == 4`) in its
-    namespace, in a sandboxed child. Never raises for anything the program does; raises
-    SandboxError when the sandbox itself cannot be set up (a fault of the machine, not the program)."""
-    started, nonce = time.monotonic(), secrets.token_hex(16)
-    settings = {**dataclasses.asdict(limits), "nobody": NOBODY, "preload": PRELOADED_MODULES,
-                "refused_modules": REFUSED_MODULES}
-    with tempfile.TemporaryDirectory(prefix="marft-sandbox-", ignore_cleanup_errors=True) as folder:
-        folder = os.path.realpath(folder)
-        for name, text in (("program.py", program), ("tests.json", json.dumps(tests)), ("runner.py", RUNNER)):
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-                f.write(text)
-        if os.getuid() == 0:  # the runner drops to `nobody`, who may write in its own folder only
+def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: str | None = None) -> TestReport:
+    """Run `program`'s top level, then each test (Python statements, e.g. `assert f(2) == 4`), in
+    a sandboxed child (`mode`: the machine's `isolation()` unless given). Never raises for anything
+    the program does; raises SandboxError when the sandbox itself cannot be set up."""
+    mode = mode or isolation()
+    started, nonce, caps = time.monotonic(), secrets.token_hex(16), ResultCaps()
+    comparisons = [split_comparison(test) for test in tests]
+    root = os.getuid() == 0
+    settings = {**dataclasses.asdict(limits), "refused_modules": REFUSED_MODULES, "value_chars": caps.value_chars,
+                "preload": PRELOADED_MODULES,
+                "drop_to": NOBODY if root else None}
+    job = {"limits": settings, "nonce": nonce, "program": program,
+           "tests": [("call", c.call) if c else ("code", t) for c, t in zip(comparisons, tests)]}
+    folder = None
+    if mode == GUARD:  # a folder of the host, writable by `nobody` only
+        folder = os.path.realpath(tempfile.mkdtemp(prefix="marft-sandbox-"))
+        if root:
             os.chown(folder, NOBODY, NOBODY)
-        read_end, write_end = os.pipe()
-        child = None
-        try:
-            child = subprocess.Popen([sys.executable, "-I", "-S", "-B", "runner.py", json.dumps(settings), str(write_end), nonce],
-                                     cwd=folder, env=child_environment(folder), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_end,),
-                                     start_new_session=True, close_fds=True)
-            os.close(write_end)
-            write_end = None
-            events = read_events(read_end, child, started + limits.seconds_per_program, nonce)
-        finally:
-            for fd in (read_end, write_end):
-                if fd is not None:
-                    os.close(fd)
-            if child is not None:
-                kill_group(child)
-    if any(e["kind"] == "sandbox_error" for e in events):
-        raise SandboxError(f"the code sandbox could not start a program here: {events[0].get('detail', '')}")
-    return make_report(events, len(tests), child.returncode, time.monotonic() - started, limits)
+    read_end, write_end = os.pipe()
+    child = None
+    try:
+        with tempfile.TemporaryFile() as stdin:  # unnamed: nothing of the job is left in a file
+            stdin.write(json.dumps(job).encode())
+            stdin.seek(0)
+            child = subprocess.Popen(child_command(mode, write_end, limits), cwd=folder or "/", env=child_environment(folder or "/sandbox"),
+                                     stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     pass_fds=(write_end,), start_new_session=True, close_fds=True)
+        os.close(write_end)
+        write_end = None
+        events = read_events(read_end, child, started + limits.seconds_per_program, nonce, len(tests), caps)
+    finally:
+        for fd in (read_end, write_end):
+            if fd is not None:
+                os.close(fd)
+        if child is not None:
+            kill_group(child)
+        if folder is not None:
+            remove_folder(folder)
+    errors = [e for e in events if e["kind"] == "sandbox_error"]
+    if errors:
+        raise SandboxError(f"the code sandbox ({mode}) could not start a program here: {errors[0]['detail']}")
+    if not any(e["kind"] in ("started", "killed") for e in events):  # the program never ran: the machine's fault
+        raise SandboxError(f"the code sandbox ({mode}) could not start a program here "
+                           f"(its child exited with status {child.returncode})")
+    return make_report(events, comparisons, child.returncode, time.monotonic() - started, limits, caps)
 
 
-def read_events(read_end: int, child: subprocess.Popen, deadline: float, nonce: str) -> list[dict]:
-    """The child's events (JSON objects carrying `nonce`; anything else is dropped) until it ends
-    or closes the pipe, or the deadline passes (then a "killed" event closes the list)."""
-    buffer, cap, events = b"", 1 << 20, []
+def read_events(read_end: int, child: subprocess.Popen, deadline: float, nonce: str, num_tests: int,
+                caps: ResultCaps = ResultCaps()) -> list[dict]:
+    """The child's events (lines carrying `nonce`; anything else is dropped) until it ends or closes
+    the pipe, the deadline passes (then a "killed" event closes the list), or it has written more
+    than the caps allow (the rest is never read)."""
+    buffer, total, events = b"", 0, []
+    most = 2 * num_tests + caps.extra_events
     poller = select.poll()
     poller.register(read_end, select.POLLIN | select.POLLHUP)
     while not any(e["kind"] in END_EVENTS for e in events):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            events.append({"kind": "killed"})
+            events.append({"kind": "killed", "index": -1, "result": "", "detail": "", "output": ""})
             break
         if poller.poll(min(remaining, 0.2) * 1000):
             chunk = os.read(read_end, 65536)
             if not chunk:
                 break
-            buffer = (buffer + chunk)[-cap:]
-            *lines, buffer = buffer.split(b"\n")
-            events += [e for e in map(parse_event, lines) if e is not None and e.pop("nonce") == nonce]
+            total += len(chunk)
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            if len(buffer) > caps.line_bytes:  # a line too long to be one of ours: drop up to its end
+                buffer = b"\0"  # the rest of the line parses as nothing
+            events += [e for e in (parse_event(line, nonce, caps) for line in lines) if e is not None]
+            if len(events) > most or total > caps.total_bytes:
+                events = events[:most]
+                break
         elif child.poll() is not None:  # the child is gone (a descendant may still hold the pipe open)
             break
     return events
@@ -318,28 +614,33 @@ def read_events(read_end: int, child: subprocess.Popen, deadline: float, nonce: 
 
 # Events after which the child has nothing more to say.
 END_EVENTS = ("done", "syntax_error", "sandbox_error", "program_end")
+EVENT_KINDS = ("started", "program", "test", "value", "done", "syntax_error", "sandbox_error")
 
 
-def parse_event(line: bytes) -> dict | None:
-    """One event line → a dict with a string "kind" and a "nonce", or None (not ours, or garbled)."""
+def parse_event(line: bytes, nonce: str, caps: ResultCaps = ResultCaps()) -> dict | None:
+    """One event line `<nonce> ('kind', index, 'result', 'detail', 'output')` → a dict of those
+    five, or None (not ours, too long, garbled). Never raises."""
     try:
-        event = json.loads(line.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError:
+        if len(line) > caps.line_bytes:
+            return None
+        mark, _, body = line.partition(b" ")
+        if not hmac.compare_digest(mark, nonce.encode()):
+            return None
+        fields = ast.literal_eval(body.decode("utf-8", errors="replace"))
+        if not (type(fields) is tuple and len(fields) == 5 and fields[0] in EVENT_KINDS and type(fields[1]) is int
+                and all(type(f) is str for f in fields[2:])):
+            return None
+    except Exception:  # SyntaxError, ValueError, MemoryError, RecursionError, …: not an event
         return None
-    if not isinstance(event, dict) or not isinstance(event.get("kind"), str) or not isinstance(event.get("nonce"), str):
-        return None
-    if event["kind"] == "program" and event.get("result") != "ok":
-        event["kind"] = "program_end"  # the program's top level timed out or crashed: no test follows
-    for key in ("detail", "output", "result"):
-        if not isinstance(event.get(key, ""), str):
-            event[key] = str(event[key])
-    if event["kind"] == "test" and not isinstance(event.get("index"), int):
-        return None
-    return event
+    kind, index, result, detail, output = fields
+    if kind == "program" and result != "ok":
+        kind = "program_end"  # the program's top level timed out or crashed: no test follows
+    return {"kind": kind, "index": index, "result": result, "detail": detail, "output": output}
 
 
 def kill_group(child: subprocess.Popen) -> None:
-    """SIGKILL to the child's whole process group (whatever it started), then reap the child."""
+    """SIGKILL to the child's whole process group (whatever it started), then reap the child. In
+    the namespace modes the child is PID 1's parent: every process of the program goes with it."""
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -347,34 +648,69 @@ def kill_group(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def make_report(events: list[dict], num_tests: int, returncode: int | None, seconds: float, limits: Limits) -> TestReport:
-    """TestReport from the child's events (which may stop anywhere: it can be killed at any point)."""
+def remove_folder(folder: str) -> None:
+    """Remove the guard mode's folder, however deep its tree (`rm -rf` walks it without recursion
+    limits; Python's rmtree would raise past about a thousand levels)."""
+    subprocess.run(["rm", "-rf", "--", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if os.path.exists(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def compared(event: dict, comparison: Comparison, caps: ResultCaps) -> tuple[str, str]:
+    """(result, detail) of a computed value against the test's expected literal, in the parent."""
+    try:
+        if len(event["detail"]) > caps.value_chars:
+            raise ValueError("too large")
+        value = ast.literal_eval(event["detail"])
+        equal = bool(value == comparison.expected)
+    except Exception:
+        return "error", "the call's value could not be read"
+    if equal:
+        return PASSED, ""
+    shown = event["detail"] if len(event["detail"]) <= 200 else event["detail"][:200] + " …"
+    return FAILED, "AssertionError: " + (comparison.message or f"the call returned {shown}")
+
+
+def make_report(events: list[dict], comparisons: list[Comparison | None], returncode: int | None, seconds: float,
+                limits: Limits, caps: ResultCaps = ResultCaps()) -> TestReport:
+    """TestReport from the child's events (which may stop anywhere: it can be killed at any point).
+    A compared test passes only on a "value" equal to its expected literal; a test run in the child
+    only on its "passed" event; the first event of a test decides it."""
+    num_tests = len(comparisons)
     tests = ["not_run"] * num_tests
     report = TestReport(CRASH, tests, seconds=seconds)
-    details = []
+    details: dict[int, str] = {}
     for event in events:
-        kind = event["kind"]
+        kind, index = event["kind"], event["index"]
         if kind == "syntax_error":
-            report.outcome, report.detail = SYNTAX_ERROR, event.get("detail", "")
+            report.outcome, report.detail = SYNTAX_ERROR, event["detail"]
             return report
         if kind == "program_end":
-            report.outcome = TIMEOUT if event.get("result") == "timeout" else CRASH
-            report.detail, report.output = event.get("detail", ""), event.get("output", "")
+            report.outcome = TIMEOUT if event["result"] == "timeout" else CRASH
+            report.detail, report.output = event["detail"], event["output"][: limits.output_chars]
             return report
-        if kind == "test" and 0 <= event["index"] < num_tests:
-            tests[event["index"]] = event.get("result", "error")
-            if tests[event["index"]] != PASSED:
-                details.append(event.get("detail", ""))
+        if kind in ("test", "value") and 0 <= index < num_tests and tests[index] == "not_run":
+            comparison = comparisons[index]
+            if kind == "value" and comparison is not None:
+                tests[index], detail = compared(event, comparison, caps)
+            elif kind == "test" and (event["result"] != PASSED or comparison is None):
+                tests[index] = event["result"] if event["result"] in (PASSED, "failed", "error", "timeout") else "error"
+                detail = event["detail"]
+            else:
+                continue  # a "passed" for a compared test, or a value for a test run in the child: not believed
+            if tests[index] != PASSED:
+                details[index] = detail
         if kind == "done":
-            report.output = event.get("output", "")
+            report.output = event["output"][: limits.output_chars]
     finished = any(e["kind"] == "done" for e in events)
+    ordered = [details[k] for k in sorted(details)]
     if any(t == "timeout" for t in tests) or any(e["kind"] == "killed" for e in events):
         report.outcome = TIMEOUT
-        details.append(f"the program and its tests ran out of time ({limits.seconds_per_program:g} s)")
+        ordered.append(f"the program and its tests ran out of time ({limits.seconds_per_program:g} s)")
     elif not finished:
         report.outcome = CRASH  # killed by the OS: out of memory, CPU limit, a signal
-        details.append(f"the program died (exit status {returncode})")
+        ordered.append(f"the program died (exit status {returncode})")
     else:
         report.outcome = PASSED if all(t == PASSED for t in tests) else FAILED
-    report.detail = details[0] if details else ""
+    report.detail = ordered[0] if ordered else ""
     return report

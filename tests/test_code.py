@@ -11,6 +11,7 @@ import marft
 import run as run_lib
 from envs import CodeEnv, Problem, extract_program, load_humaneval, load_problems, make_code_problems
 from envs.code_problems import CODE_TEST_FRACTION
+from envs import sandbox
 from envs.sandbox import run_tests
 from flex_pomdp import CODE_ORGANISATIONS, load_organisation
 from scripted import scripted_actions
@@ -196,6 +197,9 @@ def test_a_code_run_counts_program_outcomes_in_training_and_evaluation(tiny_mode
     marft.train(run_lib.parse_args(argv))
     rows = [json.loads(line) for line in (tmp_path / "code" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
+    config = json.loads((tmp_path / "code" / "config.json").read_text())
+    assert config["sandbox/isolation"] == sandbox.isolation()  # the run says which isolation graded it
+    assert run_lib.read_config(tmp_path / "code", "--resume").data == "code"  # a recorded fact is no option
     for iteration in (1, 2):
         expected = [scripted_outcome(p) for p in marft.iteration_batch(make_code_problems("train", seed=1), 6, 1, iteration - 1)]
         row = rows[iteration]

@@ -1,47 +1,64 @@
 """The code sandbox (envs/sandbox.py): every bad program gets an outcome, none hangs, none escapes,
-and none leaves a process or a file behind."""
+none leaves a process or a file behind; tests of the shape `assert CALL == LITERAL` are decided in
+the parent; the operating system's isolation holds even with the Python guard removed, as root
+and as an unprivileged user; without namespaces the guard runs alone and says so.
+(tests/test_sandbox_attacks.py tries the attacks of a program that wants an unearned reward.)"""
+import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from envs.sandbox import CRASH, FAILED, PASSED, SYNTAX_ERROR, TIMEOUT, Limits, run_tests
+from envs import sandbox
+from envs.sandbox import CRASH, FAILED, PASSED, SYNTAX_ERROR, TIMEOUT, Comparison, Limits, run_tests, split_comparison
 
 FAST = Limits(seconds_per_test=1.0, seconds_per_program=3.0)
 DOUBLE = "def double(x):\n    return 2 * x\n"
 
 
-def processes() -> set[int]:
-    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
-
-
 @pytest.fixture
 def leaves_nothing_behind(monkeypatch):
-    """After the test: no sandbox folder left, and no process left running in one. The test's
-    sandboxes are made in a temporary root of its own (traversable by the unprivileged user the
-    sandbox runs as), so the sandboxes of tests running in parallel in another worker are not
-    counted; a process belongs to the test when its working folder is in that root."""
+    """After the test: no sandbox folder left, and no process of the test's programs left running.
+    The test's guard-mode folders are made in a temporary root of its own (traversable by the
+    unprivileged user the sandbox runs as), so the sandboxes of tests running in parallel in
+    another worker are not counted; a process is the test's when its environment carries the
+    test's own mark (every child gets it, and a fork or a daemon inherits it)."""
     root = tempfile.mkdtemp(prefix="marft-sandbox-test-")
     os.chmod(root, 0o711)
     monkeypatch.setattr(tempfile, "tempdir", root)
+    mark = f"marft-test-{uuid.uuid4().hex}"
+    environment = sandbox.child_environment
+    monkeypatch.setattr(sandbox, "child_environment", lambda folder: {**environment(folder), "MARFT_TEST_MARK": mark})
     yield
     time.sleep(0.2)
     left = os.listdir(root)
-    survivors = []
-    for pid in processes():
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue  # ended meanwhile, or not ours to read
-        if cwd.startswith(root):
-            survivors.append(cmdline)
+    survivors = marked_processes(mark)
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
     if not left:
         os.rmdir(root)
     assert not left
     assert not survivors
+
+
+def marked_processes(mark: str) -> list[int]:
+    """The processes whose environment holds `mark`."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if mark.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue  # ended meanwhile
+    return found
 
 
 @pytest.mark.parametrize("program, tests, outcome, results", [
@@ -150,10 +167,213 @@ def test_megabytes_of_output_are_cut(leaves_nothing_behind):
 
 def test_no_environment_variable_of_the_trainer_reaches_the_program(monkeypatch, leaves_nothing_behind):
     monkeypatch.setenv("MARFT_SECRET_TOKEN", "hunter2")
-    report = run_tests("import os\nseen = dict(os.environ)\n", ["assert 'MARFT_SECRET_TOKEN' not in seen", "assert len(seen) <= 4"], FAST)
+    report = run_tests("import os\nseen = set(os.environ)\n", ["assert 'MARFT_SECRET_TOKEN' not in seen",
+                       "assert seen <= {'PATH', 'HOME', 'LANG', 'PYTHONHASHSEED', 'MARFT_TEST_MARK'}"], FAST)
     assert report.outcome == PASSED
 
 
 def test_the_standard_library_can_be_imported(leaves_nothing_behind):
     program = "import math, collections, itertools, functools, re, heapq, fractions\ndef root(x):\n    return math.isqrt(x)\n"
     assert run_tests(program, ["assert root(49) == 7"], FAST).outcome == PASSED
+
+
+@pytest.mark.parametrize("mode", [sandbox.GUARD, sandbox.NAMESPACES])
+def test_both_isolations_give_the_same_outcomes(mode, leaves_nothing_behind):
+    program = DOUBLE + "print('hello')\n"
+    tests = ["assert double(2) == 4", "assert double(3) == 7, 'three'", "assert 8 == double(4)", "double(None)",
+             "assert double(2) == [4", "assert double(1) == 2 and True"]
+    report = run_tests(program, tests, FAST, mode=mode)
+    assert (report.outcome, report.tests) == (FAILED, ["passed", "failed", "passed", "error", "error", "passed"])
+    assert report.detail == "AssertionError: three" and report.output == "hello\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The result channel: `assert CALL == LITERAL` is compared in the parent
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("test, expected", [
+    ("assert add_3(4) == 7", Comparison("add_3(4)", 7)),
+    ("assert 7 == add_3(4)", Comparison("add_3(4)", 7)),
+    ("assert f([1, 2], k=3) == (1, {'a': None}), 'why'", Comparison("f([1, 2], k=3)", (1, {"a": None}), "why")),
+    ("assert repeat_2('ab') == 'abab'", Comparison("repeat_2('ab')", "abab")),
+    ("assert f(2) != 4", None),  # another operator
+    ("assert f(2) == g(2)", None),  # no literal side
+    ("assert f(2) == 4 == 4", None),  # a chain
+    ("x = 1\nassert f(x) == 4", None),  # setup code: runs in the child
+    ("assert f(2)", None),
+    ("check(candidate)", None),
+    ("assert f(2) == [4", None),  # not Python
+])
+def test_only_tests_that_compare_a_call_with_a_literal_are_split(test, expected):
+    assert split_comparison(test) == expected
+
+
+def test_the_expected_value_never_reaches_the_child(monkeypatch, leaves_nothing_behind):
+    """What the child is given (its stdin job) holds the call, never the literal it is compared with."""
+    written = []
+    dumps = sandbox.json.dumps
+    monkeypatch.setattr(sandbox.json, "dumps", lambda obj, **kw: written.append(dumps(obj, **kw)) or written[-1])
+    report = run_tests(DOUBLE, ["assert double(15_000) == 30000", "assert double(2) == 4.0"], FAST)
+    assert report.tests == ["passed", "passed"]
+    job = json.loads(written[-1])
+    assert job["tests"] == [["call", "double(15_000)"], ["call", "double(2)"]]
+    assert "30000" not in written[-1] and "4.0" not in written[-1]
+
+
+@pytest.mark.parametrize("returned, result", [
+    ("A()", "error"),  # == always true: not plain data
+    ("Int(4)", "passed"),  # a subclass is converted to its base: the value 4 was computed
+    ("Int(5)", "failed"),
+    ("[4]", "failed"),
+    ("float('nan')", "error"),
+    ("10 ** 5000", "error"),  # too many digits to report
+    ("loop()", "error"),  # a list that contains itself
+])
+def test_a_computed_value_is_compared_as_plain_data(returned, result, leaves_nothing_behind):
+    program = ("class A:\n    def __eq__(self, other):\n        return True\n"
+               "class Int(int):\n    def __eq__(self, other):\n        return True\n"
+               "def loop():\n    x = []\n    x.append(x)\n    return x\n"
+               f"def double(x):\n    return {returned}\n")
+    assert run_tests(program, ["assert double(2) == 4"], FAST).tests == [result]
+
+
+def test_the_report_believes_a_value_for_a_compared_test_and_a_pass_only_for_a_test_run_in_the_child():
+    """Hand-made event lists: a "passed" for a compared test and a value for a test run in the child
+    are ignored; the first event of a test decides it; a program that never reports gets nothing."""
+    def event(kind, index=-1, result="", detail=""):
+        return {"kind": kind, "index": index, "result": result, "detail": detail, "output": ""}
+    comparisons = [Comparison("f(1)", 2), None]
+    events = [event("started"), event("program", result="ok"), event("test", 0, "passed"), event("value", 1, "", "2"),
+              event("value", 0, "", "3"), event("value", 0, "", "2"), event("test", 1, "passed"), event("done")]
+    report = sandbox.make_report(events, comparisons, 0, 0.1, FAST)
+    assert (report.outcome, report.tests) == (FAILED, ["failed", "passed"])
+    assert report.detail == "AssertionError: the call returned 3"
+    silent = sandbox.make_report([event("started"), event("program", result="ok"), event("done")], comparisons, 0, 0.1, FAST)
+    assert (silent.outcome, silent.passed_fraction) == (FAILED, 0.0)
+
+
+@pytest.mark.parametrize("line", [
+    b"[" * 100_000, b"1" * 5_000, b"\xff\xfe" * 100, b"", b"nonce", b"nonce " + b"(" * 10_000,
+    b"nonce " + b"9" * 5_000, b"nonce ('test', 0, 'passed', '')", b"nonce ('test', '0', 'passed', '', '')",
+    b"nonce " + b"[" * 100_000, b"nonce ('test', 0, 'passed', '', '')" + b" " * (1 << 19),
+    b"othernonce ('test', 0, 'passed', '', '')", b"nonce ('test', 0, 'passed', '', b'')",
+])
+def test_no_line_the_child_writes_makes_the_parser_raise(line):
+    assert sandbox.parse_event(line, "nonce") is None
+    assert sandbox.parse_event(b"nonce ('test', 0, 'passed', '', '')", "nonce")["result"] == "passed"
+
+
+def test_a_folder_tree_of_any_depth_is_removed():
+    root = tempfile.mkdtemp(prefix="marft-deep-")
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(3000):
+        os.mkdir("a", dir_fd=fd)
+        inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    sandbox.remove_folder(root)
+    assert not os.path.exists(root)
+
+
+# ---------------------------------------------------------------------------------------------
+# The operating system's isolation, with the Python guard removed (as a program that got past it)
+# ---------------------------------------------------------------------------------------------
+
+needs_namespaces = pytest.mark.skipif(not (sys.platform.startswith("linux") and shutil.which("unshare") and os.getuid() == 0),
+                                      reason="namespaces need Linux, util-linux and root here")
+ESCAPE = r'''
+import os, socket, sys
+def attempt(name, action):
+    try:
+        action()
+        print(name, "done")
+    except BaseException as err:
+        print(name, "refused", type(err).__name__)
+MARK = sys.argv[0] if False else {mark!r}
+for path in ("/tmp/" + MARK, "/var/tmp/" + MARK, "/dev/shm/" + MARK, {target!r}):
+    attempt("write " + path, lambda: open(path, "w").write("x"))
+attempt("read", lambda: print(open({secret!r}).read()))
+attempt("connect", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=1))
+attempt("fill", lambda: open("/dev/shm/big", "wb").write(b"x" * (64 << 20)))
+if os.fork() == 0:  # a double-forked daemon
+    os.setsid()
+    if os.fork() == 0:
+        import time
+        time.sleep(30)
+    os._exit(0)
+print("uid", os.getuid(), "root", sorted(os.listdir("/")))
+'''
+
+
+def escape_attempt(tmp_path: Path, mark: str) -> tuple[str, list[Path], Path, socket.socket]:
+    """The program of a guard escape: writes to /tmp, /var/tmp, /dev/shm and a world-writable host
+    folder, a read of a world-readable host file, a connection to a listening port, a 64 MiB
+    /dev/shm file, a daemon."""
+    os.chmod(tmp_path, 0o777)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the trainer's secret")
+    os.chmod(secret, 0o644)
+    target = tmp_path / f"{mark}.txt"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    program = ESCAPE.format(mark=mark, target=str(target), secret=str(secret), port=listener.getsockname()[1])
+    written = [Path("/tmp") / mark, Path("/var/tmp") / mark, Path("/dev/shm") / mark, target]
+    return program, written, secret, listener
+
+
+def assert_nothing_escaped(report, written: list[Path], listener: socket.socket):
+    try:
+        assert not [path for path in written if path.exists()]
+        assert "the trainer's secret" not in report.output and "read refused" in report.output
+        with pytest.raises(socket.timeout):
+            listener.accept()
+        assert "connect refused" in report.output and "fill refused" in report.output  # tmpfs of disk_mib
+    finally:
+        listener.close()
+        for path in written:
+            path.unlink(missing_ok=True)
+
+
+@needs_namespaces
+def test_without_the_guard_the_namespaces_still_hold(tmp_path, monkeypatch, leaves_nothing_behind):
+    monkeypatch.setattr(sandbox, "RUNNER", sandbox.RUNNER.replace("    sys.addaudithook(guard)\n", ""))
+    program, written, _, listener = escape_attempt(tmp_path, f"marft-escape-{uuid.uuid4().hex}")
+    report = run_tests(program, ["assert 1 == 1"], FAST, mode=sandbox.NAMESPACES)
+    assert report.outcome == PASSED, report
+    assert_nothing_escaped(report, written, listener)
+    assert "uid 65534 root ['bin', 'dev', 'etc', 'lib', 'lib64', 'root', 'sandbox', 'sbin', 'tmp', 'usr']" in report.output
+    # (leaves_nothing_behind: the daemon is gone with its PID namespace)
+
+
+@needs_namespaces
+def test_an_unprivileged_trainer_gets_user_namespaces_that_hold_without_the_guard(tmp_path):
+    """The trainer as uid 65534 (in a user namespace of its own, with no capability): isolation()
+    takes user namespaces, and the same escape fails."""
+    mark = f"marft-escape-{uuid.uuid4().hex}"
+    program, written, _, listener = escape_attempt(tmp_path, mark)
+    script = ("import json, sys\nsys.path.insert(0, '.')\nfrom envs import sandbox\n"
+              "sandbox.RUNNER = sandbox.RUNNER.replace('    sys.addaudithook(guard)\\n', '')\n"
+              "mode = sandbox.isolation()\n"
+              f"report = sandbox.run_tests({program!r}, ['assert 1 == 1'], sandbox.Limits(seconds_per_program=5.0))\n"
+              "print(json.dumps([mode, report.outcome, report.output]))\n")
+    done = subprocess.run(["unshare", "--user", "--map-user=65534", "--map-group=65534", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=60, cwd=Path(sandbox.__file__).parents[1],
+                          env={**os.environ, "MARFT_TEST_MARK": mark})
+    mode, outcome, output = json.loads(done.stdout.splitlines()[-1])
+    assert (mode, outcome) == (sandbox.USER_NAMESPACES, PASSED), done.stderr
+    assert_nothing_escaped(sandbox.TestReport(outcome, output=output), written, listener)
+    assert "uid 0 root" in output  # root of its own namespace only: every capability dropped before the program
+    time.sleep(0.2)
+    assert not marked_processes(mark)
+
+
+def test_without_namespaces_the_guard_runs_alone_and_says_so_once(monkeypatch, capsys):
+    monkeypatch.setattr(sandbox, "_ISOLATION", None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)  # no util-linux here
+    assert sandbox.isolation() == sandbox.GUARD and sandbox.isolation() == sandbox.GUARD
+    assert capsys.readouterr().err.count("without OS isolation") == 1
+    assert sandbox.decided_isolation() == sandbox.GUARD
+    assert run_tests(DOUBLE, ["assert double(2) == 4"], FAST).outcome == PASSED
