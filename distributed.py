@@ -7,8 +7,8 @@ Every rank holds the base model, every adapter, the critic and the optimiser sta
 Per iteration:
 
     rollout     rank r plays episodes r, r + G, r + 2G, … of the batch with its own sampling
-                seed; the parts are gathered and merged (rollout.merge_rollouts), so every rank
-                holds the whole batch, in the order one process would have played it
+                seed (`rank_seed`); the parts are gathered and merged (rollout.merge_rollouts), so
+                every rank holds the whole batch, in the order one process would have played it
     old policy  forward batches split round-robin over ranks, the tables summed (each entry is
                 filled on exactly one rank)
     advantages  computed on every rank from the whole batch (same numbers everywhere)
@@ -31,6 +31,7 @@ function here is a no-op and `python marft.py` runs exactly as a single process.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import timedelta
 
@@ -87,11 +88,26 @@ def rows_of(minibatch: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (mine, True) if len(mine) else (minibatch[:1], False)
 
 
+def rank_seed(seed: int, r: int) -> int:
+    """The torch seed of rank r's sampling noise when rank 0 samples from `seed`.
+
+    Rank 0 keeps `seed` (a 1-rank run draws exactly as a plain process). Rank r > 0 gets a stable
+    hash of (seed, r) (blake2b: the same on every machine and Python) in [2^62, 2^63), above every
+    seed a run gives rank 0 (marft.seed_iteration's seed · 1_000_003 + iteration, for any run seed
+    below 4·10^12): no rank's stream is another seed's rank-0 stream (a stride, seed + 1_000_003 · r,
+    made rank r of run seed s rank 0 of run seed s + r), and two ranks > 0 share a stream only on
+    a 62-bit hash collision."""
+    if r == 0:
+        return seed
+    digest = hashlib.blake2b(f"marft-rank-seed/{seed}/{r}".encode(), digest_size=8).digest()
+    return 2**62 + int.from_bytes(digest, "big") % 2**62
+
+
 def reseed_sampling() -> None:
     """Give every rank its own sampling noise, continuing from the seed last set with
-    torch.manual_seed (rank 0 keeps it: a 1-rank run draws exactly as a plain process)."""
+    torch.manual_seed (`rank_seed`: rank 0 keeps it)."""
     if rank() > 0:
-        torch.manual_seed(torch.initial_seed() + 1_000_003 * rank())
+        torch.manual_seed(rank_seed(torch.initial_seed(), rank()))
 
 
 def all_gather_objects(obj) -> list:

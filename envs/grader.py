@@ -1,6 +1,6 @@
 """Grading a response against a gold answer with Hugging Face math-verify.
 
-The outcome of one response is one of three strings:
+The outcome of one response is one of four strings:
 
 * "correct"     -- the last `\\boxed{}` of the response verifies against the gold answer;
 * "wrong"       -- it parses as math but does not verify;
@@ -21,7 +21,7 @@ trainer may grade from another thread. So `Grader` runs parse + verify in a sepa
 process (`grading_worker.py`, started as a plain script so it does not re-run the user's
 main module or import torch) and talks to it with one line per request and per reply.
 When a reply is late, the worker is killed and a new one is started at the next call;
-the late item is graded "unparseable" and counted in `Grader.timeouts`.
+the late item is graded "ungraded" and counted in `Grader.timeouts`.
 
 Results are cached by (gold, predicted answer): RL grades the same pairs again and again.
 """

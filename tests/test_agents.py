@@ -369,3 +369,66 @@ def test_grouped_key_value_attention_gives_the_library_sdpa_numbers_without_copy
                 torch.testing.assert_close(grouped_grads[name], plain_grads[name], rtol=1e-5, atol=1e-7)
     finally:
         library.repeat_kv = repeat_kv
+
+
+@pytest.mark.parametrize("tokenizer_eos, model_eos, expected", [
+    (2, 2, [2]), (2, None, [2]), (2, 7, [2, 7]), (2, [7, 2], [2, 7]), (2, [2, 7, 9], [2, 7, 9]), (None, [0, 2], [0, 2]),
+    (None, None, [])])
+def test_stop_token_ids_are_the_tokenizers_eos_and_every_id_the_generation_config_declares(tokenizer_eos, model_eos, expected):
+    assert agents.stop_token_ids(tokenizer_eos, model_eos) == expected
+
+
+def test_generation_stops_at_an_end_of_turn_id_that_only_the_generation_config_declares(tiny_model_dir, tmp_path):
+    """A chat model whose end-of-turn token is not its tokenizer's eos declares both in
+    generation_config.json (eos_token_id [eos, end-of-turn]): each response stops at the first of
+    them, keeps it (as it keeps the eos), and its log-probs are cut with it. The same seeded
+    sampling from the same weights draws the same tokens until a row stops, so the end-of-turn id
+    is a token the plain model samples at step 3 of row 0, and the expected responses are the
+    plain ones cut after its first occurrence."""
+    import json
+    import shutil
+
+    def sample(folder):
+        base, tokenizer = agents.load_base_model(str(folder))
+        torch.manual_seed(0)
+        model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+        torch.manual_seed(5)
+        return tokenizer, agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(1.0, 1.0, 12), batch_size=3)
+
+    tokenizer, plain = sample(tiny_model_dir)
+    assert [len(r) for r in plain.token_ids] == [12, 12, 12]  # no eos sampled: each runs to max_new_tokens
+    end_of_turn = plain.token_ids[0][3]
+    assert end_of_turn != tokenizer.eos_token_id and end_of_turn not in plain.token_ids[0][:3]
+    declaring = tmp_path / "declaring"
+    shutil.copytree(tiny_model_dir, declaring)
+    (declaring / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": [tokenizer.eos_token_id, end_of_turn], "pad_token_id": 2}))
+    _, cut = sample(declaring)
+    expected = [r[: r.index(end_of_turn) + 1] if end_of_turn in r else r for r in plain.token_ids]
+    assert len(expected[0]) == 4
+    assert cut.token_ids == expected
+    assert cut.logprobs == [pytest.approx(lp[: len(r)], abs=1e-6) for lp, r in zip(plain.logprobs, expected)]
+
+
+def test_vllm_requests_stop_at_every_end_of_turn_id_and_responses_are_cut_at_the_first(monkeypatch):
+    """The vLLM backend without an engine: a stand-in records the SamplingParams of each request and
+    returns fixed completions. Every request stops at each stop id, and a completion that holds a
+    stop id is cut after its first one (token ids and log-probs), as the hf backend cuts."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    completions = [[5, 7, 9, 2], [5, 9, 2, 7], [5, 9, 11]]  # end-of-turn 7 first; eos 2 first; no stop id
+    seen = []
+
+    def engine_generate(prompts, params, lora_request, use_tqdm):
+        seen.extend(params)
+        return [SimpleNamespace(outputs=[SimpleNamespace(
+            token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, t in enumerate(tokens)])])
+            for tokens in completions]
+
+    backend = object.__new__(agents.VLLMGenerator)  # no engine: only its generate method is under test
+    backend.engine, backend.requests, backend.stop_ids = SimpleNamespace(generate=engine_generate), {}, [2, 7]
+    actions = backend.generate(PROMPTS, None, agents.Sampling(1.0, 1.0, 8))
+    assert len(seen) == 3 and all({2, 7} <= set(p.stop_token_ids) and p.max_tokens == 8 for p in seen)
+    assert actions.token_ids == [[5, 7], [5, 9, 2], [5, 9, 11]]
+    assert actions.logprobs == [[-0.5, -1.0], [-0.5, -1.0, -1.5], [-0.5, -1.0, -1.5]]

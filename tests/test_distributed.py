@@ -8,6 +8,7 @@ minibatch's loss, gradients summed over ranks, merged rollouts, reduced statisti
 rank-0 I/O. What it cannot prove: NCCL, GPUs, several nodes, speed."""
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import agents
+import distributed
 import marft
 import run as run_lib
 from envs import Grader, make_arithmetic_problems
@@ -130,3 +132,35 @@ def test_unequal_ranks_and_an_early_stop_finish_without_a_hang(tiny_model_dir, t
     assert one["losses/early_stopped/solver"] == two["losses/early_stopped/solver"] == 1.0
     assert_close_weights(trained_weights(tmp_path / "one" / "checkpoints" / "iter_000001"),
                          trained_weights(tmp_path / "two" / "checkpoints" / "iter_000001"))
+
+
+def test_every_run_seed_and_rank_starts_its_own_sampling_stream(monkeypatch):
+    """An iteration seeds torch from (run seed, iteration) (marft.seed_iteration), then rank r
+    re-seeds its sampling noise (distributed.reseed_sampling). For run seeds 0…50, iterations
+    0…2 and ranks 0…7 every (seed, iteration, rank) starts from a torch seed of its own; rank 0
+    keeps the iteration's seed (a 1-rank run samples as a plain process); and rank r of seed s is
+    not rank 0 of seed s + r, which a re-seed by a multiple of the rank made it."""
+    started = {}
+    python_state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        for r in range(8):
+            monkeypatch.setattr(distributed, "rank", lambda r=r: r)
+            for s in range(51):
+                for k in range(3):
+                    marft.seed_iteration(s, k)
+                    iteration_seed = torch.initial_seed()
+                    distributed.reseed_sampling()
+                    started[s, k, r] = torch.initial_seed()
+                    assert r > 0 or started[s, k, r] == iteration_seed
+    random.setstate(python_state)
+    assert len(set(started.values())) == len(started) == 51 * 3 * 8
+    assert all(started[s, k, r] != started[s + r, k, 0] for s, k, r in started if 0 < r and s + r <= 50)
+
+
+def test_rank_seeds_of_other_ranks_lie_above_every_rank_0_seed():
+    """distributed.rank_seed: the identity on rank 0; on ranks 1…7 of seeds 0…50, 51 · 7 distinct
+    seeds in [2^62, 2^63), where no seed a run gives rank 0 lies, so no rank's stream is another
+    seed's rank-0 stream."""
+    assert [distributed.rank_seed(s, 0) for s in (0, 1, 50, 2**62 - 1)] == [0, 1, 50, 2**62 - 1]
+    others = [distributed.rank_seed(s, r) for s in range(51) for r in range(1, 8)]
+    assert len(set(others)) == len(others) and all(2**62 <= seed < 2**63 for seed in others)

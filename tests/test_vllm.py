@@ -38,7 +38,8 @@ def engine_and_model(tmp_path_factory):
     model = agents.attach_adapters(base, ROLES, config)
     shared_folder = tmp_path_factory.mktemp("vllm-sync")
     (shared_folder / "someone-elses-file").write_text("kept")
-    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, eos_id=tokenizer.eos_token_id, seed=0, max_model_len=256,
+    stop_ids = agents.stop_token_ids(tokenizer.eos_token_id, base.generation_config.eos_token_id)
+    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0, max_model_len=256,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
                                   enforce_eager=True, sync_root=shared_folder, threads=2,
                                   max_num_batched_tokens=256)  # a small step budget: several engine steps per call
