@@ -1,19 +1,31 @@
-"""The centralised critic V_φ(ô^i_t): a LoRA adapter on the shared base plus a scalar value head.
+"""The centralised critic V_φ: a LoRA adapter on the shared base plus a scalar value head.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (centralised training, decentralised
-execution). README: "Paper ↔ code".
+execution; the multi-agent advantage decomposition). README: "Paper ↔ code".
 
-One shared critic scores the unrolled observation of any agent. Because ô^i_t contains agent i's
-system prompt and the actions it depends on, the critic knows whose turn it is and what has been
-said so far in the step:
+One shared critic scores every action of a step. Its input for the k-th action a^i_{t,k} of step t
+(agent i = σ_k under a fixed D, the k-th of the realised sequence with an orchestrator) is
 
-    V^i_t = V_φ(ô^i_t) = w · h_φ(ô^i_t)[last prompt token] + b                 (action level)
-    V(ô^i_t, w_<k) = w · h_φ(ô^i_t ⊕ w_<k)[last position] + b                  (token level)
+    x^i_{t,k} = o_t ⊕ a_{t,<k}        the observation and every earlier action of the step, in σ order,
+
+under agent i's system prompt and worked examples, so the critic knows whose turn it is
+(flex_pomdp.critic_messages). D decides what a *policy* reads (ô^i_t); the critic is centralised
+for every D: by the multi-agent advantage decomposition
+A(o, a^{i_1:N}) = Σ_m A^{i_m}(o, a^{i_1:m−1}, a^{i_m}), agent i_m's advantage is conditioned on
+the actions before it, and the action-level δ_{t,k} = r_{t,k} + γ_a V_{t,k+1} − V_{t,k} carries
+information about a_{t,k} only because V_{t,k+1} has read it. In a chain (D(a^i, a^j) = 1 for all
+i < j) and in an orchestrated step x^i_{t,k} is the policy's prompt ô^i_t, token for token; under
+D ≡ 0 (`parallel`) the value for solver_b reads solver_a's action, which solver_b's policy never
+sees, and the rollout keeps that input beside the prompt (rollout.Rollout.critic_prompt_ids).
+
+    V^i_{t,k} = V_φ(x^i_{t,k}) = w · h_φ(x^i_{t,k})[last prompt token] + b          (action level)
+    V(x^i_{t,k}, w_<j) = w · h_φ(x^i_{t,k} ⊕ w_<j)[last position] + b               (token level)
 
 h_φ is the base model's last hidden layer under the `critic` adapter; (w, b) is a Linear(H, 1)
 head, zero-initialised so that V ≡ 0 before training. Option: one critic per agent (adapter
 `critic_<role>` and its own head). Only the critic adapters and heads are trained by the value loss;
-the policies' adapters and the base stay untouched.
+the policies' adapters and the base stay untouched. The functions below take the critic's input
+ids as their `prompt_ids` (marft reads them with `Rollout.sequences(…, reader="critic")`).
 """
 from __future__ import annotations
 
@@ -55,7 +67,7 @@ def action_values(
     share_prefix: bool = True,
     prefix: SharedPrefix | None = None,
 ) -> torch.Tensor:
-    """V_φ(ô) for a batch of unrolled-observation prompts [n]: the head at the last prompt token."""
+    """V_φ(x) for a batch of critic inputs x [n] (module docstring): the head at the last prompt token."""
     with active_adapter(model, adapter):
         hidden, last_prompt = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix,
                                                 prefix)  # [n, W, H]
@@ -73,10 +85,10 @@ def token_values(
     share_prefix: bool = True,
     prefix: SharedPrefix | None = None,
 ) -> torch.Tensor:
-    """Token-level values V_φ(ô, w_<k) for k = 1 … K of each response, [n, L] (0 on padding).
+    """Token-level values V_φ(x, w_<k) for k = 1 … K of each response, [n, L] (0 on padding).
 
     Column k is read at the position that predicts token k (prompt_len − 1 + k), so column 0 is
-    the action-level value V_φ(ô) and the critic shares the policy's view of each token.
+    the action-level value V_φ(x), and the critic reads the response tokens as the policy wrote them.
     """
     with active_adapter(model, adapter):
         hidden, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix, prefix)  # [n, W, H]
@@ -92,8 +104,8 @@ def token_values(
 def decision_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
                     response_ids: list[list[int]], pad_id: int, level: str, share_prefix: bool = True,
                     prefix: SharedPrefix | None = None) -> torch.Tensor:
-    """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(ô) at the action level (L = 1),
-    V(ô, w_<k) at the token level (L = the longest response). share_prefix: the batch's common
+    """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(x) at the action level (L = 1),
+    V(x, w_<k) at the token level (L = the longest response), x the critic's input ids. share_prefix: the batch's common
     prompt prefix is run once (`agents.forward_responses`), or `prefix` was run already for
     several passes (`agents.run_shared_prefix`)."""
     if level == "token":

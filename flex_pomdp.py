@@ -1,4 +1,4 @@
-"""Flex-POMDP: agent profiles, the dependency function D, and unrolled observations.
+"""Flex-POMDP: agent profiles, the dependency function D, unrolled observations, and the critic's input.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP". README: "Paper ↔ code".
 
@@ -16,6 +16,19 @@ are about *who sees what*:
 
       agent j's prompt is its own observation followed by the actions it depends on, in σ
       order, each tagged by the acting agent's role.
+  V   the centralised critic's input (`critic_messages`): D decides what a *policy* reads, not
+      what the critic reads. The value of the k-th action of step t reads the observation and
+      every earlier action of the step,
+
+          V_{t,k} = V_φ(o_t ⊕ a_{t,<k})        (a_{t,<k}: the step's actions before the k-th, in σ order)
+
+      because the multi-agent advantage decomposition
+      A(o, a^{i_1:N}) = Σ_m A^{i_m}(o, a^{i_1:m−1}, a^{i_m}) conditions agent i_m's advantage on
+      every action before it: δ_{t,k} = r_{t,k} + γ_a V_{t,k+1} − V_{t,k} says something about
+      action k only when V_{t,k+1} has seen it. In a chain (D(a^i, a^j) = 1 for all i < j in σ)
+      and in an orchestrated step this input is exactly the policy's prompt
+      (`Organisation.reads_every_earlier_action`); under D ≡ 0 (`parallel`) the critic of
+      solver_b reads solver_a's action, which solver_b's policy never sees.
 
 Special cases: the *chain* (D(a^i, a^j) = 1 for all i < j: planner → solver → verifier) and
 D ≡ 0 (`parallel`, a Dec-POMDP of independent agents). This file imports nothing of ours and no
@@ -116,6 +129,12 @@ class Organisation:
     def parents(self, role: str) -> tuple[str, ...]:
         """{i : D(a^i, a^role) = 1}, in σ order."""
         return tuple(r for r in self.order if (r, role) in self.dependencies)
+
+    def reads_every_earlier_action(self, role: str) -> bool:
+        """Whether `role`'s prompt holds every earlier action of its step, so that the critic's
+        input (`critic_messages`) is its policy's prompt: always with an orchestrator (the realised
+        D_t), and under a fixed D when `role` reads every agent before it in σ (a chain)."""
+        return self.orchestrator is not None or self.parents(role) == self.order[: self.order.index(role)]
 
 
 def topological_order(roles: list[str], dependencies: set[tuple[str, str]]) -> tuple[str, ...]:
@@ -276,6 +295,14 @@ def unrolled_messages(org: Organisation, role: str, observation: str, step_actio
 def realised_messages(org: Organisation, role: str, observation: str, transcript: list[tuple[str, str]]) -> list[dict]:
     """Chat messages of the orchestrator or an executor: ô = o_t ⊕ every earlier action of the step
     (`transcript`, (role, text) in the order they were taken), the realised D_t of the module docstring."""
+    return chat_messages(org, role, unrolled_user_text(observation, transcript))
+
+
+def critic_messages(org: Organisation, role: str, observation: str, transcript: list[tuple[str, str]]) -> list[dict]:
+    """The centralised critic's input for the action `role` takes next: `role`'s system prompt and
+    worked examples (whose turn it is), then o_t ⊕ every earlier action of the step (`transcript`,
+    (role, text) in the order taken: σ under a fixed D), whatever D lets the policy read (module
+    docstring). It equals the policy's prompt where `org.reads_every_earlier_action(role)`."""
     return chat_messages(org, role, unrolled_user_text(observation, transcript))
 
 

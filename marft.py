@@ -6,7 +6,7 @@ equation to the function that computes it. The other modules:
 
     flex_pomdp.py  agents N, dependency function D, σ, unrolled observations ô
     agents.py      base model, one LoRA adapter per agent, generation backends, log π^i(a | ô)
-    critic.py      shared critic V_φ(ô) (LoRA adapter + value head)
+    critic.py      shared critic V_φ(o_t ⊕ a_{t,<k}) (LoRA adapter + value head)
     ppo.py         credit assignment, GAE, losses, agent-by-agent schedule (pure tensor math)
     rollout.py     agents playing episodes in σ order; held-out metrics
     run.py         the Config (--help), the run folder, checkpoints, the metrics log
@@ -17,7 +17,8 @@ One iteration (the paper's algorithm box):
 
     1. rollout      for t = 0 … H−1: for j in σ: a^j_t ~ π^j(· | ô^j_t); env.step(a_t) → R_t, done_t
                     (orchestrated: the orchestrator and the executors it calls act in turn)
-    2. old policy   log π^j_old(a^j_t | ô^j_t), V_φ(ô^j_t) (and log π_ref for the KL option)
+    2. old policy   log π^j_old(a^j_t | ô^j_t), V_φ(o_t ⊕ a_{t,<k}) for the k-th action of the step
+                    (and log π_ref for the KL option)
     3. advantages   r^i_t by credit assignment; Â, R by GAE over the (step, agent) chain,
                     or over the token chain with --level token
                     (--advantage group: no critic, Â from the returns of G episodes per problem)
@@ -35,10 +36,20 @@ Deviations from the paper and choices it leaves open (each a named option of run
 - Credit assignment `credit` (`last` default): the paper gives the team reward; where it lands
   among the agents of a step is ours, as are per-role reward terms named in a profile (added to
   the agent's placed reward).
+- The centralised critic's input for the k-th action of a step is o_t ⊕ every earlier action of
+  the step (σ order; with an orchestrator the realised sequence), whatever D lets the policy
+  read: the multi-agent advantage decomposition conditions agent i_m's advantage on
+  a^{i_1:m−1}, so δ of an action is informative only if the next value has seen it. In a chain
+  and an orchestrated step this is the policy's prompt (the same token ids, the numbers of
+  before); under `parallel` (D ≡ 0) the value for solver_b reads solver_a's action, which
+  solver_b's policy does not (rollout.py records that input once, beside the prompt).
 - `advantage group` (not in the paper; AReaL-based MARFT trains "with PPO/GRPO"): no critic;
   G = `group_size` episodes per problem, each action's Â is its agent's return against those of
   the other episodes of the problem at that step (ppo.group_advantages), given to every token of
-  the action, and not normalised again per agent. The agent-by-agent update and M are unchanged.
+  the action, and not normalised again per agent. The return is the agent's own placed reward at
+  the step, then the team's rewards of the later steps (ppo.group_returns), so an action is judged
+  by what follows it for the team, not by whether an orchestrator calls its agent again. The
+  agent-by-agent update and M are unchanged.
 - A D that changes with t (`--agents orchestrated`, or a profile's `orchestrator`): each step is
   the sequence of actions an orchestrator agent decides as it goes (flex_pomdp's docstring), of
   K_t actions. Tables are indexed by (episode, step, k-th action of the step) instead of
@@ -134,7 +145,8 @@ def train(cfg: Config) -> dict:
             # 1. Rollout: every agent acts on its unrolled observation ô^j_t, in σ order.
             with timer("rollout"):
                 rollout = run_episodes(backend.generate, tokenizer, org, episodes, grader, sampling, cfg)
-            # 2. Old log-probs log π^i_old and values V_φ (no values without a critic), on the rollout's prompt ids.
+            # 2. Old log-probs log π^i_old and values V_φ (no values without a critic), on the rollout's prompt ids
+            #    (the critic's: o_t ⊕ every earlier action of the step).
             with timer("values"):
                 old = old_policy_and_values(model, value_heads, pad, org, rollout, cfg)
             # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain,
@@ -184,7 +196,7 @@ class OldPolicy:
     """What the updates compare against, per sample s: decision tables [S, L] and token tables [S, K]."""
 
     logprob: torch.Tensor  # log π^i_old per decision, [S, L]
-    values: torch.Tensor  # V_φ(ô^i_t) at the action level, V_φ(ô^i_t, w_<k) at the token level, [S, L]
+    values: torch.Tensor  # V_φ(x) at the action level, V_φ(x, w_<k) at the token level, x = o_t ⊕ a_{t,<k} (critic.py), [S, L]
     mask: torch.Tensor  # 1 on real decisions (the token level pads shorter responses), [S, L]
     ref_logprob: torch.Tensor  # log π_ref(w_k | ô, w_<k) per token at both levels, [S, K] (zeros unless kl_coef > 0)
     token_mask: torch.Tensor  # 1 on real tokens, [S, K]
@@ -210,9 +222,10 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
         batches += [(role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
     for role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
         policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
+        # V_φ(o_t ⊕ a_{t,<k}): the critic reads every earlier action of the step (rollout.py's docstring)
         values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
-                                             *rollout.sequences(chunk), pad, cfg.level, cfg.prefix_sharing) if cfg.advantage == "gae"
-                  else torch.zeros_like(policy.logprob))
+                                             *rollout.sequences(chunk, reader="critic"), pad, cfg.level, cfg.prefix_sharing)
+                  if cfg.advantage == "gae" else torch.zeros_like(policy.logprob))
         ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
                else torch.zeros_like(policy.token_logprob))
         chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
@@ -245,7 +258,9 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
         # Per agent: its reward at step t is the mean over its actions of the step (an agent that
         # acts twice is not paid twice); the group compares it across the problem's episodes.
         agent_rewards, agent_acted = per_agent_mean(rollout, rewards[where], len(org.order))  # [B, T, N]
-        advantages, zero_signal = ppo.group_advantages(agent_rewards, agent_acted, torch.arange(len(rollout.solved)) // cfg.group_size,
+        # G^i_t = r^i_t + Σ_{t' > t} γ^(t'−t) R_t': its own reward, then the team's later rewards.
+        advantages, zero_signal = ppo.group_advantages(agent_rewards, rollout.team_reward, agent_acted,
+                                                       torch.arange(len(rollout.solved)) // cfg.group_size,
                                                        cfg.gamma, cfg.group_std)  # [B, T, N]
         # Every decision of an action (each token at the token level) gets its agent's Â.
         return (advantages[rollout.episode, rollout.step, rollout.agent_index].unsqueeze(-1) * old.mask, None,
@@ -422,21 +437,24 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
     return out
 
 
-def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config) -> list[list[torch.Tensor]]:
-    """`micro_batches` of these samples of the rollout [n], per agent: positions into `batch`."""
+def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config, reader: str = "policy") -> list[list[torch.Tensor]]:
+    """`micro_batches` of these samples of the rollout [n], per agent: positions into `batch`.
+    reader: whose prompts the passes run, the policy's or the critic's (`Rollout.sequences`)."""
     samples = batch.tolist()
-    return micro_batches([rollout.prompt_ids[s] for s in samples],
-                         [len(rollout.prompt_ids[s]) + len(rollout.response_ids[s]) for s in samples],
+    prompts, responses = rollout.sequences(samples, reader)
+    return micro_batches(prompts, [len(p) + len(r) for p, r in zip(prompts, responses)],
                          [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
 
 
-def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config) -> agents_lib.SharedPrefix | None:
-    """The prompt prefix one agent's samples [n] of a minibatch share, run once with gradient under
-    `adapter` (agents.run_shared_prefix) for all its micro-batches; None without prefix sharing or
-    with nothing shared."""
+def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config,
+                 reader: str = "policy") -> agents_lib.SharedPrefix | None:
+    """The prompt prefix one agent's samples [n] of a minibatch share (in the prompts `reader`
+    reads: the policy's or the critic's), run once with gradient under `adapter`
+    (agents.run_shared_prefix) for all its micro-batches; None without prefix sharing or with
+    nothing shared."""
     if not cfg.prefix_sharing:
         return None
-    return agents_lib.run_shared_prefix(model, [rollout.prompt_ids[s] for s in samples.tolist()], adapter)
+    return agents_lib.run_shared_prefix(model, rollout.sequences(samples.tolist(), reader)[0], adapter)
 
 
 def accumulate_gradient(loss: torch.Tensor) -> bool:
@@ -496,7 +514,7 @@ def stop_if_diverged(skipped_steps: int, label: str, cfg: Config) -> float:
 def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy, returns: torch.Tensor,
                   cfg: Config, optimisers: dict, rng: torch.Generator) -> dict:
     """Minimise the clipped value loss ½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]
-    of every critic on its agents' decisions."""
+    of every critic on its agents' decisions, V read on the critic's input o_t ⊕ a_{t,<k}."""
     losses, skipped, by_critic = [], defaultdict(int), defaultdict(list)
     for s, n in enumerate(rollout.agent_index):
         by_critic[critic_lib.critic_adapter_name(org.order[n], cfg.critic_per_agent)].append(s)
@@ -511,12 +529,14 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
                 logged, finite = 0.0, True
                 # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows,
                 # and each agent's prompt prefix is run once for its micro-batches.
-                for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
-                    prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
+                for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg, reader="critic"):
+                    prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg,
+                                          reader="critic")
                     for micro in agent_micro_batches:
                         batch = samples[chunk[micro]]
-                        new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch), pad,
-                                                                cfg.level, cfg.prefix_sharing, prefix)
+                        new_values = critic_lib.decision_values(model, value_heads, adapter,
+                                                                *rollout.sequences(batch, reader="critic"), pad, cfg.level,
+                                                                cfg.prefix_sharing, prefix)
                         width = new_values.shape[1]
                         share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
                         loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],

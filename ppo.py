@@ -11,7 +11,7 @@ Symbols and shapes
           orchestrator, the longest realised sequence P (step t holds K_t ≤ P actions, a mask
           says which; "agent σ_n" below then reads "the n-th action of the step")
     K     length of a flattened chain (K = T·N at the action level)
-    r     rewards            [B, T, N]     V   critic values V_φ(ô^i_t)        [B, T, N]
+    r     rewards            [B, T, N]     V   critic values V_φ(o_t ⊕ a_{t,<n}) [B, T, N]
     done  episode ended at t [B, T]        γ   discount between steps
     γ_a   discount between agents of one step (default 1: agents are not time steps)
     λ     GAE parameter      ρ   probability ratio π_new / π_old     M   HAPPO weight [B, T]
@@ -25,7 +25,8 @@ Action level: the episode is flattened into the chain
 where "next" is the next agent of the same step (γ_next = γ_a, never cut by done) or the first
 agent of step t+1 (γ_next = γ, cut by done). By the multi-agent advantage decomposition
 A(o, a^{1:N}) = Σ_i A^i(o, a^{1:i−1}, a^i), agent i's advantage measures how its action moves the
-value seen by the next agent.
+value seen by the next agent: that value's input holds every earlier action of the step, whatever
+D lets the next *policy* read (critic.py).
 
 Token level: every token is an action. Inside an action there is no reward and the
 discount is γ_token, Q(ô, w_<k, w_k) = γ_token V(ô, w_≤k); the last token of agent i's action
@@ -46,7 +47,10 @@ recomputed with its new weights), so agent i_{m+1} optimises M · Â.
 
 Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): G episodes of each
 problem; Â^i_t = (G^i_t − mean) / (std + ε) of agent i's return over the episodes of its problem
-that played step t. The same Â goes to every token of the action; the update is unchanged.
+in which it acted at step t. The return is agent i's own placed reward at step t followed by the
+team's later rewards, G^i_t = r^i_t + Σ_{t' > t} γ^(t'−t) R_t' (`group_returns`): an action is
+judged by what follows it for the team, whoever acts later. The same Â goes to every token of
+the action; the update is unchanged.
 
 Deviations / choices (each a named option where the paper leaves it open): credit assignment
 `last` | `equal` | `shared` | `step_discount`; GAE advantages normalised per agent over its real samples
@@ -240,15 +244,49 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: 
 # Critic-free group advantages (GRPO-style)
 # ---------------------------------------------------------------------------------------------
 
-def group_advantages(rewards: torch.Tensor, acted: torch.Tensor, group: torch.Tensor, gamma: float,
-                     scale_by_std: bool, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
+def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G^i_{b,t}: agent i's own reward at step t, then the team's rewards of the later steps, [B, T, N].
+
+    rewards [B, T, N]: agent i's reward at step t (placed by credit assignment, plus its per-role
+    terms; with an orchestrator the mean over its actions of the step); team_reward [B, T]: R_{b,t}
+    (0 at steps that did not happen).
+
+        G^i_{b,t} = r^i_{b,t} + Σ_{t' > t} γ^(t'−t) R_{b,t'} = r^i_{b,t} + γ · F_{b,t+1},
+        F_{b,t} = R_{b,t} + γ · F_{b,t+1},  F_{b,T} = 0                   (the team's return from step t)
+
+    Why this return: the credit option decides how much of R_t is the doing of each action of
+    step t, the step in which agent i's action is taken; what follows belongs to the team. An
+    action is thus judged by what follows it for the team, and not by whether agent i acts again
+    later: with an orchestrator, the same step-0 action of the planner gets the same return in an
+    episode where the orchestrator calls the planner again at step 1 and in one where it does not
+    (summing agent i's own later rewards, Σ_{t' ≥ t} γ^(t'−t) r^i_{b,t'}, would not). Later per-role
+    terms of agent i score its later actions, in their own steps, and are not added here.
+
+    When the numbers equal the sum of agent i's own discounted rewards: with H = 1 always (there
+    is no later step); with H > 1 when agent i acts at every later step of the episode and is paid
+    R there (credit `shared`, a fixed D, no per-role terms at later steps). They differ when the
+    credit option pays agent i less than R at a later step (`last`, `equal`, `step_discount`),
+    when agent i has per-role terms at a later step, or when it does not act at a later step (an
+    orchestrated team).
+    """
+    B, T, N = rewards.shape
+    returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]
+    team_return = torch.zeros(B, dtype=rewards.dtype)  # F_{b,t+1}, [B]
+    for t in reversed(range(T)):
+        returns[:, t] = rewards[:, t] + gamma * team_return.unsqueeze(-1)
+        team_return = team_reward[:, t].to(rewards.dtype) + gamma * team_return
+    return returns
+
+
+def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: torch.Tensor, group: torch.Tensor,
+                     gamma: float, scale_by_std: bool, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
     """Â^i_t of every agent's actions from its group's returns, no critic: (advantages [B, T, N], zero-signal fraction).
 
     rewards [B, T, N]: agent i's reward at step t (placed by credit assignment, plus any per-role
-    terms); acted [B, T, N] (or [B, T] when every agent acts at every step that happened): 1 where
-    agent i acted at step t; group [B] (episodes of the same problem share a group id).
+    terms); team_reward [B, T]; acted [B, T, N] (or [B, T] when every agent acts at every step that
+    happened): 1 where agent i acted at step t; group [B] (episodes of the same problem share a group id).
 
-        G^i_{b,t} = Σ_{t' ≥ t} γ^(t'−t) r^i_{b,t'}                       (agent i's return from step t)
+        G^i_{b,t} = r^i_{b,t} + Σ_{t' > t} γ^(t'−t) R_{b,t'}             (`group_returns`)
         Â^i_{b,t} = (G^i_{b,t} − mean_g G^i_t) / (std_g G^i_t + ε)       (scale_by_std; else G − mean)
 
     where g is the *step group* of (b, t, i): the episodes of b's problem in which agent i acted at
@@ -261,11 +299,7 @@ def group_advantages(rewards: torch.Tensor, acted: torch.Tensor, group: torch.Te
     """
     B, T, N = rewards.shape
     acted = (acted.unsqueeze(-1).expand(B, T, N) if acted.dim() == 2 else acted) > 0
-    returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]; steps that did not happen have r = 0
-    running = torch.zeros(B, N, dtype=rewards.dtype)
-    for t in reversed(range(T)):
-        running = rewards[:, t] + gamma * running
-        returns[:, t] = running
+    returns = group_returns(rewards, team_reward, gamma)  # [B, T, N]
     advantages = torch.zeros_like(rewards)
     cells = silent = 0
     for g in group.unique().tolist():

@@ -24,6 +24,17 @@ A `Rollout` keeps every action as one sample s, with its agent and its position 
 sequence (k = σ index under a fixed D); `to_grid` scatters a per-sample table into the
 [B, T, P, …] grid of (episode, step, k-th action) that the advantage equations index.
 
+The centralised critic reads more than a policy may (flex_pomdp's docstring, the multi-agent
+advantage decomposition): the value of the k-th action of a step reads
+
+    o_t ⊕ a_{t,<k}                                                    (every earlier action of the step)
+
+In a chain and in an orchestrated step that is the policy's prompt ô^j_t, and the critic reads the
+very same token ids (nothing is built or tokenized twice). Under any other fixed D (`parallel`,
+a diamond), when there is a critic (`--advantage gae`), the rollout tokenizes the critic's input
+once, beside the policy's prompt, and keeps it for that sample (`Rollout.critic_prompt_ids`); old
+values, GAE and the critic's update all read it through `Rollout.sequences(…, reader="critic")`.
+
 Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes each:
 
     eval/accuracy          mean over problems of c_p / k (pass@1 estimated from k samples)
@@ -50,7 +61,8 @@ import agents as agents_lib
 import distributed
 from envs import CodeEnv, Grader, MathEnv, Problem
 from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
-from flex_pomdp import FINISH, TEAM_ANSWER, Organisation, parse_decision, realised_messages, unrolled_messages
+from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
+                        unrolled_messages)
 from run import Config
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
@@ -63,7 +75,10 @@ class Rollout:
     in σ), the position[s]-th action of step step[s] of episode episode[s]. Tensors indexed by
     episode and step are [B, T]."""
 
-    prompt_ids: list[list[int]] = field(default_factory=list)
+    prompt_ids: list[list[int]] = field(default_factory=list)  # ô: what the policy read
+    # s → the critic's input o_t ⊕ a_{t,<k}, only for samples where it is not prompt_ids[s] (a fixed
+    # D whose agent does not read every earlier action, with a critic); `sequences(…, "critic")` reads it.
+    critic_prompt_ids: dict[int, list[int]] = field(default_factory=dict)
     response_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     generation_logprobs: list[list[float]] = field(default_factory=list)  # per token, from the backend
@@ -82,7 +97,7 @@ class Rollout:
     graded_answers: int = 0
     # Code tasks: how many graded programs ended each way (passed, failed, syntax_error, timeout, crash, no_program).
     program_outcomes: dict[str, int] = field(default_factory=dict)
-    truncated_prompts: int = 0
+    truncated_prompts: int = 0  # prompts cut at max_prompt_tokens (the policies', and the critic's own inputs)
     generation_seconds: float = 0.0
     # Orchestrated organisations only: [B][t] the executors called, in order, and how the step ended
     # ("finish", "max_calls", or "error: <why>", e.g. "error: unknown role 'coder'").
@@ -93,9 +108,19 @@ class Rollout:
         """The samples s of agent σ[agent], in rollout order."""
         return [s for s, n in enumerate(self.agent_index) if n == agent]
 
-    def sequences(self, samples) -> tuple[list[list[int]], list[list[int]]]:
-        """(prompt ids, response ids) of the given samples: the exact ids of the rollout."""
-        return [self.prompt_ids[s] for s in samples], [self.response_ids[s] for s in samples]
+    def sequences(self, samples, reader: str = "policy") -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids, response ids) of the given samples: the exact ids of the rollout. reader
+        "policy": the prompt each action was sampled from, ô; "critic": the centralised critic's
+        input o_t ⊕ a_{t,<k} (the same ids where the policy's prompt holds every earlier action).
+        `samples`: ints or a tensor of them (a tensor element is no dict key: made an int here)."""
+        samples = [int(s) for s in samples]
+        if reader == "critic":
+            prompts = [self.critic_prompt_ids.get(s, self.prompt_ids[s]) for s in samples]
+        elif reader == "policy":
+            prompts = [self.prompt_ids[s] for s in samples]
+        else:
+            raise ValueError(f"reader={reader!r}: choose 'policy' or 'critic'")
+        return prompts, [self.response_ids[s] for s in samples]
 
     @property
     def positions(self) -> int:
@@ -110,13 +135,17 @@ class Rollout:
         return out
 
     def record(self, prompt_ids: list[int], response_ids: list[int], logprobs: list[float], text: str, episode: int,
-               step: int, agent: int, position: int) -> int:
-        """Append one action; returns its sample index s."""
+               step: int, agent: int, position: int, critic_prompt_ids: list[int] | None = None) -> int:
+        """Append one action (critic_prompt_ids: the critic's own input, None where it reads
+        prompt_ids); returns its sample index s."""
         for column, value in ((self.prompt_ids, prompt_ids), (self.response_ids, response_ids), (self.texts, text),
                               (self.generation_logprobs, logprobs), (self.episode, episode), (self.step, step),
                               (self.agent_index, agent), (self.position, position), (self.role_reward, 0.0)):
             column.append(value)
-        return len(self.prompt_ids) - 1
+        s = len(self.prompt_ids) - 1
+        if critic_prompt_ids is not None:
+            self.critic_prompt_ids[s] = critic_prompt_ids
+        return s
 
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
@@ -136,7 +165,9 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
     orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
 
-    From `cfg`: the horizon H, the format penalty, max_prompt_tokens and shared_adapter."""
+    From `cfg`: the horizon H, the format penalty, max_prompt_tokens, shared_adapter, and
+    whether a critic will read the rollout (`advantage` gae: its own inputs are recorded where they
+    are not the policies' prompts)."""
     B, T = len(problems), cfg.horizon
     role_rewards = {a.role: a.rewards for a in org.agents}
     graded = [TEAM_ANSWER] if org.orchestrator else list(org.graded_roles)
@@ -153,6 +184,13 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         else:  # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
             messages = [unrolled_messages(org, role, observations[b], dict(transcripts[b])) for b in episodes]
         prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
+        # The critic's input o_t ⊕ a_{t,<k}: the policy's prompt where that holds every earlier action
+        # of the step (a chain, an orchestrated step), else its own, tokenized once here.
+        critic_ids = [None] * len(episodes)
+        if cfg.advantage == "gae" and not org.reads_every_earlier_action(role):
+            critic_ids, critic_truncated = agents_lib.tokenize_prompts(
+                tokenizer, [critic_messages(org, role, observations[b], transcripts[b]) for b in episodes], cfg.max_prompt_tokens)
+            truncated += critic_truncated
         started = time.perf_counter()
         actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), sampling)
         out.generation_seconds += time.perf_counter() - started
@@ -161,7 +199,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         taken = []
         for k, b in enumerate(episodes):
             s = out.record(prompt_ids[k], actions.token_ids[k], actions.logprobs[k], texts[k], b, t,
-                           org.order.index(role), len(transcripts[b]))
+                           org.order.index(role), len(transcripts[b]), critic_ids[k])
             transcripts[b].append((role, texts[k]))
             taken.append((s, texts[k]))
         return taken
@@ -241,7 +279,8 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
                   for s in range(len(part.prompt_ids))]
     for step, position, agent, b, r, s in sorted(order):
         part = parts[r]
-        new = out.record(part.prompt_ids[s], part.response_ids[s], part.generation_logprobs[s], part.texts[s], b, step, agent, position)
+        new = out.record(part.prompt_ids[s], part.response_ids[s], part.generation_logprobs[s], part.texts[s], b, step, agent, position,
+                         part.critic_prompt_ids.get(s))
         out.role_reward[new] = part.role_reward[s]
     for counter in ("unparseable", "ungraded", "graded_answers", "truncated_prompts"):
         setattr(out, counter, sum(getattr(part, counter) for part in parts))

@@ -1,5 +1,6 @@
-"""Tests of `flex_pomdp.py` (paper Sec. "Flex-POMDP"): organisations, the dependency function D, σ, and the
-unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}.
+"""Tests of `flex_pomdp.py` (paper Sec. "Flex-POMDP"): organisations, the dependency function D, σ, the
+unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}, and the centralised critic's input
+o_t ⊕ every earlier action of the step.
 
 Expected prompts are written out literally from the layout "Problem: <o>" followed by one
 "<Role>: <action>" paragraph per depended-on agent, in σ order.
@@ -12,6 +13,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 
+import flex_pomdp
 from flex_pomdp import (
     AgentProfile,
     load_organisation,
@@ -159,6 +161,40 @@ def test_parallel_agents_do_not_see_each_other():
     messages = unrolled_messages(org, "solver_b", "What is 7 * 6?", {"solver_a": "SECRET-ANSWER-A"})
     assert all("SECRET-ANSWER-A" not in m["content"] for m in messages)
     assert messages[-1] == {"role": "user", "content": "Problem: What is 7 * 6?"}
+
+
+def test_the_critic_reads_every_earlier_action_of_the_step_where_the_policy_reads_only_its_parents():
+    # parallel (D ≡ 0): solver_b's policy reads the problem alone; V for solver_b's action reads
+    # solver_a's action too, under solver_b's own system prompt and worked example.
+    org = load_organisation("parallel")
+    transcript = [("solver_a", "SECRET-ANSWER-A")]
+    policy = unrolled_messages(org, "solver_b", "What is 7 * 6?", dict(transcript))
+    value_input = flex_pomdp.critic_messages(org, "solver_b", "What is 7 * 6?", transcript)
+    assert value_input[-1] == {"role": "user", "content": "Problem: What is 7 * 6?\n\nSolver_a: SECRET-ANSWER-A"}
+    assert value_input[:-1] == policy[:-1]
+    assert [org.reads_every_earlier_action(r) for r in org.order] == [True, False]
+    # A diamond a → {c, b} → d, σ = (a, c, b, d): b reads a, d reads c and b; the critic reads every
+    # earlier action in σ order (b: a and c; d: a, c and b).
+    diamond = make_organisation([agent("d", graded=True), agent("c"), agent("b"), agent("a")],
+                                [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    step = [("a", "x"), ("c", "y"), ("b", "z")]
+    assert unrolled_messages(diamond, "b", "o", dict(step[:2]))[-1]["content"] == "Problem: o\n\nA: x"
+    assert flex_pomdp.critic_messages(diamond, "b", "o", step[:2])[-1]["content"] == "Problem: o\n\nA: x\n\nC: y"
+    assert unrolled_messages(diamond, "d", "o", dict(step))[-1]["content"] == "Problem: o\n\nC: y\n\nB: z"
+    assert flex_pomdp.critic_messages(diamond, "d", "o", step)[-1]["content"] == "Problem: o\n\nA: x\n\nC: y\n\nB: z"
+    assert [diamond.reads_every_earlier_action(r) for r in diamond.order] == [True, True, False, False]
+
+
+@pytest.mark.parametrize("name", ["single", "chain", "chain3", "chain4", "planner_coder", "coder_reviewer", "orchestrated"])
+def test_in_a_chain_or_an_orchestrated_step_the_critics_input_is_the_policys_prompt(name):
+    org = load_organisation(name)
+    transcript = []  # every earlier action of the step, in the order taken
+    for role in org.order:
+        assert org.reads_every_earlier_action(role)
+        policy = (flex_pomdp.realised_messages(org, role, "What is 7 * 6?", transcript) if org.orchestrator
+                  else unrolled_messages(org, role, "What is 7 * 6?", dict(transcript)))
+        assert flex_pomdp.critic_messages(org, role, "What is 7 * 6?", transcript) == policy
+        transcript.append((role, f"The action of {role}."))
 
 
 def test_unrolled_messages_missing_parent_raises():

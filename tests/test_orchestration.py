@@ -316,6 +316,44 @@ def test_group_advantages_score_each_agent_by_the_mean_reward_of_its_actions():
     assert returns is None and stats["charts/zero_signal_groups"] == 0.0
 
 
+def test_group_returns_of_an_orchestrated_team_do_not_depend_on_later_routing():
+    # One problem played twice (G = 2), H = 2, credit equal, γ = 0.9, G − mean (no std).
+    # σ indices: orchestrator 0, planner 1, solver 2. Both episodes play the same step 0 and are
+    # right at step 1 (R = [0, 1], done at step 1); only episode 0's orchestrator calls the planner again:
+    #   episode 0, t0: orchestrator, planner, orchestrator                              R = 0
+    #   episode 0, t1: orchestrator, planner, orchestrator, solver, orchestrator        R = 1
+    #   episode 1, t0: orchestrator, planner, orchestrator                              R = 0
+    #   episode 1, t1: orchestrator, solver, orchestrator                               R = 1
+    # Placed rewards (equal): 0 at step 0; R / K_t at step 1: 1/5 (episode 0), 1/3 (episode 1).
+    # Each agent's r^i_t is the mean over its actions of the step: the same numbers.
+    # G^i_t = r^i_t + γ · (the team's return from t + 1); the team's return from step 1 is R_1 = 1:
+    #   step 0: orchestrator 0 + 0.9 · 1 = 0.9, planner 0.9, in both episodes → Â = 0 (the same step, the same outcome)
+    #   step 1: orchestrator 1/5 and 1/3, solver 1/5 and 1/3 → mean 4/15, Â = ∓1/15; the planner acted
+    #           at step 1 in episode 0 alone → no baseline, Â = 0
+    # (Summing the planner's own later rewards would give its step-0 action 0.9 · 1/5 = 0.18 in
+    # episode 0 and 0 in episode 1: Â = ±0.09 for one and the same action, by whether it was called again.)
+    rollout = Rollout(team_reward=t([[0.0, 1.0], [0.0, 1.0]]), dones=t([[0.0, 1.0], [0.0, 1.0]]), step_mask=torch.ones(2, 2),
+                      solved=[True, True])
+    steps = {(0, 0): [0, 1, 0], (0, 1): [0, 1, 0, 2, 0], (1, 0): [0, 1, 0], (1, 1): [0, 2, 0]}  # (episode, step) → agents in order
+    for (b, step), sequence in steps.items():
+        for k, agent in enumerate(sequence):
+            rollout.record([1], [7], [0.0], "", b, step, agent, k)
+    old = marft.OldPolicy(logprob=torch.zeros(14, 1), values=torch.zeros(14, 1), mask=torch.ones(14, 1),
+                          ref_logprob=torch.zeros(14, 1), token_mask=torch.ones(14, 1))
+    cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="equal", gamma=0.9)
+    org = load_organisation("orchestrated")
+    advantages, _, stats = marft.compute_advantages(org, rollout, old, cfg)
+    n = 1 / 15
+    close(advantages[:, 0], [0, 0, 0,  -n, 0, -n, -n, -n,  0, 0, 0,  n, n, n])
+    assert stats["charts/zero_signal_groups"] == pytest.approx(3 / 5)  # silent: step 0's two cells, the planner's lone step-1 cell
+    placed = ppo.place_team_reward(rollout.team_reward, rollout.to_grid(torch.ones(14)), "equal")
+    where = (rollout.episode, rollout.step, rollout.position)
+    agent_rewards, _ = marft.per_agent_mean(rollout, placed[where], len(org.order))  # [B, T, N]
+    G = ppo.group_returns(agent_rewards, rollout.team_reward, 0.9)[..., :3]  # orchestrator, planner, solver
+    # (A cell without an action, the solver's at step 0, is never compared: its 0 + 0.9 · 1 is unused.)
+    close(G, [[[0.9, 0.9, 0.9], [0.2, 0.2, 0.2]], [[0.9, 0.9, 0.9], [1 / 3, 0.0, 1 / 3]]])
+
+
 def test_happo_factor_of_an_agent_that_acts_twice_is_the_product_of_its_ratios():
     # Episode 0's orchestrator acted at positions 0 and 2 with log-ratios log 1.5 and log 1.2 →
     # ρ = 1.8 for the joint action (0, 0), clipped to c = 2 → 1.8. Episode 1's orchestrator: log 3

@@ -144,34 +144,56 @@ def test_step_discount_gives_the_kth_of_K_agents_R_times_d_to_the_K_minus_1_minu
 # Group advantages (no critic)
 # ---------------------------------------------------------------------------------------------
 
+def test_group_returns_are_the_agents_own_reward_then_the_teams_later_rewards():
+    # B = 1, T = 3, N = 2, γ = 0.5. Team rewards R = [1, 0, 2]; the agents' placed rewards (credit
+    # and per-role terms) r^0 = [0.5, 0, 1], r^1 = [1, 0, 2].
+    # The team's return from step t: F_2 = 2, F_1 = 0 + 0.5 · 2 = 1 (F_3 = 0).
+    #   G_2 = r_2 + 0.5 · F_3 = [1, 2];  G_1 = r_1 + 0.5 · F_2 = [1, 1];  G_0 = r_0 + 0.5 · F_1 = [1, 1.5]
+    # (Agent 0's own later rewards alone would give G_0 = 0.5 + 0.5 · 0 + 0.25 · 1 = 0.75.)
+    rewards = t([[[0.5, 1.0], [0.0, 0.0], [1.0, 2.0]]])  # [B, T, N]
+    close(ppo.group_returns(rewards, t([[1.0, 0.0, 2.0]]), gamma=0.5), [[[1.0, 1.5], [1.0, 1.0], [1.0, 2.0]]])
+
+
+def test_group_returns_of_agents_that_act_every_step_paid_the_team_reward_are_their_own_discounted_rewards():
+    # Credit `shared`, a fixed D (every agent acts at every step), no per-role terms: r^i_t = R_t, so
+    # r^i_t + Σ_{t' > t} γ^(t'−t) R_t' = Σ_{t' ≥ t} γ^(t'−t) r^i_t' (the agent's own rewards).
+    # R = [1, 0, 2], γ = 0.5: G_2 = 2, G_1 = 0 + 0.5 · 2 = 1, G_0 = 1 + 0.5 · 0 + 0.25 · 2 = 1.5, for both agents.
+    team = t([[1.0, 0.0, 2.0]])
+    rewards = ppo.place_team_reward(team, every(team, 2), "shared")
+    close(ppo.group_returns(rewards, team, gamma=0.5), [[[1.5, 1.5], [1.0, 1.0], [2.0, 2.0]]])
+
+
 def test_group_advantages_two_problems_of_four_episodes_with_ties_and_an_all_equal_group():
     # Problem A (episodes 0–3) returns 1, 0, 1, 1: mean 0.75, sample std √((3·0.25² + 0.75²)/3) = 0.5.
     # Problem B (episodes 4–7) returns 0.5 four times: no signal, Â = 0.
     rewards = t([[[1.0]], [[0.0]], [[1.0]], [[1.0]], [[0.5]], [[0.5]], [[0.5]], [[0.5]]])  # [B=8, T=1, N=1]
+    team = rewards[:, :, 0]  # one agent paid the team reward: R = r
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    adv, silent = ppo.group_advantages(rewards, torch.ones(8, 1), group, gamma=1.0, scale_by_std=True)
+    adv, silent = ppo.group_advantages(rewards, team, torch.ones(8, 1), group, gamma=1.0, scale_by_std=True)
     high, low = 0.25 / (0.5 + 1e-4), -0.75 / (0.5 + 1e-4)
     close(adv[:, 0, 0], [high, low, high, high, 0.0, 0.0, 0.0, 0.0])
     assert silent == 0.5  # one of the two groups carries no signal
-    adv, _ = ppo.group_advantages(rewards, torch.ones(8, 1), group, gamma=1.0, scale_by_std=False)
+    adv, _ = ppo.group_advantages(rewards, team, torch.ones(8, 1), group, gamma=1.0, scale_by_std=False)
     close(adv[:, 0, 0], [0.25, -0.75, 0.25, 0.25, 0.0, 0.0, 0.0, 0.0])
 
 
 def test_group_advantages_compare_each_agents_return_among_the_episodes_that_played_the_step():
     # One problem, G = 2, H = 2, two agents, step_discount d = 0.5 (the first agent gets half), γ = 0.5.
     # Episode 0 is right at step 0 and ends; episode 1 is wrong at step 0, right at step 1.
-    rewards = ppo.place_team_reward(t([[1.0, 0.0], [0.0, 1.0]]), every(t([[1.0, 0.0], [0.0, 1.0]]), 2), "step_discount", 0.5)  # [2, 2, 2]
+    team = t([[1.0, 0.0], [0.0, 1.0]])
+    rewards = ppo.place_team_reward(team, every(team, 2), "step_discount", 0.5)  # [2, 2, 2]: ep 0 t0 [.5, 1], ep 1 t1 [.5, 1]
     step_mask = t([[1.0, 0.0], [1.0, 1.0]])
-    adv, silent = ppo.group_advantages(rewards, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=False)
-    # Returns from step 0: episode 0 [0.5, 1], episode 1 0.5 · [0.5, 1] = [0.25, 0.5]; mean [0.375, 0.75].
-    close(adv[:, 0], [[0.125, 0.25], [-0.125, -0.25]])
+    adv, silent = ppo.group_advantages(rewards, team, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=False)
+    # Returns from step 0, own reward then the team's later rewards: episode 0 [0.5, 1] + 0.5 · 0 = [0.5, 1],
+    # episode 1 [0, 0] + 0.5 · R_1 = [0.5, 0.5]; mean [0.5, 0.75]. The first agent of episode 1 is judged
+    # by the team's reward that followed (0.5 · 1), not by its own discounted share of it (0.5 · 0.5).
+    close(adv[:, 0], [[0.0, 0.25], [0.0, -0.25]])
     # Step 1 was played by episode 1 alone: no baseline, Â = 0; episode 0 has no action there.
     close(adv[:, 1], [[0.0, 0.0], [0.0, 0.0]])
-    assert silent == 0.5  # (step 0, agent) cells carry signal, the lone step-1 cells do not
-    # With the std: step 0's sample std per agent is √(2 · 0.125²) = 0.1768 (agent 0), 0.3536 (agent 1).
-    adv, _ = ppo.group_advantages(rewards, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=True)
-    close(adv[:, 0], [[0.125 / (0.125 * 2 ** 0.5 + 1e-4), 0.25 / (0.25 * 2 ** 0.5 + 1e-4)],
-                      [-0.125 / (0.125 * 2 ** 0.5 + 1e-4), -0.25 / (0.25 * 2 ** 0.5 + 1e-4)]])
+    assert silent == 0.75  # only the second agent's step-0 cell carries signal; the lone step-1 cells do not
+    # With the std: step 0's sample std is 0 for the first agent (Â = 0 / (0 + 1e-4) = 0), √(2 · 0.25²) for the second.
+    adv, _ = ppo.group_advantages(rewards, team, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=True)
+    close(adv[:, 0], [[0.0, 0.25 / (0.25 * 2 ** 0.5 + 1e-4)], [0.0, -0.25 / (0.25 * 2 ** 0.5 + 1e-4)]])
 
 
 # One step, N = 2, team reward 2, V = [0.5, 1.0], done; γ_a = 0.8, λ = 0.5.
