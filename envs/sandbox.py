@@ -141,8 +141,13 @@ PRELOADED_MODULES = ["math", "cmath", "collections", "collections.abc", "itertoo
                      "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "datetime", "copy",
                      "typing", "dataclasses", "enum", "json", "array", "textwrap", "unicodedata", "hashlib", "time"]
 # Modules a program may not import: processes, sockets, C calls (refused by name, before any lookup).
+# `signal` too: a Python signal handler is given the frame it interrupted, whose f_back (which
+# raises no audit event) leads to the runner's own; the runner sets its alarm, then drops the
+# module from sys.modules, so a program's import of it is a fresh, refused one. Modules named
+# _test… or _xx… (CPython's test helpers) are refused by prefix.
 REFUSED_MODULES = ["subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty", "socket", "_socket",
-                   "ctypes", "_ctypes", "threading", "_thread", "concurrent", "asyncio"]
+                   "ctypes", "_ctypes", "threading", "_thread", "concurrent", "asyncio", "signal", "_signal",
+                   "faulthandler", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,9 +199,10 @@ def split_comparison(test: str) -> Comparison | None:
 # with os.write and repr of builtin types only. Everything lives inside main(): the program
 # reaches none of it through `import __main__`, and the guard refuses frames and trace hooks.
 RUNNER = r"""# marft sandbox runner
-import io, json, os, resource, signal, sys
+import io, json, os, resource, sys
 
 def main():
+    import signal  # a local: the program reaches no module that holds it (REFUSED_MODULES)
     _write, _repr, _len, _type, _str, _isinstance = os.write, repr, len, type, str, isinstance
     _exec, _eval, _exit, _setitimer, _REAL = exec, eval, os._exit, signal.setitimer, signal.ITIMER_REAL
     _AssertionError, _BaseException, _as_str = AssertionError, BaseException, str.__str__
@@ -286,7 +292,8 @@ def main():
     def guard(event, args):
         if event in refused_events:
             raise _PermissionError("sandbox: " + event + " is not allowed")
-        if event == "import" and args and _str(args[0]).split(".")[0] in refused_modules:
+        if event == "import" and args and (_str(args[0]).split(".")[0] in refused_modules
+                                           or _str(args[0]).startswith(("_test", "_xx"))):
             raise _PermissionError("sandbox: importing " + _str(args[0]) + " is not allowed")
         if event == "object.__getattr__" and _len(args) > 1 and args[1] in frame_attributes:
             raise _PermissionError("sandbox: reading " + _str(args[1]) + " is not allowed")
@@ -341,6 +348,8 @@ def main():
         raise OutOfTime()
 
     signal.signal(signal.SIGALRM, alarm)
+    for name in ("signal", "_signal"):  # no handler of the program's: it would get frames (REFUSED_MODULES)
+        sys.modules.pop(name, None)
     sys.setrecursionlimit(2000)
 
     def last_line(err):  # "Kind: message" (no traceback walk: the guard refuses frame access)

@@ -377,3 +377,37 @@ def test_without_namespaces_the_guard_runs_alone_and_says_so_once(monkeypatch, c
     assert capsys.readouterr().err.count("without OS isolation") == 1
     assert sandbox.decided_isolation() == sandbox.GUARD
     assert run_tests(DOUBLE, ["assert double(2) == 4"], FAST).outcome == PASSED
+
+
+SIGNAL_FRAMES = r'''
+import sys
+def handler(signum, frame):  # the interrupted frame's f_back chain leads to the runner's own
+    global forged
+    while frame is not None:
+        say = frame.f_locals.get("say")
+        if say is not None:
+            for index in range(2):
+                say("test", index, "passed")
+            say("done")
+            forged = True
+        frame = frame.f_back
+forged = False
+try:
+    import signal
+except BaseException:
+    signal = getattr(sys.modules.get("__main__"), "signal", None) or sys.modules.get("_signal")
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.01)
+while not forged:
+    pass
+def double(x):
+    return x
+'''
+
+
+@pytest.mark.parametrize("mode", [sandbox.GUARD, sandbox.NAMESPACES])
+def test_a_signal_handler_gets_no_frame_of_the_runner(mode, leaves_nothing_behind):
+    """A Python signal handler is handed the frame it interrupted; from there f_back (no audit
+    event) would lead to the runner's `say`, and a forged "passed" for tests run in the child."""
+    report = run_tests(SIGNAL_FRAMES, ["assert double(2) == 2 * 2", "assert double(3) == 3 * 2"], FAST, mode=mode)
+    assert report.passed_fraction == 0.0 and report.outcome == CRASH
