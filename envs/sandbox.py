@@ -46,7 +46,10 @@ outside the program's process wherever the test allows it:
                 it would have to produce the expected values, i.e. compute them; an object whose
                 `==` is always true is not plain data and never reaches the comparison.
                 (b) any other test (HumanEval's `check(candidate)`) runs inside the child, which
-                reports "passed" on its result pipe with the nonce; see the limits below.
+                reports "passed" on its result pipe with the nonce. The test sees every callable
+                of the program through a wrapper that turns its results into plain data (so its
+                `==`, `abs`, `len`… are the builtin ones) and the builtins as they were before
+                the program ran; see the limits below.
     parsing     every byte the child writes is read with caps (line length, number of events,
                 total bytes; `ResultCaps`) and parsed with `ast.literal_eval` under a catch-all:
                 nothing the child writes raises in the trainer or grows its memory unbounded
@@ -64,9 +67,12 @@ different value), "error" (another exception, or a value that is not plain data)
 "not_run".
 
 What remains possible (README: "The code sandbox"). A program that escapes the Python guard (it
-guards library calls, not every C-level path) can, for tests of kind (b) only, forge "passed"
-events: the test code runs in its process and the trainer cannot tell the test's own report
-from a forged one. It still cannot reach the network, write or read outside its tmpfs folders
+guards library calls, not every C-level path: any frame object leads, through f_back and
+f_locals, which raise no audit event, to the runner's reporter) can, for tests of kind (b) only,
+forge "passed" events: the test code runs in its process and the trainer cannot tell the test's
+own report from a forged one. Without an escape, a program can still change a standard-library
+module that a kind-(b) test uses (`math.isclose`), and a kind-(b) test cannot use the program's
+own objects (a class instance is not plain data). It still cannot reach the network, write or read outside its tmpfs folders
 (in the namespace modes), or leave a process behind. It can use CPU and memory up to the limits
 while it runs. In the guard mode there is no network namespace, and a program that gets past the
 guard can reach the network, read world-readable files and start processes. A program can
@@ -145,9 +151,12 @@ PRELOADED_MODULES = ["math", "cmath", "collections", "collections.abc", "itertoo
 # raises no audit event) leads to the runner's own; the runner sets its alarm, then drops the
 # module from sys.modules, so a program's import of it is a fresh, refused one. Modules named
 # _test… or _xx… (CPython's test helpers) are refused by prefix.
+# `gc` too: gc.garbage (DEBUG_SAVEALL) hands over frames. The ones the interpreter or the runner
+# has already loaded (`UNLOADED_MODULES`) are dropped from sys.modules before the program runs.
 REFUSED_MODULES = ["subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty", "socket", "_socket",
                    "ctypes", "_ctypes", "threading", "_thread", "concurrent", "asyncio", "signal", "_signal",
-                   "faulthandler", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"]
+                   "faulthandler", "gc", "marshal", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"]
+UNLOADED_MODULES = ["signal", "_signal", "_thread", "gc", "marshal"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,9 +214,10 @@ def main():
     import signal  # a local: the program reaches no module that holds it (REFUSED_MODULES)
     _write, _repr, _len, _type, _str, _isinstance = os.write, repr, len, type, str, isinstance
     _exec, _eval, _exit, _setitimer, _REAL = exec, eval, os._exit, signal.setitimer, signal.ITIMER_REAL
-    _AssertionError, _BaseException, _as_str = AssertionError, BaseException, str.__str__
+    _AssertionError, _BaseException, _as_str, _bytes_join = AssertionError, BaseException, str.__str__, bytes.join
     _int, _float, _complex, _bytes, _list, _tuple, _dict, _set, _frozenset = int, float, complex, bytes, list, tuple, dict, set, frozenset
-    _dict_items, _NoneType = dict.items, type(None)
+    _dict_items, _NoneType, _callable, _Module = dict.items, type(None), callable, type(os)
+    import builtins as builtins_module
 
     chunks = []
     while True:
@@ -275,7 +285,8 @@ def main():
         "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "ctypes.dlopen", "ctypes.dlsym",
         "ctypes.call_function", "os.kill", "os.killpg", "sys._getframe", "sys._current_frames", "sys.settrace",
         "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.truncate", "os.utime",
-        "os.chown", "os.chflags", "os.setxattr", "os.removexattr", "os.chroot", "os.mknod", "os.mkfifo"})
+        "os.chown", "os.chflags", "os.setxattr", "os.removexattr", "os.chroot", "os.mknod", "os.mkfifo", "code.__new__",
+        "marshal.loads", "marshal.load", "function.__new__"})
     # event: (how many leading path arguments, positions of its directory descriptors; -1 = none)
     path_events = {"os.remove": (1, (1,)), "os.rmdir": (1, (1,)), "os.mkdir": (1, (2,)), "os.chmod": (1, (2,)),
                    "os.rename": (2, (2, 3)), "os.link": (2, (2, 3)), "os.symlink": (2, (2,)), "shutil.rmtree": (1, ()),
@@ -289,8 +300,16 @@ def main():
         path = _realpath(_fsdecode(value))
         return not (path + _sep).startswith(folder + _sep), path
 
+    def exact(value):  # a str or bytes argument as its real content (a subclass can lie in its methods)
+        if _isinstance(value, _str):
+            return _as_str(value)
+        if _isinstance(value, _bytes):
+            return _bytes_join(b"", [value])
+        return value
+
     def guard(event, args):
-        if event in refused_events:
+        args = [exact(a) for a in args]
+        if event in refused_events or (event == "object.__setattr__" and _len(args) > 1 and args[1] == "__code__"):
             raise _PermissionError("sandbox: " + event + " is not allowed")
         if event == "import" and args and (_str(args[0]).split(".")[0] in refused_modules
                                            or _str(args[0]).startswith(("_test", "_xx"))):
@@ -348,7 +367,7 @@ def main():
         raise OutOfTime()
 
     signal.signal(signal.SIGALRM, alarm)
-    for name in ("signal", "_signal"):  # no handler of the program's: it would get frames (REFUSED_MODULES)
+    for name in limits["unloaded_modules"]:  # no signal handler, thread or gc of the program's: frames
         sys.modules.pop(name, None)
     sys.setrecursionlimit(2000)
 
@@ -360,16 +379,17 @@ def main():
     scalars = (_NoneType, bool, _int, _float, _complex, _str, _bytes)
 
     def plain(value, depth, budget):
-        # The computed value as builtin data only (what the parent can literal_eval and compare):
-        # a subclass is converted to its builtin base; anything else is refused. Types are
-        # compared by identity (a metaclass can make == say anything).
+        # The computed value as builtin data only (what the parent can literal_eval and compare,
+        # and what a test run in the child compares with builtin ==): a subclass is converted to
+        # its builtin base; anything else is refused. Types are compared by identity (a metaclass
+        # can make == say anything). budget: [items so far, most items, finite floats only].
         budget[0] += 1
-        if depth > 40 or budget[0] > 100_000:
+        if depth > 40 or budget[0] > budget[1]:
             raise ValueError("the value is nested too deeply or too large to report")
         kind = _type(value)
         for scalar in scalars:
             if kind is scalar:
-                if kind is _float and value - value != 0.0:  # inf or nan: no literal to compare with
+                if budget[2] and kind is _float and value - value != 0.0:  # inf or nan: no literal to compare with
                     raise ValueError("the value is not a finite number")
                 return value
         for base in (_int, _float, _str, _bytes):
@@ -383,6 +403,23 @@ def main():
         raise TypeError("the value is not plain data (a " + text(kind.__name__, 80) + ")")
 
     say("started")
+    def through_plain(function):  # the program's callable, its results turned into builtin data
+        def call(*args, **kwargs):
+            return plain(function(*args, **kwargs), 0, [0, 10_000_000, False])
+        return call
+
+    pristine_builtins = _dict(builtins_module.__dict__)  # before the program can replace any
+
+    def test_globals():
+        # What a test run in the child sees: the program's names, every callable among them
+        # called through plain() (an object whose == is always true never reaches the test's
+        # ==), and the builtins as they were before the program ran. Made anew for every test.
+        names = {}
+        for name, value in _dict_items(namespace):
+            names[name] = through_plain(value) if _callable(value) and _type(value) is not _Module else value
+        names["__builtins__"] = _dict(pristine_builtins)
+        return names
+
     try:
         code = compile(job["program"], "program.py", "exec")
     except (SyntaxError, ValueError) as err:
@@ -409,14 +446,14 @@ def main():
                 _setitimer(_REAL, 0)
                 say("test", index, "error", test)
             elif shape == "call":
-                value = _repr(plain(_eval(test, namespace), 0, [0]))
+                value = _repr(plain(_eval(test, namespace), 0, [0, 100_000, True]))
                 _setitimer(_REAL, 0)
                 if _len(value) > limits["value_chars"]:
                     say("test", index, "error", "the value is too large to report")
                 else:
                     say("value", index, "", value)
             else:
-                _exec(test, namespace)
+                _exec(test, test_globals())
                 _setitimer(_REAL, 0)
                 say("test", index, "passed")
         except OutOfTime:
@@ -552,6 +589,7 @@ def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: s
     comparisons = [split_comparison(test) for test in tests]
     root = os.getuid() == 0
     settings = {**dataclasses.asdict(limits), "refused_modules": REFUSED_MODULES, "value_chars": caps.value_chars,
+                "unloaded_modules": UNLOADED_MODULES,
                 "preload": PRELOADED_MODULES,
                 "drop_to": NOBODY if root else None}
     job = {"limits": settings, "nonce": nonce, "program": program,
@@ -581,7 +619,8 @@ def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: s
             kill_group(child)
         if folder is not None:
             remove_folder(folder)
-    errors = [e for e in events if e["kind"] == "sandbox_error"]
+    before_start = events[: next((k for k, e in enumerate(events) if e["kind"] == "started"), len(events))]
+    errors = [e for e in before_start if e["kind"] == "sandbox_error"]  # later ones would be the program's
     if errors:
         raise SandboxError(f"the code sandbox ({mode}) could not start a program here: {errors[0]['detail']}")
     if not any(e["kind"] in ("started", "killed") for e in events):  # the program never ran: the machine's fault
@@ -648,12 +687,25 @@ def parse_event(line: bytes, nonce: str, caps: ResultCaps = ResultCaps()) -> dic
 
 
 def kill_group(child: subprocess.Popen) -> None:
-    """SIGKILL to the child's whole process group (whatever it started), then reap the child. In
-    the namespace modes the child is PID 1's parent: every process of the program goes with it."""
+    """SIGKILL to the child, its process group and, in the namespace modes, its own children: the
+    PID 1 of the program's namespace (a program can leave the group with setsid, and the kernel
+    clears unshare's --kill-child when the runner changes user), after which the kernel ends
+    every process of the namespace. Then reap the child."""
     try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
+            inner = [int(pid) for pid in f.read().split()]
+    except (OSError, ValueError):
+        inner = []
+    for pid in inner:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for kill, target in ((os.killpg, child.pid), (os.kill, child.pid)):
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     child.wait()
 
 

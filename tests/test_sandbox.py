@@ -411,3 +411,70 @@ def test_a_signal_handler_gets_no_frame_of_the_runner(mode, leaves_nothing_behin
     event) would lead to the runner's `say`, and a forged "passed" for tests run in the child."""
     report = run_tests(SIGNAL_FRAMES, ["assert double(2) == 2 * 2", "assert double(3) == 3 * 2"], FAST, mode=mode)
     assert report.passed_fraction == 0.0 and report.outcome == CRASH
+
+
+# ---------------------------------------------------------------------------------------------
+# The red team's routes against this sandbox (each worked on its first version)
+# ---------------------------------------------------------------------------------------------
+
+RUN_IN_CHILD = ["assert double(2) == 2 * 2", "assert double(3) == 3 * 2"]  # no literal side: run in the child
+FRAMES_TO_SAY = r'''
+def forge(frame):  # walk to the runner's frame and report every test passed
+    while frame is not None:
+        say = frame.f_locals.get("say")
+        if say is not None:
+            for index in range(2):
+                say("test", index, "passed")
+            say("sandbox_error", detail="forged")
+            say("done")
+            return
+        frame = frame.f_back
+'''
+RED_TEAM = {
+    "always-equal int subclass": "class E(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+                                 "def double(x):\n    return E(x)\n",
+    "replaced builtins": "import builtins\nbuiltins.abs = lambda x: 4\nbuiltins.len = lambda x: 2\n"
+                         "def double(x):\n    return x\n",
+    "frames from gc.garbage": FRAMES_TO_SAY + "import gc\ngc.set_debug(gc.DEBUG_SAVEALL)\n"
+                              "def leak():\n    try:\n        raise ValueError\n    except ValueError as e:\n        keep = e\n"
+                              "leak()\ngc.collect()\nfor obj in list(gc.garbage):\n"
+                              "    if type(obj).__name__ == 'frame':\n        forge(obj)\ndef double(x):\n    return x\n",
+    "a str subclass past the import check": FRAMES_TO_SAY + "class N(str):\n    def __str__(self):\n        return 'math'\n"
+                                            "signal = __import__(N('_signal'))\n"
+                                            "signal.signal(signal.SIGVTALRM, lambda s, f: forge(f))\n"
+                                            "signal.setitimer(signal.ITIMER_VIRTUAL, 0.001)\nwhile True:\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("mode", [sandbox.GUARD, sandbox.NAMESPACES])
+@pytest.mark.parametrize("attack", RED_TEAM, ids=list(RED_TEAM))
+def test_tests_run_in_the_child_are_not_forged_by_the_red_teams_routes(attack, mode, leaves_nothing_behind):
+    tests = RUN_IN_CHILD + ["assert abs(double(-2)) == 4 and len(str(double(7))) == 2"]
+    report = run_tests(RED_TEAM[attack], tests, FAST, mode=mode)  # and no SandboxError raised
+    assert report.passed_fraction == 0.0, report
+
+
+def test_a_str_subclass_does_not_get_a_path_past_the_guard(leaves_nothing_behind):
+    tmp_path = Path(tempfile.mkdtemp(dir="/tmp"))  # a world-traversable host folder
+    request_cleanup = lambda: shutil.rmtree(tmp_path, ignore_errors=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the trainer's secret")
+    os.chmod(tmp_path, 0o777)
+    program = ("import os\nclass S(str):\n    def startswith(self, *a):\n        return True\n"
+               "    def __getitem__(self, k):\n        return os.getcwd()[k]\n"
+               f"print(open(S({str(secret)!r})).read())\nopen(S({str(tmp_path / 'escaped')!r}), 'w').write('x')\n")
+    try:
+        report = run_tests(program, ["assert True"], FAST, mode=sandbox.GUARD)
+        assert report.outcome == CRASH and "outside the working folder" in report.detail
+        assert "secret" not in report.output and not (tmp_path / "escaped").exists()
+    finally:
+        request_cleanup()
+
+
+def test_a_program_that_leaves_its_process_group_is_still_ended(leaves_nothing_behind):
+    """os.setsid takes the runner out of the group the trainer kills, and changing user clears
+    unshare's --kill-child: the namespace's PID 1 is killed by name (leaves_nothing_behind)."""
+    program = ("import os, time\nos.setsid()\nwhile True:\n    try:\n        while True:\n            time.sleep(100)\n"
+               "    except BaseException:\n        pass\n")
+    report = run_tests(program, ["assert True"], Limits(seconds_per_test=0.5, seconds_per_program=1.5))
+    assert report.outcome == TIMEOUT
