@@ -66,9 +66,9 @@ environment: no fenced python block). Each test's result is "passed", "failed" (
 different value), "error" (another exception, or a value that is not plain data), "timeout" or
 "not_run".
 
-What remains possible (README: "The code sandbox"). A program that escapes the Python guard (it
-guards library calls, not every C-level path: any frame object leads, through f_back and
-f_locals, which raise no audit event, to the runner's reporter) can, for tests of kind (b) only,
+What remains possible (docs/code-tasks.md: "The code sandbox"). A program that escapes the
+Python guard (it guards library calls, not every C-level path: any frame object leads, through
+f_back and f_locals, which raise no audit event, to the runner's reporter) can, for tests of kind (b) only,
 forge "passed" events: the test code runs in its process and the trainer cannot tell the test's
 own report from a forged one. Without an escape, a program can still change a standard-library
 module that a kind-(b) test uses (`math.isclose`), and a kind-(b) test cannot use the program's
@@ -115,7 +115,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class ResultCaps:
-    """What the parent reads of the child, at most (README: "The code sandbox")."""
+    """What the parent reads of the child, at most (docs/code-tasks.md: "The code sandbox")."""
     line_bytes: int = 1 << 18  # one event line; a longer one is dropped
     total_bytes: int = 8 << 20  # everything read from the result pipe; then the child is killed
     value_chars: int = 100_000  # the repr of one computed value (checked in the child too)
@@ -563,7 +563,7 @@ def isolation() -> str:
         _ISOLATION = candidate if not reason else GUARD
         if _ISOLATION == GUARD:
             print(f"[sandbox] programs run with the Python guard only, without OS isolation ({candidate}: {reason}). "
-                  "README: 'The code sandbox' says what that leaves open.", file=sys.stderr)
+                  "docs/code-tasks.md ('The code sandbox') says what that leaves open.", file=sys.stderr)
     return _ISOLATION
 
 

@@ -30,9 +30,10 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
 those seeds); with `--merge` the sections and
 learning runs of the existing bench.json that this invocation does not measure are kept (e.g. a
 new organisation added to an earlier comparison: same machine, same `--learning_minutes`).
-Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_readme` puts bench.md between
-the `<!-- bench:start -->` and `<!-- bench:end -->` lines of README.md; `--render_only` rewrites
-bench.md (and, with `--update_readme`, the README block) from an existing bench.json. `--quick`
+Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_page` (old name:
+`--update_readme`) puts bench.md between the `<!-- bench:start -->` and `<!-- bench:end -->`
+lines of docs/benchmark.md; `--render_only` rewrites bench.md (and, with `--update_page`, the
+page's block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
 section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the
 full mode takes about two and a half hours on 2 cores (10 learning runs of 10 minutes).
@@ -370,17 +371,20 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(markdown_text: str, out: Path) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+BENCH_PAGE = Path("docs") / "benchmark.md"  # the page whose marked block --update_page rewrites (under ROOT)
+
+
+def update_page(markdown_text: str, out: Path) -> None:
+    page = ROOT / BENCH_PAGE
+    text = page.read_text()
     start, end = "<!-- bench:start -->", "<!-- bench:end -->"
     if start not in text or end not in text:
-        raise SystemExit(f"--update_readme: README.md lacks the lines {start} and {end}; add them where the results go")
-    # Image links in bench.md are relative to <out>; from the README they go through <out>.
-    prefix = os.path.relpath(out, ROOT)
+        raise SystemExit(f"--update_page: {BENCH_PAGE} lacks the lines {start} and {end}; add them where the results go")
+    # Image links in bench.md are relative to <out>; from the page they go through <out>.
+    prefix = os.path.relpath(out, page.parent)
     body = markdown_text.replace("](learning/", f"]({prefix}/learning/")
     head, rest = text.split(start, 1)
-    readme.write_text(head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+    page.write_text(head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -395,9 +399,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--learning_seeds", default=None, help="comma-separated seeds of every learning run (default: 1,2; quick 1)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
-    parser.add_argument("--update_readme", action="store_true", help="write bench.md into README.md's Results block")
+    parser.add_argument("--update_page", "--update_readme", dest="update_page", action="store_true",
+                        help="write bench.md into docs/benchmark.md's marked block (--update_readme: its old name)")
     parser.add_argument("--render_only", action="store_true",
-                        help="measure nothing: rewrite <out>/bench.md (and the README block) from <out>/bench.json")
+                        help="measure nothing: rewrite <out>/bench.md (and the page's block) from <out>/bench.json")
     args = parser.parse_args(argv)
     skip = {s for s in args.skip.split(",") if s}
     if unknown := skip - set(SECTIONS):
@@ -406,7 +411,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.render_only:
         if not (out / "bench.json").is_file():
             raise SystemExit(f"--render_only: no {out / 'bench.json'}; run the suite first")
-        return publish(json.loads((out / "bench.json").read_text()), out, args.update_readme)
+        return publish(json.loads((out / "bench.json").read_text()), out, args.update_page)
     sizes = QUICK if args.quick else FULL
     minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
     runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
@@ -455,17 +460,17 @@ def main(argv: list[str] | None = None) -> dict:
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(report, indent=2))
-    return publish(report, out, args.update_readme)
+    return publish(report, out, args.update_page)
 
 
 def publish(report: dict, out: Path, readme: bool) -> dict:
-    """Write <out>/bench.md from the report, print it, and put it into README.md when asked."""
+    """Write <out>/bench.md from the report, print it, and put it into docs/benchmark.md when asked."""
     text = markdown(report)
     (out / "bench.md").write_text(text + "\n")
     print(text)
     if readme:
-        update_readme(text, out)
-        print("bench: README.md Results block updated")
+        update_page(text, out)
+        print(f"bench: {BENCH_PAGE} block updated")
     return report
 
 

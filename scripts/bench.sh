@@ -2,7 +2,7 @@
 # The benchmark suite (scripts/bench.py): throughput, hf vs vLLM, seconds per phase, memory for
 # 1/2/4 agents, learning at equal wall time (GAE and group advantages). --quick: a few minutes; the
 # full mode about two and a half hours.
-# Writes results/bench.{json,md} and figures; --update_readme rewrites README.md's results block.
+# Writes results/bench.{json,md} and figures; --update_page rewrites docs/benchmark.md's results block.
 set -euo pipefail
 # The hf-vs-vLLM section needs vLLM: install it unless MARFT_VLLM=0 (the section then records why it skipped).
 export MARFT_VLLM="${MARFT_VLLM:-1}"

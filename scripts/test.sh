@@ -9,4 +9,4 @@ export MARFT_REQUIRE_VLLM="${MARFT_REQUIRE_VLLM:-$MARFT_VLLM}"
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 MARKERS=()
 if [ "${FAST:-0}" = "1" ]; then MARKERS=(-m "not slow"); fi
-exec python -m pytest tests -ra -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "${MARKERS[@]}" "$@"
+exec python -m pytest tests -ra --durations=25 -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "${MARKERS[@]}" "$@"

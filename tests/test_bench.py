@@ -1,4 +1,4 @@
-"""scripts/bench.py: the report it writes, the README block it replaces, and a quick smoke run."""
+"""scripts/bench.py: the report it writes, the block of docs/benchmark.md it replaces, and a quick smoke run."""
 import importlib.util
 import json
 import math
@@ -15,15 +15,16 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
-def test_readme_block_is_replaced_between_the_markers_only(tmp_path, monkeypatch):
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- bench:start -->\nold table\n<!-- bench:end -->\noutro\n")
+def test_the_benchmark_pages_block_is_replaced_between_the_markers_only(tmp_path, monkeypatch):
+    page = tmp_path / "docs" / "benchmark.md"
+    page.parent.mkdir()
+    page.write_text("intro\n<!-- bench:start -->\nold table\n<!-- bench:end -->\noutro\n")
     monkeypatch.setattr(bench, "ROOT", tmp_path)
-    bench.update_readme("new table\n![x](learning/x.png)", tmp_path / "results")
-    assert readme.read_text() == "intro\n<!-- bench:start -->\nnew table\n![x](results/learning/x.png)\n<!-- bench:end -->\noutro\n"
-    readme.write_text("no markers here\n")
+    bench.update_page("new table\n![x](learning/x.png)", tmp_path / "results")
+    assert page.read_text() == "intro\n<!-- bench:start -->\nnew table\n![x](../results/learning/x.png)\n<!-- bench:end -->\noutro\n"
+    page.write_text("no markers here\n")
     with pytest.raises(SystemExit, match="bench:start"):
-        bench.update_readme("new", tmp_path / "results")
+        bench.update_page("new", tmp_path / "results")
 
 
 def test_unknown_section_is_refused():
