@@ -1,4 +1,4 @@
-"""Evaluate the base model or a checkpoint of a MARFT run on a math or code data set.
+"""Evaluate the base model or a checkpoint of a MARFT run on a math or code data set, or on a task of your own.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129). README: "Evaluating". The agents play exactly the
 episodes of training (`rollout.run_episodes`: every agent acts in σ order on its unrolled
@@ -7,12 +7,16 @@ dependency function D, and any horizon.
 
 What is evaluated:
   * `--run RUN_DIR`: a checkpoint of a run written by marft.py (default: the one named by
-    RUN_DIR/checkpoints/latest). The organisation, the LoRA shapes, the horizon, the format
-    penalty, the sampling settings and the seed come from RUN_DIR/config.json (`run.read_config`).
-  * without `--run`: the base model (`--model`) with organisation `--agents`, every other setting
-    at its `run.Config` default. Every agent gets a fresh adapter, whose LoRA B = 0 makes it
-    exactly the base model.
+    RUN_DIR/checkpoints/latest). The task, the organisation, the LoRA shapes, the horizon, the
+    format penalty, the sampling settings and the seed come from RUN_DIR/config.json (`run.read_config`).
+  * without `--run`: the base model (`--model`) on task `--task` with organisation `--agents`,
+    every other setting at its `run.Config` default. Every agent gets a fresh adapter, whose
+    LoRA B = 0 makes it exactly the base model.
 Only the policy adapters are built; the critic plays no part in evaluation.
+
+On what: the built-in tasks (math, code; tasks.py) evaluate `--data` (and `--split`); a task of
+your own evaluates its own held-out problems (`Task.load`, split with the run's seed), and its
+environment scores them, as in training.
 
 Metrics, over P problems with k = `--samples` sampled episodes each at the temperature (the
 formulas are those of rollout.py's docstring, computed by `rollout.heldout_metrics`):
@@ -48,6 +52,7 @@ Usage:
     python evaluate.py --run runs/chain-seed1-20250101-120000         # the run's latest checkpoint
     python evaluate.py --run runs/<name> --checkpoint iter_000006 --data ../shared/data/math_test.jsonl --limit 200
     python evaluate.py --agents chain3 --data ../shared/data/gsm8k_test.jsonl --samples 8 --transcripts 5
+    python evaluate.py --task examples/units.py                       # a task of your own: its held-out problems
 """
 from __future__ import annotations
 
@@ -67,9 +72,10 @@ import torch
 
 import agents as agents_lib
 import run as run_lib
+import tasks
 from envs import Grader, Problem, load_problems
 from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
-from flex_pomdp import CODE_ORGANISATIONS, Organisation, load_organisation
+from flex_pomdp import Organisation
 from rollout import Rollout, heldout_metrics, pass_at_k, solved_counts
 from run import Config
 
@@ -91,15 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
                       help="base model without --run: smollm2 (embedded), a local HF folder or a hub id "
                            f"(default: {Config.model}); with --run it comes from config.json")
     what.add_argument("--agents", default=None,
-                      help="organisation without --run: single | chain | chain3 | chain4 | parallel, or a profile "
-                           f"JSON file (default: {Config.agents}); with --run it comes from config.json")
+                      help="organisation without --run: one the task offers (math: single | chain | chain3 | chain4 | "
+                           "parallel | orchestrated; code: coder | planner_coder | coder_reviewer), or a profile JSON file "
+                           "(default: the task's default organisation, math: chain); with --run it comes from config.json")
+    what.add_argument("--task", default=None,
+                      help="task without --run: math | code | package.module:name | path/to/file.py (default: chosen "
+                           "from --data as in training, else code for a code organisation, else math); with --run it "
+                           "comes from config.json")
     data = parser.add_argument_group("data")
     data.add_argument("--data", default=None,
-                      help="arithmetic (the generated held-out task; with --run its levels and seed), arithmetic:1,2,3 "
-                           "(levels), code (the generated code task's held-out split), humaneval, a MATH/GSM8K/MBPP "
-                           ".jsonl/.json file, or an HF dataset id (default: code for a code organisation, else arithmetic)")
-    data.add_argument("--split", default="test",
-                      help="split of the generated task or of an HF dataset (a file is its own split; default: test)")
+                      help="built-in tasks: arithmetic (the generated held-out task; with --run its levels and seed), "
+                           "arithmetic:1,2,3 (levels), code (the generated code task's held-out split), humaneval, a "
+                           "MATH/GSM8K/MBPP .jsonl/.json file, or an HF dataset id (default: code for the code task, else "
+                           "arithmetic); a task of your own evaluates its own held-out problems")
+    data.add_argument("--split", default=None,
+                      help="built-in tasks: split of the generated task or of an HF dataset (a file is its own split; "
+                           "default: test)")
     data.add_argument("--limit", type=int, default=None, help="evaluate the first N problems (default: all)")
     data.add_argument("--shuffle", action="store_true",
                       help="shuffle the problems with --seed before --limit takes the first N (MATH files are sorted "
@@ -149,6 +162,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.run is not None and (args.model is not None or args.agents is not None):
         raise SystemExit("--model/--agents cannot be combined with --run: a run's model and organisation come from its "
                          "config.json. Drop them to evaluate the run, or drop --run to evaluate a base model.")
+    if args.run is not None and args.task is not None:
+        raise SystemExit("--task cannot be combined with --run: a run's task comes from its config.json. Drop --task to "
+                         "evaluate the run on it, or drop --run to evaluate a base model.")
     if args.checkpoint is not None and args.run is None:
         raise SystemExit("--checkpoint needs --run (the run folder whose checkpoint to evaluate)")
     for option in ("samples", "generation_batch_size", "max_new_tokens", "limit"):
@@ -357,15 +373,19 @@ def progress_printer(generate_actions, org: Organisation):
 
 def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, Config, int]:
     """(run folder, checkpoint folder, config, data seed): a run's checkpoint with the run's
-    config.json, or (None, None, the default Config with --model and --agents); then this
-    command line's sampling, metric and machine options. The data seed picks the generated
-    task's split: with a run, the run's own held-out split."""
+    config.json (its task included), or (None, None, the default Config with --model, --task and
+    --agents); then this command line's sampling, metric and machine options. The data seed picks
+    the generated task's split: with a run, the run's own held-out split."""
     if args.run is None:
         run_dir, checkpoint = None, None
-        cfg = Config(model=args.model or Config.model, agents=args.agents or Config.agents)
+        task = args.task or tasks.default_task_name(
+            args.data or ("code" if args.agents in tasks.CODE.organisations else "arithmetic"), args.agents or Config.agents)
+        cfg = Config(model=args.model or Config.model, task=task,
+                     agents=args.agents or tasks.default_organisation(tasks.find_task(task)))
     else:
         run_dir = Path(args.run)
         cfg = run_lib.read_config(run_dir, "--run")
+        cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)  # a run from before --task: its data's
         checkpoint = run_lib.checkpoint_folder(run_dir, args.checkpoint, "--run")
     seed = cfg.seed if args.seed is None else args.seed
     data_seed = cfg.seed if run_dir is not None else seed
@@ -376,40 +396,51 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         threads=args.threads, generation_batch_size=args.generation_batch_size, backend=args.backend,
         vllm_dtype=args.vllm_dtype, vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
         device="cpu" if args.backend == "vllm" else args.device)  # vllm: the policies only hand their adapters to the engine
-    try:
-        load_organisation(cfg.agents, cfg.anonymous)
-    except ValueError as err:
-        raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
-    if args.data is None:
-        args.data = "code" if cfg.agents in CODE_ORGANISATIONS else "arithmetic"
+    tasks.organisation_of(cfg)  # one the task offers, or a profile file: else a message naming them
+    task = tasks.task_of(cfg)
+    if task in (tasks.MATH, tasks.CODE):
+        args.data = args.data or ("code" if task is tasks.CODE else "arithmetic")
+        args.split = args.split or "test"
+    elif args.data is not None or args.split is not None:
+        raise SystemExit(f"--data/--split: the {task.name} task evaluates its own held-out problems (its load); "
+                         "drop them (--limit and --shuffle still pick among those problems)")
     return run_dir, checkpoint, cfg, data_seed
 
 
 def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) -> tuple[str, list[Problem]]:
-    """(source, problems): "arithmetic" is the generated task with the config's levels; `data_seed`
-    picks its split (a run's own held-out split), cfg.seed the --shuffle order."""
-    source = f"arithmetic:{cfg.arithmetic_levels}" if args.data == "arithmetic" else args.data
-    try:
-        problems = load_problems(source, split=args.split, limit=None if args.shuffle else args.limit, seed=data_seed,
-                                 skip_malformed=args.skip_malformed_rows)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        raise SystemExit(f"--data={args.data!r}: {err}") from None
+    """(source, problems). Built-in tasks: --data, where "arithmetic" is the generated task with
+    the config's levels and `data_seed` picks its split (a run's own held-out split). A task of
+    your own: its held-out problems, loaded with `data_seed`. cfg.seed is the --shuffle order."""
+    task = tasks.task_of(cfg)
+    if task in (tasks.MATH, tasks.CODE):
+        source = f"arithmetic:{cfg.arithmetic_levels}" if args.data == "arithmetic" else args.data
+        try:
+            problems = load_problems(source, split=args.split, limit=None if args.shuffle else args.limit, seed=data_seed,
+                                     skip_malformed=args.skip_malformed_rows)
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            raise SystemExit(f"--data={args.data!r}: {err}") from None
+    else:
+        source = f"{task.name} (held-out)"
+        problems = tasks.task_problems(task, dataclasses.replace(cfg, seed=data_seed))[1]
     if args.shuffle:
         random.Random(f"evaluate-shuffle-{cfg.seed}").shuffle(problems)
-        problems = problems[: args.limit]
+    problems = problems[: args.limit]
     if not problems:
         raise SystemExit(f"--data={args.data!r}: no problems to evaluate")
-    run_lib.check_task_fits(cfg, problems, "data")
+    if task in (tasks.MATH, tasks.CODE):
+        tasks.check_data(task is tasks.CODE, cfg, problems, "data")
     return source, problems
 
 
-def output_path(args: argparse.Namespace, run_dir: Path | None, checkpoint: Path | None) -> Path:
-    """--out, else RUN/eval-<checkpoint>-<data>.json, else ./eval-base-<data>.json."""
+def output_path(args: argparse.Namespace, run_dir: Path | None, checkpoint: Path | None, cfg: Config) -> Path:
+    """--out, else RUN/eval-<checkpoint>-<data>.json, else ./eval-base-<data>.json (a task of your
+    own: its name for <data>)."""
+    data = args.data or tasks.task_of(cfg).name
     if args.out:
         return Path(args.out)
     if run_dir is not None:
-        return run_dir / f"eval-{checkpoint.name}-{dataset_stem(args.data)}.json"
-    return Path(f"eval-base-{dataset_stem(args.data)}.json")
+        return run_dir / f"eval-{checkpoint.name}-{dataset_stem(data)}.json"
+    return Path(f"eval-base-{dataset_stem(data)}.json")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -418,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     run_lib.return_freed_memory()
     run_dir, checkpoint, cfg, data_seed = resolve_config(args)
-    org = load_organisation(cfg.agents, cfg.anonymous)
+    org = tasks.organisation_of(cfg)
     source, problems = load_eval_problems(args, cfg, data_seed)
     print(f"evaluating {checkpoint or 'the base model ' + cfg.model} with agents {cfg.agents} "
           f"on {len(problems)} problems of {source}", flush=True)
@@ -431,7 +462,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = make_report(args, cfg, run_dir, checkpoint, org, source, problems, metrics, sampled, greedy)
     report["diagnostics"]["grading_timeouts"] = grading_timeouts
     report["wall_seconds"] = time.time() - wall_start
-    out = output_path(args, run_dir, checkpoint)
+    out = output_path(args, run_dir, checkpoint, cfg)
     run_lib.write_json_atomically(out, report)
 
     print("\n" + format_table(report), flush=True)
@@ -450,7 +481,7 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
     return {
         "evaluated": {
             "model": cfg.model, "run": str(run_dir) if run_dir else None,
-            "checkpoint": checkpoint.name if checkpoint else None, "agents": cfg.agents,
+            "checkpoint": checkpoint.name if checkpoint else None, "task": cfg.task, "agents": cfg.agents,
             "roles": list(org.order), "graded_roles": list(org.graded_roles), "shared_adapter": cfg.shared_adapter,
             "dataset": source, "split": args.split, "limit": args.limit, "shuffled": args.shuffle, "problems": len(problems),
             "samples": cfg.eval_samples, "greedy": cfg.eval_greedy, "temperature": cfg.temperature, "top_p": cfg.top_p,

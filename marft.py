@@ -11,7 +11,9 @@ equation to the function that computes it. The other modules:
     rollout.py     agents playing episodes in σ order; held-out metrics
     run.py         the Config (--help), the run folder, checkpoints, the metrics log
     distributed.py torchrun ranks: each rank's share of the work, summed gradients
-    envs/          the math task, data, grading
+    tasks.py       the task: problems, the environment of one episode, organisations, metrics
+                   (built-in math and code; --task loads a task of your own)
+    envs/          the environments (math, code), data, grading, the code sandbox
 
 One iteration (the paper's algorithm box):
 
@@ -106,9 +108,10 @@ import critic as critic_lib
 import distributed
 import ppo
 import run as run_lib
-from envs import Grader, Problem, load_problems, make_arithmetic_problems, make_code_problems
-from flex_pomdp import Organisation, load_organisation
-from rollout import Rollout, heldout_metrics, orchestration_metrics, program_metrics, run_episodes
+import tasks
+from envs import Grader, Problem
+from flex_pomdp import Organisation
+from rollout import Rollout, heldout_metrics, orchestration_metrics, run_episodes, task_metrics
 from run import Config
 
 
@@ -559,7 +562,7 @@ def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Roll
 def build(cfg: Config):
     """Organisation, base model with every policy and critic adapter, value heads, optimisers
     (--advantage group: no critic adapter and an empty set of value heads)."""
-    org = load_organisation(cfg.agents, cfg.anonymous)
+    org = tasks.organisation_of(cfg)
     policy_adapters = agents_lib.policy_adapter_names(org.order, cfg.shared_adapter)
     critic_adapters = critic_lib.critic_adapter_names(org.order, cfg.critic_per_agent) if cfg.advantage == "gae" else []
     model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
@@ -579,33 +582,11 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 
 
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """(train problems, held-out problems). A data source that cannot be read ends the run at
-    start with one paragraph naming the option, the file and line, and the fix."""
-    generated = cfg.data in ("arithmetic", "code")  # the project's own tasks, split by seed
-    if cfg.data == "arithmetic":
-        levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
-        train = make_arithmetic_problems("train", seed=cfg.seed, levels=levels)
-        held_out = make_arithmetic_problems("test", seed=cfg.seed, levels=levels)
-    elif cfg.data == "code":
-        train, held_out = make_code_problems("train", seed=cfg.seed), make_code_problems("test", seed=cfg.seed)
-    else:
-        train, held_out = read_problems("data", cfg.data, "train", cfg), []
-    if cfg.eval_data:
-        held_out = read_problems("eval_data", cfg.eval_data, "test", cfg)
-    elif not generated:
-        if len(train) <= cfg.eval_problems:
-            raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
-        train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
-    run_lib.check_task_fits(cfg, train + held_out, "data" if not cfg.eval_data else "data and --eval_data")
+    """(train problems, held-out problems) of the run's task (tasks.py: --task, by default the one
+    --data chooses), the held-out problems cut to eval_problems. Data that cannot be read, or that
+    does not fit the task, ends the run at start with a message naming the option and the fix."""
+    train, held_out = tasks.task_problems(tasks.task_of(cfg), cfg)
     return train, held_out[: cfg.eval_problems]
-
-
-def read_problems(option: str, source: str, split: str, cfg: Config) -> list[Problem]:
-    try:
-        return load_problems(source, split=split, seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        fix = "" if cfg.skip_malformed_rows else " (--skip_malformed_rows leaves malformed rows out with a warning naming each)"
-        raise SystemExit(f"--{option}={source!r}: {err}{fix}") from None
 
 
 def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration: int) -> list[Problem]:
@@ -658,7 +639,7 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),
         **timer.metrics(),
         **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
-        **program_metrics(rollout, "charts"),  # code tasks: how the programs ended
+        **task_metrics(rollout, cfg, "charts"),  # the task's own (code: how the programs ended)
     }
     if returns is not None:  # the critic's metrics
         metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)

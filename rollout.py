@@ -41,7 +41,8 @@ Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes ea
     eval/pass@k            mean over problems of 1 − C(k − c_p, k) / C(k, k)  (= any sample right)
     eval/accuracy_greedy   one greedy episode per problem
     eval/unparseable_rate  graded answers with no parseable \\boxed{} (code: no program), over all graded answers
-    eval/program/<outcome> code tasks: the fraction of sampled programs that passed, failed, …
+    eval/<name>            the task's own metrics of the sampled steps (tasks.Task.metrics; the code
+                           task's program/<outcome>: the fraction of programs that passed, failed, …)
     eval/calls_per_episode, eval/calls/<role>, eval/finish_rate, eval/max_calls_rate,
     eval/orchestration_errors   (orchestrated only) `orchestration_metrics` of the greedy episodes
 
@@ -59,8 +60,8 @@ import torch
 
 import agents as agents_lib
 import distributed
-from envs import CodeEnv, Grader, MathEnv, Problem
-from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
+import tasks
+from envs import Grader, Problem
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
 from run import Config
@@ -92,6 +93,7 @@ class Rollout:
     step_mask: torch.Tensor | None = None  # [B, T], 1 where the step happened
     solved: list[bool] = field(default_factory=list)  # [B]: the graded answers were right at the end
     outcomes: list[list[dict[str, str]]] = field(default_factory=list)  # [B][t]: graded role → outcome
+    infos: list[list[dict]] = field(default_factory=list)  # [B][t]: the info dict of env.step (the task's metrics read it)
     unparseable: int = 0  # graded answers with no parseable \boxed{}
     ungraded: int = 0  # graded answers whose check timed out or crashed the grader
     graded_answers: int = 0
@@ -169,12 +171,13 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     whether a critic will read the rollout (`advantage` gae: its own inputs are recorded where they
     are not the policies' prompts)."""
     B, T = len(problems), cfg.horizon
-    role_rewards = {a.role: a.rewards for a in org.agents}
-    graded = [TEAM_ANSWER] if org.orchestrator else list(org.graded_roles)
-    envs = [make_env(p, grader, graded, cfg, role_rewards) for p in problems]
+    task = tasks.task_of(cfg)
+    context = tasks.EpisodeContext(graded_roles=(TEAM_ANSWER,) if org.orchestrator else org.graded_roles, grader=grader,
+                                   role_rewards={a.role: a.rewards for a in org.agents})
+    envs = [tasks.make_env(task, p, cfg, context) for p in problems]
     observations = [env.reset() for env in envs]
     out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T),
-                  solved=[False] * B, outcomes=[[] for _ in range(B)],
+                  solved=[False] * B, outcomes=[[] for _ in range(B)], infos=[[] for _ in range(B)],
                   calls=[[] for _ in range(B)] if org.orchestrator else [], step_ends=[[] for _ in range(B)] if org.orchestrator else [])
 
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
@@ -224,12 +227,14 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                                                   if role in org.graded_roles), "")
             # env.step(a_t) → R_t, done_t, o_{t+1}
             observations[b], reward, done, info = envs[b].step(joint_action)
+            tasks.check_step_info(task, info)
             out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
             out.solved[b] = info["correct"]
             last_sample = {org.order[out.agent_index[s]]: s for s in samples[b]}  # a role's terms score its last action
             for role, value in info.get("role_rewards", {}).items():
                 out.role_reward[last_sample[role]] = value
             out.outcomes[b].append(dict(info["outcomes"]))
+            out.infos[b].append(info)
             out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
             out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
             out.graded_answers += len(info["outcomes"])
@@ -241,19 +246,13 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     return out
 
 
-def make_env(problem: Problem, grader: Grader, graded: list[str], cfg: Config, role_rewards: dict):
-    """The environment of one episode: the code environment for a problem with tests (a program is
-    run against them), the math environment otherwise (a \\boxed{} answer is graded)."""
-    if problem.tests:
-        return CodeEnv(problem, graded, horizon=cfg.horizon, all_or_nothing=cfg.code_all_or_nothing, role_rewards=role_rewards)
-    return MathEnv(problem, grader, graded, horizon=cfg.horizon, format_penalty=cfg.format_penalty, role_rewards=role_rewards)
-
-
-def program_metrics(rollout: Rollout | None, prefix: str) -> dict[str, float]:
-    """Code tasks: the fraction of graded programs that ended each way (`<prefix>/program/<outcome>`)."""
-    total = sum(rollout.program_outcomes.values()) if rollout else 0
-    return {f"{prefix}/program/{outcome}": rollout.program_outcomes.get(outcome, 0) / total
-            for outcome in PROGRAM_OUTCOMES} if total else {}
+def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str, float]:
+    """The task's own metrics (tasks.Task.metrics) of every step the rollout played, as
+    `<prefix>/<name>` (code: `<prefix>/program/<outcome>`); none without a rollout or a metrics function."""
+    task = tasks.task_of(cfg)
+    if rollout is None or task.metrics is None:
+        return {}
+    return {f"{prefix}/{name}": value for name, value in task.metrics([info for steps in rollout.infos for info in steps]).items()}
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
@@ -265,14 +264,14 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     B = sum(len(part.solved) for part in parts)
     orchestrated = any(part.calls for part in parts)
     out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T), solved=[False] * B,
-                  outcomes=[[] for _ in range(B)], calls=[[] for _ in range(B)] if orchestrated else [],
+                  outcomes=[[] for _ in range(B)], infos=[[] for _ in range(B)], calls=[[] for _ in range(B)] if orchestrated else [],
                   step_ends=[[] for _ in range(B)] if orchestrated else [])
     order = []  # (step, position, agent, episode, part, local sample)
     for r, part in enumerate(parts):
         for j in range(len(part.solved)):  # per-episode fields
             b = r + j * G
             out.team_reward[b], out.dones[b], out.step_mask[b] = part.team_reward[j], part.dones[j], part.step_mask[j]
-            out.solved[b], out.outcomes[b] = part.solved[j], part.outcomes[j]
+            out.solved[b], out.outcomes[b], out.infos[b] = part.solved[j], part.outcomes[j], part.infos[j]
             if orchestrated:
                 out.calls[b], out.step_ends[b] = part.calls[j], part.step_ends[j]
         order += [(part.step[s], part.position[s], part.agent_index[s], r + part.episode[s] * G, r, s)
@@ -382,7 +381,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         counts = solved_counts(sampled, len(problems))
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)
-        metrics |= program_metrics(sampled, "eval")  # code tasks: how the sampled programs ended
+        metrics |= task_metrics(sampled, cfg, "eval")  # the task's own (code: how the sampled programs ended)
         if samples > 1:
             metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
     greedy_rollout = None

@@ -4,7 +4,8 @@ This module owns no equation of the paper. It is what a run *is*, known once for
 point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
 
     Config                 every option, its default and its --help (the field docstrings)
-    parse_args, validate   the command line; each bad value fails at start, naming the option
+    parse_args, validate   the command line; each bad value fails at start, naming the option;
+                           the task (tasks.py) and, without --agents, its default organisation
     resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
     Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
     save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
@@ -43,8 +44,8 @@ import torch
 import agents as agents_lib
 import distributed
 import ppo
+import tasks
 from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS, sandbox
-from flex_pomdp import BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, load_organisation
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Config:
     model: str = "smollm2"
     """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id"""
     agents: str = "chain"
-    """organisation: single | chain | chain3 | chain4 | parallel | orchestrated, or a profile JSON file (README)"""
+    """organisation: one the task offers (math: single | chain | chain3 | chain4 | parallel | orchestrated; code: coder | planner_coder | coder_reviewer), or a profile JSON file (README); default: the task's default organisation (math: chain, code: coder)"""
     anonymous: bool = False
     """ablation: the same organisation with roles agent_1 … agent_N and one generic prompt (no role names or role prompts)"""
     shared_adapter: bool = False
@@ -70,6 +71,8 @@ class Config:
     """dtype of the frozen base weights: float32 | bfloat16 | float16 (halves a GPU's memory for them; LoRA weights, value heads and optimiser states stay float32)"""
 
     # --- task ---
+    task: str = ""
+    """the task: math | code | a task of your own, package.module:name or path/to/file.py (README: Adding a task); empty: code for --data code, humaneval or an MBPP-format file, else math"""
     data: str = "arithmetic"
     """training problems: "arithmetic" or "code" (generated), "humaneval", a MATH/GSM8K/MBPP .jsonl/.json file, or an HF dataset id"""
     eval_data: str = ""
@@ -228,7 +231,9 @@ def field_docs() -> dict[str, str]:
 
 
 def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Config:
-    """The Config of this command line (with --resume: the run's own, see `resumed_config`)."""
+    """The Config of this command line (with --resume: the run's own, see `resumed_config`). The
+    task is resolved and recorded (--task left out: the one --data chooses), and a command line
+    without --agents gets the task's default organisation."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     docs = field_docs()
     for f in dataclasses.fields(Config):
@@ -237,11 +242,17 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
             parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
         else:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(name, type=kind, default=f.default, help=docs.get(f.name))
-    args = parser.parse_args(argv)
-    cfg = Config(**vars(args))
+            # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
+            default = argparse.SUPPRESS if f.name == "agents" else f.default
+            parser.add_argument(name, type=kind, default=default, help=docs.get(f.name))
+    given = vars(parser.parse_args(argv))
+    cfg = Config(**given)
     if cfg.resume:
         cfg = resumed_config(cfg, argv if argv is not None else sys.argv[1:])
+    else:
+        cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)
+        if "agents" not in given:
+            cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
     validate(cfg)
     return cfg
 
@@ -350,10 +361,7 @@ def validate(cfg: Config) -> None:
     except ValueError:
         levels = []
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
-    try:
-        org = load_organisation(cfg.agents, cfg.anonymous)
-    except ValueError as err:
-        raise SystemExit(f"--agents={cfg.agents!r}: {err}") from None
+    org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
     for profile in org.agents:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
@@ -374,37 +382,6 @@ def validate(cfg: Config) -> None:
          "device", "use auto, cpu, or cuda[:k] on a machine where torch sees a GPU")
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
-
-
-def check_task_fits(cfg: Config, problems: list, option: str) -> None:
-    """Code tasks (problems with tests) and math problems need organisations whose prompts ask for
-    a program or for a \\boxed{} answer: a built-in of the other kind, a mix of both kinds, or
-    per-role reward terms (which score \\boxed{} answers) on code stop the run at start, and so
-    does a code sandbox that cannot run a program on this machine."""
-    kinds = {bool(p.tests) for p in problems}
-    if len(kinds) > 1:
-        raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
-    code = kinds == {True}
-    if cfg.agents in CODE_ORGANISATIONS and not code:
-        raise SystemExit(f"--agents={cfg.agents!r} is a code organisation, but --{option} holds math problems: "
-                         "use --data code, humaneval or an MBPP-format file, or a math organisation (e.g. chain)")
-    if not code:
-        return
-    if cfg.agents in BUILTIN_ORGANISATIONS and cfg.agents not in CODE_ORGANISATIONS:
-        raise SystemExit(f"--agents={cfg.agents!r} asks for \\boxed{{}} answers, but --{option} holds code tasks: "
-                         f"use a code organisation ({', '.join(CODE_ORGANISATIONS)}) or a profile file")
-    rewarded = [a.role for a in load_organisation(cfg.agents, cfg.anonymous).agents if a.rewards]
-    if rewarded:
-        raise SystemExit(f"--agents={cfg.agents!r}: the per-role reward terms of {rewarded} score \\boxed{{}} answers, "
-                         "and a code task takes none: remove 'rewards' from the profile")
-    try:
-        works = sandbox.run_tests("x = 1\n", ["assert x == 1"]).outcome == sandbox.PASSED
-    except sandbox.SandboxError as err:
-        raise SystemExit(f"--{option} holds code tasks, but {err}") from None
-    if not works:
-        raise SystemExit(f"--{option} holds code tasks, but the code sandbox could not run a one-line program here")
-    if distributed.is_main():
-        print(f"[sandbox] programs run with isolation: {sandbox.isolation()} (README: The code sandbox)", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,13 @@ The protocol is gymnasium-like, with text observations and text actions:
 * `step(joint_action) -> (str, float, bool, dict)`: `joint_action` maps each agent's role
   name to its response text for this step. The environment returns the next observation
   (e.g. the problem plus feedback), the team reward R(s_t, a_t), whether the episode ended,
-  and an info dict with details (for the math environment: each graded role's outcome).
+  and an info dict. The trainer reads two keys of it: `correct` (the episode is solved) and
+  `outcomes` (each graded role's answer: "correct", "wrong", "unparseable" or "ungraded"),
+  and, where present, `role_rewards` (role → its per-role reward terms) and `program_outcomes`
+  (code); the rest is the environment's own (a task's metrics function reads it, tasks.py).
+
+Which environment plays an episode is the task's choice (tasks.py: `Task.make_env`): the built-in
+math task's is `MathEnv`, the code task's `CodeEnv`; a task of your own brings its own.
 
 Contents:
 * `problems` -- `Problem` rows, `extract_boxed`, `load_problems` (local JSON/JSONL files,

@@ -139,8 +139,10 @@ def test_mbpp_rows_become_code_tasks_and_bad_ones_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--agents", "coder"], "is a code organisation, but --data holds math problems"),
-    (["--agents", "chain", "--data", "code"], "asks for \\boxed{} answers, but --data holds code tasks"),
+    (["--agents", "coder"], "is an organisation of the code task, but the run's task is math"),
+    (["--agents", "chain", "--data", "code"], "is an organisation of the math task, but the run's task is code"),
+    (["--task", "code", "--agents", "coder"], "--data holds math problems, but the run's task is code"),
+    (["--task", "math", "--data", "code"], "--data holds code tasks (rows with tests), but the run's task is math"),
     (["--agents", "coder", "--data", "code", "--eval_data", "arithmetic"], "mixes code tasks"),
     (["--agents", "PROFILE", "--data", "code"], "score \\boxed{} answers, and a code task takes none"),
 ])

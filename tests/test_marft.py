@@ -13,6 +13,7 @@ import critic
 import marft
 import run
 from conftest import ROOT, SHARED_DATA
+from envs import make_arithmetic_problems
 from flex_pomdp import load_organisation
 from rollout import Rollout
 
@@ -43,7 +44,7 @@ def test_real_math_test_file_feeds_training_and_held_out_split():
 
 
 def test_iteration_batches_cover_the_train_set_each_epoch_and_replay_by_iteration():
-    problems = marft.make_arithmetic_problems("train", seed=3, levels=(1, 2))[:140]  # a whole number of batches of 10
+    problems = make_arithmetic_problems("train", seed=3, levels=(1, 2))[:140]  # a whole number of batches of 10
     per_epoch = len(problems) // 10
     seen = [p for k in range(per_epoch) for p in marft.iteration_batch(problems, 10, seed=3, iteration=k)]
     assert sorted(p.problem for p in seen) == sorted(p.problem for p in problems)

@@ -1,0 +1,364 @@
+"""Tasks as plug-ins: what the agents are trained on, and how one episode of it is scored.
+
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP": a task fixes the states (its
+problems), the transitions and the team reward R (the environment of one episode); the
+organisation (N agents, dependency function D) is chosen for it. README: "Adding a task".
+
+A `Task` is
+
+    name                   what --task, config.json and the messages call it
+    load(cfg)              → (train problems, held-out problems): two disjoint lists of envs.Problem
+    make_env(problem, cfg, context)
+                           → an envs.Environment playing one episode on one problem; `context`
+                             (EpisodeContext) holds the graded roles, the \\boxed{} grader and the
+                             profiles' per-role reward terms
+    organisations          optional: name → a profile (the profile file's JSON object, flex_pomdp)
+                           or a function that returns a flex_pomdp.Organisation; --agents names one
+                           of them (or a profile file)
+    default_organisation   optional: the organisation of a command line without --agents (default:
+                           the first of `organisations`)
+    metrics(infos)         optional: the info dicts of every step played → {name: value}, logged as
+                           charts/<name> (training rollouts) and eval/<name> (held-out, sampled)
+
+The registry `TASKS` maps names to Tasks. The built-in tasks are registered below through
+`register`, as a task of your own is when --task loads it:
+
+    math   --data arithmetic (generated, --arithmetic_levels), a MATH/GSM8K .jsonl/.json file or an
+           HF dataset id (`read_data`); MathEnv grades the graded agents' \\boxed{} answers
+    code   --data code (generated), humaneval or an MBPP-format file; CodeEnv runs the graded
+           agents' programs against the unit tests in the sandbox (metrics: program/<outcome>)
+
+--task takes a registered name, `package.module:name`, or `path/to/file.py[:name]` (without
+`:name`, the one Task the module defines). Left out, the task is chosen from --data as it was
+before tasks were plug-ins (`default_task_name`), so every earlier command line trains the same
+task with the same numbers.
+
+This module imports envs, flex_pomdp and distributed, none of which imports it: run.py, marft.py,
+rollout.py and evaluate.py ask it for the run's task (`task_of`) and organisation (`organisation_of`).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import distributed
+from envs import CodeEnv, Environment, Grader, MathEnv, Problem, load_problems, make_arithmetic_problems, make_code_problems
+from envs import sandbox
+from envs.code_problems import is_mbpp_row
+from flex_pomdp import (BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, load_organisation, make_anonymous,
+                        organisation_from_dict)
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What every environment of a rollout is built with, besides its problem and the Config."""
+
+    graded_roles: tuple[str, ...]  # whose answers the environment scores (with an orchestrator: "answer", the team's)
+    grader: Grader  # math-verify grading of \boxed{} answers with timeouts, one for the whole run
+    role_rewards: dict  # role → ((term, weight), ...): the per-role reward terms of the agents' profiles
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task (module docstring): its problems, the environment of one episode, and optionally its
+    organisations and metrics."""
+
+    name: str
+    load: Callable  # (cfg) → (train, held_out)
+    make_env: Callable  # (problem, cfg, context) → envs.Environment
+    organisations: Mapping = field(default_factory=dict)  # name → profile dict | () → Organisation
+    default_organisation: str = ""  # "": the first of `organisations`
+    metrics: Callable | None = None  # (infos: list[dict]) → {name: value}
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    """Add a task to the registry under its name and return it. A task that is not well formed, or
+    whose name another task holds, raises ValueError naming what to fix."""
+    if not isinstance(task, Task):
+        raise ValueError(f"a {type(task).__name__} is not a tasks.Task: build one with Task(name=..., load=..., make_env=...)")
+    if not isinstance(task.name, str) or not task.name or not task.name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"task name {task.name!r}: give a non-empty name of letters, digits, _ and -")
+    for part in ("load", "make_env"):
+        if not callable(getattr(task, part)):
+            raise ValueError(f"task {task.name}: {part} must be a function (the module docstring of tasks.py gives its signature)")
+    if task.metrics is not None and not callable(task.metrics):
+        raise ValueError(f"task {task.name}: metrics must be a function of the steps' info dicts, or None")
+    if not isinstance(task.organisations, Mapping) or not all(
+            isinstance(spec, dict) or callable(spec) for spec in task.organisations.values()):
+        raise ValueError(f"task {task.name}: organisations maps names to profiles (the profile file's JSON object) "
+                         "or to functions that return a flex_pomdp.Organisation")
+    if task.default_organisation and task.default_organisation not in task.organisations:
+        raise ValueError(f"task {task.name}: default_organisation {task.default_organisation!r} is none of its "
+                         f"organisations ({', '.join(task.organisations) or 'none'})")
+    if TASKS.get(task.name, task) is not task:
+        raise ValueError(f"a task named {task.name!r} is registered already: give yours another name")
+    TASKS[task.name] = task
+    return task
+
+
+def default_organisation(task: Task) -> str:
+    """The organisation of a command line without --agents: the task's default, else its first
+    ("" when it offers none: --agents must then name a profile file)."""
+    return task.default_organisation or next(iter(task.organisations), "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the run's task: a registered name, or a plug-in loaded from a module or a file
+# ---------------------------------------------------------------------------------------------
+
+def find_task(spec: str) -> Task:
+    """The task --task names: a registered name (math, code), `package.module:name`, or
+    `path/to/file.py[:name]`. A task loaded from a module or a file is registered; a spec that
+    names no task stops the run with a message naming the fix."""
+    if spec in TASKS:
+        return TASKS[spec]
+    return load_plugin(spec)
+
+
+@functools.cache  # one module object per spec, so the task it defines is registered once
+def load_plugin(spec: str) -> Task:
+    """Import the module or file of a --task spec and take its Task (module docstring)."""
+    source, _, name = spec.partition(":")
+    if source.endswith(".py") or "/" in source:
+        path = Path(source)
+        if not path.is_file():
+            raise SystemExit(f"--task={spec!r}: no such file {path}; give a .py file that defines a tasks.Task, "
+                             f"package.module:name, or a registered task ({', '.join(TASKS)})")
+        module_spec = importlib.util.spec_from_file_location(f"marft_task_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module  # as an import would: its dataclasses and pickles find it
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(source)
+        except ModuleNotFoundError as err:
+            if err.name is None or not (source == err.name or source.startswith(err.name + ".")):
+                raise  # the module exists and one of its own imports is missing: its traceback says which
+            raise SystemExit(f"--task={spec!r}: no registered task of that name ({', '.join(TASKS)}) and no module "
+                             f"{source!r} to import; a task of your own is package.module:name (its folder on "
+                             "PYTHONPATH) or path/to/file.py") from None
+    defined = {n: value for n, value in vars(module).items()
+               if isinstance(value, Task) and all(value is not other for other in TASKS.values())}
+    if name:
+        if not hasattr(module, name):
+            raise SystemExit(f"--task={spec!r}: {source} has no {name!r}"
+                             f"{'; its tasks: ' + ', '.join(defined) if defined else ' and defines no tasks.Task'}")
+        task = getattr(module, name)
+        if not isinstance(task, Task):
+            raise SystemExit(f"--task={spec!r}: {name} is not a tasks.Task ({type(task).__name__}); "
+                             "build it with Task(name=..., load=..., make_env=...) (README: Adding a task)")
+    elif len(defined) == 1:
+        task, = defined.values()
+    else:
+        raise SystemExit(f"--task={spec!r}: {source} defines "
+                         + (f"several tasks ({', '.join(defined)}): name one, {source}:<name>" if defined else
+                            "no tasks.Task: build one with Task(name=..., load=..., make_env=...) (README: Adding a task)"))
+    try:
+        return register(task)
+    except ValueError as err:
+        raise SystemExit(f"--task={spec!r}: {err}") from None
+
+
+def default_task_name(data: str, agents: str) -> str:
+    """The task of a command line without --task, as --data chose it before tasks were plug-ins:
+    code for --data code or humaneval, for a .jsonl/.json file whose first row is an MBPP-format
+    code task, and for an HF dataset id with a code organisation (--agents); math otherwise."""
+    if data in ("code", "humaneval"):
+        return "code"
+    if data.endswith((".jsonl", ".json")):
+        return "code" if first_row_is_code(Path(data)) else "math"
+    if data == "arithmetic" or data.startswith("arithmetic:"):
+        return "math"
+    return "code" if agents in CODE_ORGANISATIONS else "math"
+
+
+def first_row_is_code(path: Path) -> bool:
+    """Whether a data file's first row is an MBPP-format code task (False when the file cannot be
+    read: the task's load then says why)."""
+    try:
+        if path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as lines:
+                return is_mbpp_row(json.loads(next(line for line in lines if line.strip())))
+        return is_mbpp_row(json.loads(path.read_text(encoding="utf-8"))[0])
+    except (OSError, ValueError, StopIteration, LookupError, TypeError):
+        return False
+
+
+def task_of(cfg) -> Task:
+    """The run's task: --task, or the one --data chooses when --task is left out."""
+    return find_task(cfg.task or default_task_name(cfg.data, cfg.agents))
+
+
+def organisation_of(cfg) -> Organisation:
+    """The run's organisation: --agents names one of its task's organisations or a profile JSON
+    file (--anonymous: flex_pomdp.make_anonymous of it). Anything else stops the run, naming the
+    task's organisations."""
+    task, name = task_of(cfg), cfg.agents
+    offered = ", ".join(task.organisations) or "none"
+    if not name:
+        raise SystemExit(f"--agents: the {task.name} task offers no organisation of its own; give a profile JSON file")
+    if name not in task.organisations and not Path(name).is_file():
+        owner = next((other.name for other in TASKS.values() if name in other.organisations), None)
+        if owner:
+            raise SystemExit(f"--agents={name!r} is an organisation of the {owner} task, but the run's task is {task.name} "
+                             f"(--task, or --data when --task is left out): use --task {owner}, an organisation of the "
+                             f"{task.name} task ({offered}), or a profile JSON file")
+        raise SystemExit(f"--agents={name!r} is neither an organisation of the {task.name} task ({offered}) "
+                         "nor an existing profile JSON file")
+    try:
+        if name not in task.organisations:
+            return load_organisation(name, cfg.anonymous)
+        spec = task.organisations[name]
+        org = spec() if callable(spec) else organisation_from_dict(spec, f"task {task.name}, organisation {name!r}")
+        return make_anonymous(org) if cfg.anonymous else org
+    except ValueError as err:
+        raise SystemExit(f"--agents={name!r}: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trainer asks of a task, checked: problems, environments, step infos
+# ---------------------------------------------------------------------------------------------
+
+def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out problems) of `task.load(cfg)`, both non-empty lists of envs.Problem."""
+    loaded = task.load(cfg)
+    if not (isinstance(loaded, (tuple, list)) and len(loaded) == 2
+            and all(isinstance(part, (tuple, list)) and all(isinstance(p, Problem) for p in part) for part in loaded)):
+        raise SystemExit(f"task {task.name}: load(cfg) must return (train, held_out), two lists of envs.Problem; "
+                         f"it returned a {type(loaded).__name__}")
+    train, held_out = map(list, loaded)
+    if not train or not held_out:
+        raise SystemExit(f"task {task.name}: load(cfg) gave {len(train)} train and {len(held_out)} held-out problems; "
+                         "a run needs both")
+    return train, held_out
+
+
+def make_env(task: Task, problem: Problem, cfg, context: EpisodeContext) -> Environment:
+    """`task.make_env(problem, cfg, context)`, checked to be an envs.Environment."""
+    env = task.make_env(problem, cfg, context)
+    if not isinstance(env, Environment):
+        raise SystemExit(f"task {task.name}: make_env returned {type(env).__name__}, not an envs.Environment "
+                         "(an object with reset(seed) and step(joint_action))")
+    return env
+
+
+def check_step_info(task: Task, info) -> None:
+    """The info of env.step must say whether the episode is solved and how each graded answer was
+    judged (the envs.Environment protocol): the trainer counts both."""
+    missing = [key for key in ("correct", "outcomes") if key not in info] if isinstance(info, dict) else ["a dict"]
+    if missing:
+        raise SystemExit(f"task {task.name}: its environment's step() returned an info without {', '.join(missing)}: "
+                         "give {'correct': bool, 'outcomes': {graded role: 'correct' | 'wrong' | 'unparseable'}, ...}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in tasks: math and code, read from --data (and --eval_data)
+# ---------------------------------------------------------------------------------------------
+
+def read_data(cfg) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out) of --data: the generated tasks ("arithmetic", "code") split by seed, any
+    other source held out at its last eval_problems rows, unless --eval_data gives the held-out
+    problems. A source that cannot be read stops the run with one paragraph naming option, file
+    and line, and the fix."""
+    generated = cfg.data in ("arithmetic", "code")  # the project's own tasks, split by seed
+    if cfg.data == "arithmetic":
+        levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
+        train = make_arithmetic_problems("train", seed=cfg.seed, levels=levels)
+        held_out = make_arithmetic_problems("test", seed=cfg.seed, levels=levels)
+    elif cfg.data == "code":
+        train, held_out = make_code_problems("train", seed=cfg.seed), make_code_problems("test", seed=cfg.seed)
+    else:
+        train, held_out = read_problems("data", cfg.data, "train", cfg), []
+    if cfg.eval_data:
+        held_out = read_problems("eval_data", cfg.eval_data, "test", cfg)
+    elif not generated:
+        if len(train) <= cfg.eval_problems:
+            raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
+        train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
+    return train, held_out
+
+
+def read_problems(option: str, source: str, split: str, cfg) -> list[Problem]:
+    try:
+        return load_problems(source, split=split, seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        fix = "" if cfg.skip_malformed_rows else " (--skip_malformed_rows leaves malformed rows out with a warning naming each)"
+        raise SystemExit(f"--{option}={source!r}: {err}{fix}") from None
+
+
+def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
+    """The built-in tasks' data: math takes problems without tests, code only tasks with tests (and
+    no per-role reward terms, which score \\boxed{} answers, and a sandbox that runs here)."""
+    kinds = {bool(p.tests) for p in problems}
+    if len(kinds) > 1:
+        raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
+    if kinds == {True} and not code:
+        raise SystemExit(f"--{option} holds code tasks (rows with tests), but the run's task is math: use --task code "
+                         f"with a code organisation ({', '.join(CODE_ORGANISATIONS)})")
+    if not code:
+        return
+    if kinds == {False}:
+        raise SystemExit(f"--{option} holds math problems, but the run's task is code: use --data code, humaneval or an "
+                         "MBPP-format file, or --task math")
+    rewarded = [a.role for a in organisation_of(cfg).agents if a.rewards]
+    if rewarded:
+        raise SystemExit(f"--agents={cfg.agents!r}: the per-role reward terms of {rewarded} score \\boxed{{}} answers, "
+                         "and a code task takes none: remove 'rewards' from the profile")
+    try:
+        works = sandbox.run_tests("x = 1\n", ["assert x == 1"]).outcome == sandbox.PASSED
+    except sandbox.SandboxError as err:
+        raise SystemExit(f"--{option} holds code tasks, but {err}") from None
+    if not works:
+        raise SystemExit(f"--{option} holds code tasks, but the code sandbox could not run a one-line program here")
+    if distributed.is_main():
+        print(f"[sandbox] programs run with isolation: {sandbox.isolation()} (README: The code sandbox)", flush=True)
+
+
+def data_option(cfg) -> str:
+    return "data" if not cfg.eval_data else "data and --eval_data"
+
+
+def load_math(cfg) -> tuple[list[Problem], list[Problem]]:
+    """The math task's problems (`read_data`): generated arithmetic, MATH or GSM8K rows."""
+    train, held_out = read_data(cfg)
+    check_data(False, cfg, train + held_out, data_option(cfg))
+    return train, held_out
+
+
+def load_code(cfg) -> tuple[list[Problem], list[Problem]]:
+    """The code task's problems (`read_data`): the generated code task, HumanEval or MBPP rows."""
+    train, held_out = read_data(cfg)
+    check_data(True, cfg, train + held_out, data_option(cfg))
+    return train, held_out
+
+
+def math_env(problem: Problem, cfg, context: EpisodeContext) -> MathEnv:
+    return MathEnv(problem, context.grader, list(context.graded_roles), horizon=cfg.horizon,
+                   format_penalty=cfg.format_penalty, role_rewards=context.role_rewards)
+
+
+def code_env(problem: Problem, cfg, context: EpisodeContext) -> CodeEnv:
+    return CodeEnv(problem, list(context.graded_roles), horizon=cfg.horizon, all_or_nothing=cfg.code_all_or_nothing,
+                   role_rewards=context.role_rewards)
+
+
+def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
+    """program/<outcome>: the fraction of graded programs that ended each way (passed, failed, …)."""
+    ended = [outcome for info in infos for outcome in info.get("program_outcomes", {}).values()]
+    return {f"program/{outcome}": ended.count(outcome) / len(ended) for outcome in sandbox.OUTCOMES} if ended else {}
+
+
+MATH = register(Task("math", load_math, math_env, default_organisation="chain",
+                     organisations={n: build for n, build in BUILTIN_ORGANISATIONS.items() if n not in CODE_ORGANISATIONS}))
+CODE = register(Task("code", load_code, code_env, default_organisation="coder", metrics=program_outcome_rates,
+                     organisations={n: BUILTIN_ORGANISATIONS[n] for n in CODE_ORGANISATIONS}))
