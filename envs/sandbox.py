@@ -139,10 +139,10 @@ class TestReport:
         return next((k for k, t in enumerate(self.tests) if t != PASSED), None)
 
 
-# Standard-library modules the runner imports before it drops privileges in the guard mode: the
-# interpreter's own files may be readable by its owner only (a Python under /root), and then
-# `nobody` could import nothing new. (The namespace modes bind the interpreter's folder
-# world-readable, so nothing needs preloading there.)
+# Standard-library modules the runner imports before the guard is installed, in every mode: some
+# call sys._getframe while they load (namedtuple), which the guard refuses; and in the guard mode
+# the interpreter's own files may be readable by their owner only (a Python under /root), so that
+# `nobody` could import nothing new. A program may import any of these, or any module it can read.
 PRELOADED_MODULES = ["math", "cmath", "collections", "collections.abc", "itertools", "functools", "operator", "re",
                      "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "datetime", "copy",
                      "typing", "dataclasses", "enum", "json", "array", "textwrap", "unicodedata", "hashlib", "time"]
