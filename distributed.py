@@ -24,6 +24,10 @@ Per iteration:
     writing     rank 0 alone writes metrics, summaries and checkpoints; all ranks read a checkpoint
                 on --resume (several nodes need a shared file system for that).
 
+Devices: rank r of a node works on cuda:LOCAL_RANK (`rank_device`; NCCL between GPUs, gloo between
+CPUs), and every tensor collective goes through `all_reduce`, which carries the tensor to the
+backend's device and back, so a table kept on the CPU works under NCCL as under gloo.
+
 Reductions use SUM (and divide): ReduceOp.AVG exists only for NCCL and is wrong on gloo. DDP is
 not used: the active adapter changes at every agent's update, which DDP's fixed set of reduced
 parameters does not allow. Without the torchrun environment (WORLD_SIZE unset or 1) every
@@ -58,13 +62,60 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init(device: str, timeout_minutes: float) -> None:
-    """Join the process group torchrun describes (gloo on a CPU, NCCL on CUDA devices); a
-    collective that waits longer than `timeout_minutes` raises instead of hanging."""
-    if not launched_by_torchrun() or dist.is_initialized():
-        return
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
+def rank_device(requested: str, *, launched: bool, local_rank: int, local_ranks: int, gpus: int) -> str:
+    """The torch device of this rank for --device `requested` (a pure function of what it is given).
+
+        requested   one process                 under torchrun (rank `local_rank` of `local_ranks` on this node)
+        cpu         cpu                         cpu
+        auto        cuda:0, or cpu without GPU  cuda:LOCAL_RANK, or cpu without GPU
+        cuda        cuda:0                      cuda:LOCAL_RANK
+        cuda:k      cuda:k                      an error (every rank would share GPU k): use cuda
+
+    Raises ValueError (the message names the fix) for a GPU asked of a machine without one, a
+    cuda:k beyond the GPUs seen, and more ranks on a node than GPUs (NCCL refuses two ranks on one
+    GPU, and one GPU holding every rank's model is never what was meant)."""
+    if requested == "cpu" or (requested == "auto" and gpus == 0):
+        return "cpu"
+    if gpus == 0:
+        raise ValueError(f"--device {requested}: torch sees no GPU here; use --device cpu (or auto)")
+    if requested in ("auto", "cuda"):
+        if not launched:
+            return "cuda:0"
+        if local_ranks > gpus:
+            raise ValueError(f"{local_ranks} ranks on this node but torch sees {gpus} GPU(s): launch at most {gpus} "
+                             f"(NPROC={gpus}), one rank per GPU, or use --device cpu")
+        return f"cuda:{local_rank}"
+    index = requested.removeprefix("cuda:")
+    if not requested.startswith("cuda:") or not index.isdigit():
+        raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:k")
+    if launched:
+        raise ValueError(f"--device {requested} under torchrun would put every rank on GPU {index}: use --device cuda "
+                         "(rank r takes cuda:LOCAL_RANK; CUDA_VISIBLE_DEVICES picks which GPUs)")
+    if int(index) >= gpus:
+        raise ValueError(f"--device {requested}: torch sees {gpus} GPU(s), cuda:0 to cuda:{gpus - 1}")
+    return requested
+
+
+def device_of_this_rank(requested: str) -> str:
+    """rank_device for this process: torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE, the GPUs torch sees."""
+    return rank_device(requested, launched=launched_by_torchrun(), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                       local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                       gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def init(device: str, timeout_minutes: float) -> str:
+    """This rank's device (`device_of_this_rank`), made the current CUDA device before anything else
+    touches CUDA; then, under torchrun, join the process group: NCCL when the rank's device is a
+    GPU, gloo on a CPU. A collective that waits longer than `timeout_minutes` raises instead of
+    hanging. Returns the device."""
+    resolved = device_of_this_rank(device)
+    if resolved.startswith("cuda"):
+        torch.cuda.set_device(resolved)  # NCCL, vLLM and `cuda` without an index now mean this rank's GPU
+    if launched_by_torchrun() and not dist.is_initialized():
+        backend = "nccl" if resolved.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes),
+                                device_id=torch.device(resolved) if backend == "nccl" else None)
+    return resolved
 
 
 def local_threads(threads: int) -> int:
@@ -128,29 +179,41 @@ def broadcast_object(obj):
     return box[0]
 
 
+def backend_device() -> torch.device:
+    """Where the process group's collectives want their tensors: this rank's GPU for NCCL, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce(tensor: torch.Tensor, op=None) -> torch.Tensor:
+    """The one door to tensor collectives: reduce `tensor` over ranks (SUM by default) in place and
+    return it. The tensor goes to the backend's device (NCCL: this rank's GPU; gloo: the CPU) and
+    the result comes back to the tensor it came from, so callers hold tables wherever suits them.
+    A no-op without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    op = dist.ReduceOp.SUM if op is None else op
+    on_backend = tensor.to(backend_device())  # the same tensor when it is already there
+    dist.all_reduce(on_backend, op=op)
+    if on_backend is not tensor:
+        tensor.copy_(on_backend)
+    return tensor
+
+
 def sum_(tensor: torch.Tensor) -> torch.Tensor:
     """Σ over ranks, in place (and returned)."""
-    if world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
+    return all_reduce(tensor)
 
 
 def all_ranks(flag: bool) -> bool:
     """True when `flag` holds on every rank (e.g. every rank's loss is finite)."""
-    if world_size() == 1:
-        return flag
-    box = torch.tensor([0 if flag else 1], dtype=torch.long)
-    dist.all_reduce(box, op=dist.ReduceOp.SUM)
-    return int(box.item()) == 0
+    return int(all_reduce(torch.tensor([0 if flag else 1], dtype=torch.long)).item()) == 0
 
 
 def max_int(value: int) -> int:
     """The largest value over ranks."""
-    if world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()):
         return value
-    box = torch.tensor([value], dtype=torch.long)
-    dist.all_reduce(box, op=dist.ReduceOp.MAX)
-    return int(box.item())
+    return int(all_reduce(torch.tensor([value], dtype=torch.long), dist.ReduceOp.MAX).item())
 
 
 def sum_gradients(params: list[torch.Tensor]) -> None:
@@ -158,8 +221,7 @@ def sum_gradients(params: list[torch.Tensor]) -> None:
     if world_size() == 1:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]))
     offset = 0
     for p in params:
         p.grad = flat[offset : offset + p.numel()].view_as(p).clone()

@@ -118,12 +118,15 @@ from run import Config
 def train(cfg: Config) -> dict:
     """MARFT's algorithm box: one pass of the loop is one iteration, one call per phase.
     Under torchrun every rank runs it; distributed.py's docstring says how the work is split."""
-    distributed.init(cfg.device, cfg.dist_timeout_minutes)
+    device = distributed.init(cfg.device, cfg.dist_timeout_minutes)  # this rank's device, current before CUDA is touched
     torch.set_num_threads(distributed.local_threads(cfg.threads))
     run_lib.return_freed_memory()
     train_problems, held_out = load_task(cfg)
     run = run_lib.Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
+    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
+        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
+                   "its seconds and bytes do.", flush=True)
     pad = tokenizer.pad_token_id
     start = run.restore(model, value_heads, optimisers)
     sampling = agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
@@ -140,7 +143,7 @@ def train(cfg: Config) -> dict:
         progress = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc="MARFT", dynamic_ncols=True,
                         disable=not distributed.is_main())
         for iteration in progress:
-            timer, metrics = PhaseTimer(), {}
+            timer, metrics = PhaseTimer(device), {}
             rng = seed_iteration(cfg.seed, iteration)
             batch = iteration_batch(train_problems, cfg.batch_size, cfg.seed, iteration)
             episodes = [problem for problem in batch for _ in range(cfg.group_size)]  # episode b is in group b // G
@@ -608,20 +611,27 @@ def print_main(*args, **kwargs) -> None:
 
 class PhaseTimer:
     """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
-    Each phase ends by giving the memory it freed back to the OS (run.return_freed_memory)."""
+    Each phase ends by giving the memory it freed back to the OS (run.return_freed_memory), and on a
+    GPU by waiting for its kernels (CUDA runs asynchronously: else a phase's time lands in the
+    next one); there the iteration's peak GPU memory is perf/peak_gpu_memory_gib."""
 
-    def __init__(self):
-        self.started, self.seconds = time.perf_counter(), {}
+    def __init__(self, device: str = "cpu"):
+        self.started, self.seconds, self.cuda = time.perf_counter(), {}, device.startswith("cuda")
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
 
     @contextlib.contextmanager
     def __call__(self, phase: str):
         t0 = time.perf_counter()
         yield
+        if self.cuda:
+            torch.cuda.synchronize()
         run_lib.return_freed_memory()
         self.seconds[phase] = time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"time/{p}": s for p, s in self.seconds.items()}, "time/iteration": time.perf_counter() - self.started}
+        gpu = {"perf/peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if self.cuda else {}
+        return {**{f"time/{p}": s for p, s in self.seconds.items()}, "time/iteration": time.perf_counter() - self.started, **gpu}
 
 
 def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, returns: torch.Tensor, cfg: Config,
@@ -636,6 +646,9 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "charts/truncated_prompts": rollout.truncated_prompts,
         "grader/timeouts": rollout.ungraded,
         "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
+        # the (prompt + response) tokens each PPO epoch trains on, over the policy update's seconds
+        "perf/update_tokens_per_second": cfg.ppo_epochs * (generated_tokens + sum(map(len, rollout.prompt_ids)))
+                                         / max(timer.seconds.get("policy_update", 0.0), 1e-9),
         "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),
         **timer.metrics(),
         **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)

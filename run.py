@@ -52,7 +52,7 @@ from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS, sandbox
 class Config:
     # --- model and agents ---
     model: str = "smollm2"
-    """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, or a hub id"""
+    """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, a hub id, or random:<config.json> (that architecture with random weights, for speed and memory only: models/)"""
     agents: str = "chain"
     """organisation: one the task offers (math: single | chain | chain3 | chain4 | parallel | orchestrated; code: coder | planner_coder | coder_reviewer), or a profile JSON file (README); default: the task's default organisation (math: chain, code: coder)"""
     anonymous: bool = False
@@ -200,7 +200,7 @@ class Config:
     threads: int = 0
     """torch threads (0: all cores)"""
     device: str = "auto"
-    """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
+    """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:k; under torchrun auto and cuda give rank r cuda:LOCAL_RANK"""
     generation_batch_size: int = 64
     """prompts per generate() call"""
     forward_batch_size: int = 16
@@ -317,6 +317,19 @@ def resumed_config(cli: Config, argv: list[str]) -> Config:
     return saved
 
 
+def random_config_error(path: str) -> str | None:
+    """Why `path` cannot be a random model's config (None when it can)."""
+    if not Path(path).is_file():
+        return f"no such file {path!r}"
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{path!r} is not JSON ({error})"
+    if not isinstance(config, dict) or "model_type" not in config:
+        return f"{path!r} has no model_type: it is not a transformers model config"
+    return None
+
+
 def validate(cfg: Config) -> None:
     """Fail at start, naming the option, for every value that cannot work."""
     def need(ok: bool, option: str, message: str):
@@ -378,8 +391,14 @@ def validate(cfg: Config) -> None:
                                                    "and no signal: use --credit shared, equal or step_discount with d > 0")
         need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")
         need(cfg.critic_warmup_iterations == 0, "critic_warmup_iterations", "--advantage group builds no critic: use 0")
-    need(cfg.device == "auto" or cfg.device == "cpu" or (cfg.device.startswith("cuda") and torch.cuda.is_available()),
-         "device", "use auto, cpu, or cuda[:k] on a machine where torch sees a GPU")
+    try:  # this rank's device: a GPU that is there, one rank per GPU under torchrun
+        distributed.device_of_this_rank(cfg.device)
+    except ValueError as error:
+        need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
+    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
+        need(random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL)) is None, "model",
+             f"{random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))}: give random:<a transformers "
+             "config.json>, e.g. random:models/qwen2.5-0.5b.json (models/README.md)")
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
 
@@ -410,6 +429,8 @@ class Run:
             if self.writes:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 recorded = {"sandbox/isolation": sandbox.decided_isolation()} if sandbox.decided_isolation() else {}
+                if cfg.model.startswith(agents_lib.RANDOM_MODEL):
+                    recorded["model/weights"] = "random: its accuracies mean nothing, its seconds and bytes do"
                 (self.dir / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), **recorded}, indent=2))
         if self.writes:
             print(f"run folder: {self.dir}", flush=True)

@@ -35,7 +35,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
     import agents
 
-    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)

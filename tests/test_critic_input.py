@@ -44,7 +44,7 @@ V_UNSEEN, V_AFTER_RIGHT, V_AFTER_WRONG = 0.3, 0.9, 0.4
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    return AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
 
 
 def scripted_solvers(tokenizer):

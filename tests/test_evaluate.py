@@ -266,7 +266,7 @@ def test_greedy_only_evaluations_skip_the_sampled_episodes():
     from envs import Grader
     from rollout import heldout_metrics
 
-    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
     calls = []  # (prompts, temperature) of each generate call
 
     def scripted(prompt_ids, adapter, sampling):  # greedy answers right (5), samples wrong (4)

@@ -153,7 +153,7 @@ ANSWERS = {"What is 1 + 1?": "2", "What is 2 + 2?": "4", "What is 3 + 3?": "6", 
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    return AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
 
 
 def scripted_generator(tokenizer):

@@ -82,7 +82,7 @@ def test_training_and_rollouts_on_a_builtin_task_go_through_the_registry(monkeyp
     cfg = run_lib.parse_args(["--agents", "single", "--eval_problems", "3", "--arithmetic_levels", "1"])
     train, held_out = marft.load_task(cfg)
     assert loaded == [cfg] and len(held_out) == 3 and train == make_arithmetic_problems("train", seed=1, levels=(1,))
-    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_model_folder())
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
     answers = [re.search(r"What is (\d) \+ (\d)\?", p.problem).groups() for p in held_out]
     texts = [f"\\boxed{{{int(a) + int(b)}}}" for a, b in answers]
     with Grader() as grader:
