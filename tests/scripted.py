@@ -6,7 +6,24 @@ import re
 import agents
 
 
-class ScriptedTeam:
+class ScriptedBackend:
+    """A generation backend's interface (agents.HFGenerator's) with nothing to sync, free or close:
+    a scripted backend only writes `generate`."""
+
+    def sync(self, model):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class ScriptedTeam(ScriptedBackend):
     """A generation backend whose orchestrator calls the planner first on even answers, then the
     solver, then finishes (odd answers: solver, finish), and whose solver is right on answers not
     divisible by 3: realised sequences of 3 and 5 actions, rewards 0 and 1. The tiny model's
@@ -30,12 +47,6 @@ class ScriptedTeam:
             else:
                 texts.append(f"\\boxed{{{answer if answer % 3 else answer + 1}}}")
         return scripted_actions(self.tokenizer, texts)
-
-    def sync(self, model):
-        pass
-
-    def close(self):
-        pass
 
 
 def scripted_actions(tokenizer, texts: list[str]) -> agents.Actions:

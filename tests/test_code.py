@@ -14,7 +14,7 @@ from envs.code_problems import CODE_TEST_FRACTION
 from envs import sandbox
 from envs.sandbox import run_tests
 from flex_pomdp import CODE_ORGANISATIONS, load_organisation
-from scripted import scripted_actions
+from scripted import ScriptedBackend, scripted_actions
 
 ADD_3 = Problem("Write `add_3(x)`.", "", "add", "code",
                 tests=("assert add_3(0) == 3", "assert add_3(1) == 4", "assert add_3(-3) == 0", "assert add_3(10) == 13"))
@@ -166,7 +166,7 @@ def scripted_outcome(problem) -> str:
     return "no_program" if k % 5 == 0 else "failed" if k % 2 else "passed"
 
 
-class ScriptedCoder:
+class ScriptedCoder(ScriptedBackend):
     """A generation backend that answers each generated code task as `scripted_outcome` says."""
 
     def __init__(self, tokenizer):
@@ -181,12 +181,6 @@ class ScriptedCoder:
             program = problem.solution if outcome == "passed" else f"def {function_name(problem)}(x):\n    return None\n"
             texts.append("I do not know." if outcome == "no_program" else f"```python\n{program}```")
         return scripted_actions(self.tokenizer, texts)
-
-    def sync(self, model):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_a_code_run_counts_program_outcomes_in_training_and_evaluation(tiny_model_dir, tmp_path, monkeypatch):

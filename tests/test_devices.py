@@ -254,3 +254,90 @@ def test_gpu_check_without_cuda_stops_with_one_line(tmp_path):
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2, lines
     assert len(lines) == 1 and "needs a GPU" in lines[0] and "torch sees no CUDA device" in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM colocated on the GPU: sleep mode, dummy weights for random models, one LoRA slot per agent
+# ---------------------------------------------------------------------------------------------
+
+def test_the_vllm_engine_is_asked_for_sleep_mode_dummy_weights_and_a_lora_slot_per_agent(monkeypatch, tmp_path):
+    """What VLLMGenerator hands vLLM's LLM (arguments of vLLM 0.32.0, the version both installs
+    pin), with the engine itself faked: this machine has no GPU to sleep on."""
+    vllm = pytest.importorskip("vllm")
+    calls = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            calls.append(("init", kwargs))
+
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+        def wake_up(self):
+            calls.append(("wake_up", None))
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    engine = agents.VLLMGenerator("folder", ["policy_planner", "policy_solver"], 16, stop_ids=[2], seed=0, max_model_len=256,
+                                  dtype="bfloat16", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False,
+                                  sync_root=tmp_path, threads=1, sleep_mode=True, random_weights=True)
+    kwargs = calls[0][1]
+    assert kwargs["enable_sleep_mode"] is True and kwargs["load_format"] == "dummy"
+    assert kwargs["enable_lora"] is True and kwargs["max_loras"] == 2 and kwargs["max_lora_rank"] == 16
+    assert kwargs["gpu_memory_utilization"] == 0.3
+    engine.sleep()
+    engine.wake_up()
+    assert calls[1:] == [("sleep", 1), ("wake_up", None)]
+    calls.clear()
+    quiet = agents.VLLMGenerator("folder", ["policy"], 20, stop_ids=[2], seed=0, max_model_len=256, dtype="bfloat16",
+                                 gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False, sync_root=tmp_path,
+                                 threads=1)
+    assert calls[0][1]["enable_sleep_mode"] is False and calls[0][1]["load_format"] == "auto"
+    assert calls[0][1]["max_lora_rank"] == 32  # the next rank vLLM serves
+    quiet.sleep()
+    quiet.wake_up()
+    assert len(calls) == 1  # without sleep mode the engine stays as it is
+
+
+def test_the_loop_puts_the_engine_to_sleep_from_the_rollout_to_the_adapter_sync(tiny_model_dir, tmp_path, monkeypatch):
+    """The generator sleeps right after the rollout and wakes before the updated adapters are
+    synced: nothing generates while it sleeps, and every generation after it finds it awake."""
+    events = []
+    real_make_backend = agents.make_backend
+
+    class Recording:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def generate(self, *args):
+            events.append("generate")
+            return self.backend.generate(*args)
+
+        def sleep(self):
+            events.append("sleep")
+
+        def wake_up(self):
+            events.append("wake_up")
+
+        def sync(self, model):
+            events.append("sync")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(marft.agents_lib, "make_backend", lambda *a, **k: Recording(real_make_backend(*a, **k)))
+    cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--batch_size", "2", "--max_new_tokens", "4",
+                              "--eval_problems", "2", "--eval_samples", "1", "--iterations", "2", "--threads", "1",
+                              "--output_dir", str(tmp_path), "--run_name", "sleep"])
+    marft.train(cfg)
+    compact = [e for k, e in enumerate(events) if k == 0 or e != events[k - 1]]  # runs of generate → one
+    assert compact == ["generate", "sleep", "wake_up", "sync", "generate", "sleep", "wake_up", "sync", "generate"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--vllm_sleep"], "add --backend vllm"),
+    (["--vllm_sleep", "--backend", "vllm"], "needs a GPU (CUDA)"),
+])
+def test_vllm_sleep_where_it_cannot_work_stops_at_start(argv, words):
+    with pytest.raises(SystemExit) as stop:
+        run_lib.parse_args(argv)
+    assert str(stop.value).startswith("--vllm_sleep=True: ") and words in str(stop.value)

@@ -18,7 +18,7 @@ from conftest import ROOT
 from envs import CodeEnv, Grader, MathEnv, Problem, make_arithmetic_problems, make_code_problems
 from flex_pomdp import load_organisation
 from rollout import play_episodes
-from scripted import scripted_actions
+from scripted import ScriptedBackend, scripted_actions
 
 EXAMPLE = str(ROOT / "examples" / "units.py")  # one spec for the whole session: a file is loaded once per spec
 
@@ -202,7 +202,7 @@ def scripted_answer(problem_text: str) -> tuple[str, float]:
     return f"\\boxed{{{amount}}}", 1 - 1 / factor
 
 
-class ScriptedConverter:
+class ScriptedConverter(ScriptedBackend):
     """A generation backend that answers each units problem as `scripted_answer` says."""
 
     def __init__(self, tokenizer):
@@ -212,12 +212,6 @@ class ScriptedConverter:
         assert adapter == "policy_converter"
         texts = [scripted_answer(self.tokenizer.decode(ids).rsplit("Problem: ", 1)[1])[0] for ids in prompt_ids]
         return scripted_actions(self.tokenizer, texts)
-
-    def sync(self, model):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_the_example_trains_with_task_resumes_and_evaluate_reuses_its_task(tiny_model_dir, tmp_path, monkeypatch):
