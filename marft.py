@@ -5,7 +5,8 @@ file is the algorithm box (`train`) and its phases; the README's "Paper ↔ code
 equation to the function that computes it. The other modules:
 
     flex_pomdp.py  agents N, dependency function D, σ, unrolled observations ô
-    agents.py      base model, one LoRA adapter per agent, generation backends, log π^i(a | ô)
+    agents.py      base model, one LoRA adapter per agent, log π^i(a | ô)
+    generation.py  sampling a^j ~ π^j: the hf and vLLM backends
     critic.py      shared critic V_φ(o_t ⊕ a_{t,<k}) (LoRA adapter + value head)
     ppo.py         credit assignment, GAE, losses, agent-by-agent schedule (pure tensor math)
     rollout.py     agents playing episodes in σ order; held-out metrics
@@ -94,11 +95,11 @@ Usage: python marft.py --help
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -106,6 +107,7 @@ from tqdm import tqdm
 import agents as agents_lib
 import critic as critic_lib
 import distributed
+import generation
 import ppo
 import run as run_lib
 import tasks
@@ -118,41 +120,27 @@ from run import Config
 def train(cfg: Config) -> dict:
     """MARFT's algorithm box: one pass of the loop is one iteration, one call per phase.
     Under torchrun every rank runs it; distributed.py's docstring says how the work is split."""
-    device = distributed.init(cfg.device, cfg.dist_timeout_minutes)  # this rank's device, current before CUDA is touched
-    torch.set_num_threads(distributed.local_threads(cfg.threads))
-    run_lib.return_freed_memory()
-    train_problems, held_out = load_task(cfg)
-    run = run_lib.Run(cfg)
-    org, model, tokenizer, value_heads, optimisers = build(cfg)
-    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
-                   "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
-                                                  "charts/rollout_logprob_gap is large by design." if cfg.backend == "vllm"
-                                                  else ""), flush=True)
-    pad = tokenizer.pad_token_id
-    start = run.restore(model, value_heads, optimisers)
-    sampling = agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
-    backend = agents_lib.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
-                                      fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
-
+    job = set_up(cfg)  # device, task, run folder, model with every adapter, critic, optimisers, generator; resumed state
+    org, model, value_heads, optimisers, backend = job.org, job.model, job.value_heads, job.optimisers, job.backend
+    pad = job.tokenizer.pad_token_id
     with Grader() as grader, contextlib.closing(backend):
-        evaluate_heldout = lambda greedy_only=False: heldout_metrics(backend.generate, tokenizer, org, held_out, grader,
-                                                                     cfg, greedy_only)[0]
-        if start == 0:
-            print_main(f"held-out evaluation before training: {len(held_out)} problems × {cfg.eval_samples} samples"
-                  f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
-            run.log(0, evaluate_heldout())
-        progress = tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc="MARFT", dynamic_ncols=True,
-                        disable=not distributed.is_main())
+        evaluate = lambda greedy_only=False: heldout_metrics(backend.generate, job.tokenizer, org, job.held_out, grader, cfg,
+                                                             greedy_only)[0]
+        if job.start == 0:
+            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
+                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
+            job.run.log(0, evaluate())
+        progress = tqdm(range(job.start, cfg.iterations), initial=job.start, total=cfg.iterations, desc="MARFT",
+                        dynamic_ncols=True, disable=not distributed.is_main())
         for iteration in progress:
-            timer, metrics = PhaseTimer(device), {}
+            timer, metrics = PhaseTimer(job.device), {}
             rng = seed_iteration(cfg.seed, iteration)
-            batch = iteration_batch(train_problems, cfg.batch_size, cfg.seed, iteration)
+            batch = iteration_batch(job.train_problems, cfg.batch_size, cfg.seed, iteration)
             episodes = [problem for problem in batch for _ in range(cfg.group_size)]  # episode b is in group b // G
 
             # 1. Rollout: every agent acts on its unrolled observation ô^j_t, in σ order.
             with timer("rollout"):
-                rollout = run_episodes(backend.generate, tokenizer, org, episodes, grader, sampling, cfg)
+                rollout = run_episodes(backend.generate, job.tokenizer, org, episodes, grader, job.sampling, cfg)
             backend.sleep()  # --vllm_sleep: the engine's GPU memory is the updates' until wake_up
             # 2. Old log-probs log π^i_old and values V_φ (no values without a critic), on the rollout's prompt ids
             #    (the critic's: o_t ⊕ every earlier action of the step).
@@ -177,24 +165,79 @@ def train(cfg: Config) -> dict:
                 backend.sync(model)
 
             # 6. Held-out evaluation, metrics, checkpoint.
-            done_iterations = iteration + 1
-            out_of_time = distributed.broadcast_object(cfg.time_limit_minutes > 0 and run.elapsed() >= 60 * cfg.time_limit_minutes)
+            out_of_time = distributed.broadcast_object(cfg.time_limit_minutes > 0 and job.run.elapsed() >= 60 * cfg.time_limit_minutes)
             with timer("eval"):
-                if done_iterations == cfg.iterations or out_of_time:
-                    metrics |= evaluate_heldout()
-                elif cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
-                    metrics |= evaluate_heldout(greedy_only=True)
+                metrics |= scheduled_evaluation(cfg, iteration + 1, out_of_time, evaluate)
             metrics |= iteration_metrics(org, rollout, old, returns, cfg, timer)
-            metrics["time/elapsed"] = elapsed = run.elapsed()
-            run.log(done_iterations, metrics)
-            run.save_checkpoint(done_iterations, model, value_heads, optimisers, elapsed)
-            progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{run.latest_accuracy():.2f}")
+            log_and_checkpoint(job, iteration + 1, metrics, progress)
             if out_of_time:
-                print_main(f"\ntime limit of {cfg.time_limit_minutes} min reached after iteration {done_iterations}", flush=True)
+                print_main(f"\ntime limit of {cfg.time_limit_minutes} min reached after iteration {iteration + 1}", flush=True)
                 break
-    summary = run.finish()
+    summary = job.run.finish()
     distributed.close()
     return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Setting up, and the end of an iteration
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    """What the loop of `train` works with, made once by `set_up`."""
+
+    device: str  # this rank's torch device
+    run: run_lib.Run  # the run folder: config, metrics log, checkpoints
+    train_problems: list[Problem]
+    held_out: list[Problem]
+    org: Organisation  # agents N, dependency function D, order σ
+    model: object  # PeftModel: the base model with every policy and critic adapter
+    tokenizer: object
+    value_heads: torch.nn.ModuleDict
+    optimisers: dict  # one Adam per adapter (a critic's also owns its value head)
+    backend: object  # the generator: generation.HFGenerator or generation.VLLMGenerator
+    sampling: generation.Sampling
+    start: int  # the first iteration to run: 0, or a resumed run's checkpoint
+
+
+def set_up(cfg: Config) -> Job:
+    """This rank's device (current before anything touches CUDA), the task's problems, the run
+    folder, the model with its adapters, critic and optimisers (restored from the last checkpoint
+    with --resume), and the generation backend serving the adapters."""
+    device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
+    torch.set_num_threads(distributed.local_threads(cfg.threads))
+    run_lib.return_freed_memory()
+    train_problems, held_out = load_task(cfg)
+    run = run_lib.Run(cfg)
+    org, model, tokenizer, value_heads, optimisers = build(cfg)
+    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
+        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
+                   "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
+                                                  "charts/rollout_logprob_gap is large by design." if cfg.backend == "vllm"
+                                                  else ""), flush=True)
+    start = run.restore(model, value_heads, optimisers)
+    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
+                                      fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
+    return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
+               generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), start)
+
+
+def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:
+    """The held-out metrics due after `done_iterations`: the full evaluation (pass@k and greedy) after
+    the last iteration or when time is up, greedy only every eval_interval iterations, else none."""
+    if done_iterations == cfg.iterations or out_of_time:
+        return evaluate()
+    if cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
+        return evaluate(greedy_only=True)
+    return {}
+
+
+def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) -> None:
+    """Log the iteration's metrics (with the run's elapsed time) and write its atomic checkpoint."""
+    metrics["time/elapsed"] = elapsed = job.run.elapsed()
+    job.run.log(done_iterations, metrics)
+    job.run.save_checkpoint(done_iterations, job.model, job.value_heads, job.optimisers, elapsed)
+    progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{job.run.latest_accuracy():.2f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,50 +368,20 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
 def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor, happo_weight: torch.Tensor,
                  samples: torch.Tensor, label: str, adapter: str, cfg: Config, optimiser, rng: torch.Generator) -> dict:
     """PPO epochs of one agent (adapter θ^i, metrics under `label`) on its own samples [n]: minimise
-    −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · entropy + c_KL · KL(π ‖ π_ref). A minibatch whose
-    approximate KL exceeds target_kl ends the agent's epochs before its optimiser step."""
+    `agent_objective` over minibatches. A minibatch whose approximate KL to π_old exceeds
+    target_kl ends the agent's epochs before its optimiser step."""
     params = agents_lib.adapter_parameters(model, adapter)
-    episode, step = torch.tensor(rollout.episode), torch.tensor(rollout.step)
     # Advantage normalisation per agent over its real decisions (explicit mask); group advantages
     # are normalised within their groups already.
     agent_adv = (advantages[samples] if cfg.advantage == "group"
-                 else ppo.normalize_advantages(advantages[samples], old.mask[samples]))
+                 else ppo.normalize_advantages(advantages[samples], old.mask[samples]))  # [n, L]
+    weight = happo_weight[torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]].unsqueeze(-1)  # M, [n, 1]
+    objective = lambda rows, new: agent_objective(new, old, samples[rows], agent_adv[rows], weight[rows], cfg)
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
-            chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
-            minibatch_mask, minibatch_tokens = old.mask[samples[minibatch]], old.token_mask[samples[minibatch]]
             optimiser.zero_grad(set_to_none=True)
-            kl, logged, finite = torch.zeros(()), defaultdict(float), True
-            # Gradient accumulation: each micro-batch adds its share of the minibatch's loss. The
-            # prompt prefix an agent's rows share runs once for all its micro-batches, and the
-            # gradient through it goes back once after them (one agent's prefix alive at a time).
-            for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
-                prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
-                for micro in agent_micro_batches:
-                    rows = chunk[micro]
-                    batch = samples[rows]
-                    new = decision_logprobs(model, pad, rollout, batch, adapter, cfg, prefix)
-                    new_lp, width = new.logprob, new.logprob.shape[1]  # [n, L'] with L' ≤ L: the rows' longest response
-                    old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
-                    share = rank_share(mask, minibatch_mask, counted)  # its decisions / the minibatch's
-                    kl = kl + ppo.approx_kl(new_lp.detach(), old_lp, mask) * share
-                    weight = happo_weight[episode[batch], step[batch]].unsqueeze(-1)  # M of each sample's joint action, [n, 1]
-                    loss, s = ppo.clipped_surrogate_loss(new_lp, old_lp, agent_adv[rows, :width], mask, cfg.clip_eps, weight)
-                    entropy_mean = ppo.masked_mean(new.entropy, mask)
-                    total = (loss - cfg.ent_coef * entropy_mean) * share
-                    for key, value in (("policy_loss", loss.item()), ("approx_kl", s["approx_kl"]),
-                                       ("clip_fraction", s["clip_fraction"]), ("entropy", entropy_mean.item())):
-                        logged[key] += value * share
-                    if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
-                        tokens = new.token_logprob.shape[1]
-                        token_mask = old.token_mask[batch, :tokens]
-                        kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], token_mask)
-                        token_share = rank_share(token_mask, minibatch_tokens, counted)
-                        total = total + cfg.kl_coef * kl_ref * token_share
-                        logged["kl_to_reference"] += kl_ref.item() * token_share
-                    finite = accumulate_gradient(total) and finite
-                agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
+            kl, logged, finite = minibatch_gradient(model, pad, rollout, old, samples, minibatch, adapter, cfg, objective)
             if cfg.target_kl > 0 and distributed.sum_(kl).item() > cfg.target_kl:  # the minibatch's KL, on every rank
                 optimiser.zero_grad(set_to_none=True)
                 stopped = True  # checked before the step it would waste
@@ -386,6 +399,74 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     stats[f"losses/early_stopped/{label}"] = float(stopped)
     stats[f"losses/nonfinite_steps/{label}"] = stop_if_diverged(len(history["nonfinite_steps"]), label, cfg)
     return stats
+
+
+class ObjectiveTerms(NamedTuple):
+    """One micro-batch's objective as masked means (`agent_objective`), and what is logged of it."""
+
+    per_decision: torch.Tensor  # −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H, a mean over decisions
+    per_token: torch.Tensor | None  # c_KL · KL(π ‖ π_ref), a mean over tokens (None without kl_coef)
+    kl_to_old: torch.Tensor  # approximate KL(π_old ‖ π) over decisions: the early stop's
+    decision_stats: dict  # policy_loss, approx_kl, clip_fraction, entropy (means over decisions)
+    token_stats: dict  # kl_to_reference (a mean over tokens), with kl_coef > 0
+
+
+def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch.Tensor, advantage: torch.Tensor,
+                    weight: torch.Tensor, cfg: Config) -> ObjectiveTerms:
+    """Agent i's objective on the samples `batch` [n], to minimise (the paper's clipped surrogate
+    with HAPPO's M, an entropy bonus and a KL penalty to the reference policy):
+
+        L = −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H[π^i] + c_KL · KL(π^i ‖ π_ref),   ρ = π^i / π^i_old
+
+    new: the agent's log-probs of the samples under its current adapter; advantage Â [n, L];
+    weight M [n, 1]."""
+    width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
+    old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
+    loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight)
+    entropy = ppo.masked_mean(new.entropy, mask)
+    decision_stats = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
+                      "entropy": entropy.item()}
+    per_token, token_stats = None, {}
+    if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
+        tokens = new.token_logprob.shape[1]
+        kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], old.token_mask[batch, :tokens])
+        per_token, token_stats = cfg.kl_coef * kl_ref, {"kl_to_reference": kl_ref.item()}
+    return ObjectiveTerms(loss - cfg.ent_coef * entropy, per_token, ppo.approx_kl(new.logprob.detach(), old_lp, mask),
+                          decision_stats, token_stats)
+
+
+def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, minibatch: torch.Tensor,
+                       adapter: str, cfg: Config, objective) -> tuple[torch.Tensor, dict, bool]:
+    """Accumulate the gradient of the minibatch's objective into the adapter's .grad: the machinery
+    that makes one minibatch fit in memory and across ranks. This rank's rows (distributed.rows_of)
+    in micro-batches of at most micro_batch_tokens; the prompt prefix one agent's rows share run
+    once for all its micro-batches, its gradient sent back once after them; every micro-batch's
+    means weighted by its share of the minibatch's, so the sum over micro-batches and ranks is the
+    minibatch's mean. `objective(rows, new)` gives the ObjectiveTerms of positions `rows` of
+    `samples`. Returns (this rank's share of the KL to π_old, the logged means, every loss finite)."""
+    chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
+    minibatch_mask, minibatch_tokens = old.mask[samples[minibatch]], old.token_mask[samples[minibatch]]
+    kl, logged, finite = torch.zeros(()), defaultdict(float), True
+    for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
+        prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
+        for micro in agent_micro_batches:
+            rows = chunk[micro]
+            batch = samples[rows]
+            new = decision_logprobs(model, pad, rollout, batch, adapter, cfg, prefix)
+            terms = objective(rows, new)
+            share = rank_share(old.mask[batch, : new.logprob.shape[1]], minibatch_mask, counted)  # its decisions / the minibatch's
+            kl = kl + terms.kl_to_old * share
+            total = terms.per_decision * share
+            for key, value in terms.decision_stats.items():
+                logged[key] += value * share
+            if terms.per_token is not None:
+                token_share = rank_share(old.token_mask[batch, : new.token_logprob.shape[1]], minibatch_tokens, counted)
+                total = total + terms.per_token * token_share
+                for key, value in terms.token_stats.items():
+                    logged[key] += value * token_share
+            finite = accumulate_gradient(total) and finite
+        agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
+    return kl, logged, finite
 
 
 @torch.no_grad()

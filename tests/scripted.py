@@ -3,11 +3,11 @@ whatever the sampling noise, the process or the rank that plays it (tests/test_o
 tests/test_distributed.py and the torchrun worker tests/distributed_worker.py use it)."""
 import re
 
-import agents
+import generation
 
 
 class ScriptedBackend:
-    """A generation backend's interface (agents.HFGenerator's) with nothing to sync, free or close:
+    """A generation backend's interface (generation.HFGenerator's) with nothing to sync, free or close:
     a scripted backend only writes `generate`."""
 
     def sync(self, model):
@@ -49,7 +49,7 @@ class ScriptedTeam(ScriptedBackend):
         return scripted_actions(self.tokenizer, texts)
 
 
-def scripted_actions(tokenizer, texts: list[str]) -> agents.Actions:
+def scripted_actions(tokenizer, texts: list[str]) -> generation.Actions:
     """The token ids of each text followed by EOS, as a backend returns them (log-probs 0)."""
     ids = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in texts]
-    return agents.Actions(ids, [[0.0] * len(x) for x in ids])
+    return generation.Actions(ids, [[0.0] * len(x) for x in ids])

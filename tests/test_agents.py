@@ -4,6 +4,7 @@ import torch
 
 import agents
 import critic
+import generation
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -85,7 +86,7 @@ def test_update_of_one_agent_leaves_the_other_bit_identical(setup):
 
 def test_greedy_generation_is_argmax_and_stops_at_eos(setup):
     model, tokenizer, _ = setup
-    responses = agents.generate(model, tokenizer, PROMPTS, "planner", agents.Sampling(0.0, 1.0, 6), batch_size=3).token_ids
+    responses = generation.generate(model, tokenizer, PROMPTS, "planner", generation.Sampling(0.0, 1.0, 6), batch_size=3).token_ids
     for prompt, response in zip(PROMPTS, responses):
         assert 1 <= len(response) <= 6
         assert tokenizer.eos_token_id not in response[:-1]  # cut at (and including) the first EOS
@@ -99,11 +100,11 @@ def test_greedy_generation_is_argmax_and_stops_at_eos(setup):
 
 def test_sampling_is_reproducible_with_the_seed(setup):
     model, tokenizer, _ = setup
-    sampling = agents.Sampling(1.0, 1.0, 5)
+    sampling = generation.Sampling(1.0, 1.0, 5)
     torch.manual_seed(7)
-    first = agents.generate(model, tokenizer, PROMPTS, "solver", sampling, batch_size=2)
+    first = generation.generate(model, tokenizer, PROMPTS, "solver", sampling, batch_size=2)
     torch.manual_seed(7)
-    second = agents.generate(model, tokenizer, PROMPTS, "solver", sampling, batch_size=2)
+    second = generation.generate(model, tokenizer, PROMPTS, "solver", sampling, batch_size=2)
     assert first == second
 
 
@@ -113,7 +114,7 @@ def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperatu
     in the generation batch must not shift them)."""
     model, tokenizer, _ = setup
     torch.manual_seed(3)
-    actions = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(temperature, 1.0, 5), batch_size=3)
+    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(temperature, 1.0, 5), batch_size=3)
     for prompt, response, logprobs in zip(PROMPTS, actions.token_ids, actions.logprobs):
         assert len(logprobs) == len(response)
         with agents.active_adapter(model, "solver"), torch.no_grad():
@@ -205,7 +206,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_a
         logprob.sum().backward()
         assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
         assert not any(layer.training for layer in base.model.layers)
-        greedy = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(0.0, 1.0, 4), 3).token_ids
+        greedy = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(0.0, 1.0, 4), 3).token_ids
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, greedy
 
     plain, plain_greedy = gradients(False)
@@ -219,8 +220,8 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_a
 @pytest.mark.parametrize("allowed, threads, expected", [({0, 1}, 2, "0-1"), ({4, 5, 6, 7}, 2, "4-5"),
                                                         ({2, 5, 9}, 3, "2,5,9"), ({3}, 4, "3")])
 def test_vllm_cpu_binding_uses_the_cores_this_process_may_run_on(monkeypatch, allowed, threads, expected):
-    monkeypatch.setattr(agents.os, "sched_getaffinity", lambda pid: allowed)
-    assert agents.cpu_binding(threads) == expected
+    monkeypatch.setattr(generation.os, "sched_getaffinity", lambda pid: allowed)
+    assert generation.cpu_binding(threads) == expected
 
 
 def test_logprobs_keep_the_models_own_logit_processing(tmp_path):
@@ -261,9 +262,9 @@ def test_the_models_generation_config_does_not_change_the_rollout_distribution(t
         base.lm_head.weight.data.mul_(30.0)  # peaked distributions, so that the settings would bind
         torch.manual_seed(0)
         model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
-        greedy = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(0.0, 1.0, 12), batch_size=3)
+        greedy = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(0.0, 1.0, 12), batch_size=3)
         torch.manual_seed(5)
-        sampled = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(1.0, 1.0, 12), batch_size=3)
+        sampled = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 1.0, 12), batch_size=3)
         runs[name] = (greedy.token_ids, sampled.token_ids, sampled.logprobs)
     greedy_ids = runs["plain"][0]
     assert any(len(set(r)) < len(r) for r in greedy_ids)  # greedy repeats tokens: no_repeat_ngram_size would bind
@@ -327,7 +328,7 @@ def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_
     the vocabulary and the gap about log 2)."""
     model, tokenizer, _ = setup
     torch.manual_seed(5)
-    actions = agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(1.0, 0.5, 4), batch_size=3)
+    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 0.5, 4), batch_size=3)
     whole, _, _ = agents.token_logprobs(model, PROMPTS, actions.token_ids, "solver", tokenizer.pad_token_id, 1.0)
     for row, logprobs in enumerate(actions.logprobs):
         gaps = [recorded - whole[row, k].item() for k, recorded in enumerate(logprobs)]
@@ -375,7 +376,7 @@ def test_grouped_key_value_attention_gives_the_library_sdpa_numbers_without_copy
     (2, 2, [2]), (2, None, [2]), (2, 7, [2, 7]), (2, [7, 2], [2, 7]), (2, [2, 7, 9], [2, 7, 9]), (None, [0, 2], [0, 2]),
     (None, None, [])])
 def test_stop_token_ids_are_the_tokenizers_eos_and_every_id_the_generation_config_declares(tokenizer_eos, model_eos, expected):
-    assert agents.stop_token_ids(tokenizer_eos, model_eos) == expected
+    assert generation.stop_token_ids(tokenizer_eos, model_eos) == expected
 
 
 def test_generation_stops_at_an_end_of_turn_id_that_only_the_generation_config_declares(tiny_model_dir, tmp_path):
@@ -393,7 +394,7 @@ def test_generation_stops_at_an_end_of_turn_id_that_only_the_generation_config_d
         torch.manual_seed(0)
         model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
         torch.manual_seed(5)
-        return tokenizer, agents.generate(model, tokenizer, PROMPTS, "solver", agents.Sampling(1.0, 1.0, 12), batch_size=3)
+        return tokenizer, generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 1.0, 12), batch_size=3)
 
     tokenizer, plain = sample(tiny_model_dir)
     assert [len(r) for r in plain.token_ids] == [12, 12, 12]  # no eos sampled: each runs to max_new_tokens
@@ -426,9 +427,9 @@ def test_vllm_requests_stop_at_every_end_of_turn_id_and_responses_are_cut_at_the
             token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, t in enumerate(tokens)])])
             for tokens in completions]
 
-    backend = object.__new__(agents.VLLMGenerator)  # no engine: only its generate method is under test
+    backend = object.__new__(generation.VLLMGenerator)  # no engine: only its generate method is under test
     backend.engine, backend.requests, backend.stop_ids = SimpleNamespace(generate=engine_generate), {}, [2, 7]
-    actions = backend.generate(PROMPTS, None, agents.Sampling(1.0, 1.0, 8))
+    actions = backend.generate(PROMPTS, None, generation.Sampling(1.0, 1.0, 8))
     assert len(seen) == 3 and all({2, 7} <= set(p.stop_token_ids) and p.max_tokens == 8 for p in seen)
     assert actions.token_ids == [[5, 7], [5, 9, 2], [5, 9, 11]]
     assert actions.logprobs == [[-0.5, -1.0], [-0.5, -1.0, -1.5], [-0.5, -1.0, -1.5]]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-import agents
+import generation
 import marft
 import run as run_lib
 from envs import CodeEnv, Problem, extract_program, load_humaneval, load_problems, make_code_problems
@@ -186,7 +186,7 @@ class ScriptedCoder(ScriptedBackend):
 def test_a_code_run_counts_program_outcomes_in_training_and_evaluation(tiny_model_dir, tmp_path, monkeypatch):
     """A whole run on the generated code task with a scripted coder (tiny model): the rewards are the
     sandbox's, and every program outcome is counted, in training and in the held-out evaluation."""
-    monkeypatch.setattr(agents, "make_backend", lambda cfg, model, tokenizer, *a, **k: ScriptedCoder(tokenizer))
+    monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *a, **k: ScriptedCoder(tokenizer))
     argv = ["--model", str(tiny_model_dir), "--data", "code", "--agents", "coder", "--lora_rank", "2",
             "--lora_targets", "q_proj,v_proj", "--batch_size", "6", "--iterations", "2", "--eval_problems", "5",
             "--eval_samples", "1", "--eval_interval", "1", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "code"]

@@ -27,6 +27,7 @@ import torch
 import agents
 import critic
 import flex_pomdp
+import generation
 import marft
 import run as run_lib
 from envs import Grader, Problem
@@ -58,7 +59,7 @@ def scripted_solvers(tokenizer):
 def play_parallel(tokenizer, cfg, episodes=2):
     with Grader() as grader:
         return run_episodes(scripted_solvers(tokenizer), tokenizer, load_organisation("parallel"),
-                            [Problem(PROBLEM, "5", "", "")] * episodes, grader, agents.Sampling(1.0, 1.0, 32), cfg)
+                            [Problem(PROBLEM, "5", "", "")] * episodes, grader, generation.Sampling(1.0, 1.0, 32), cfg)
 
 
 def solver_b_critic_prompt(tokenizer, org, text_a):
@@ -103,7 +104,7 @@ def test_in_a_chain_the_critic_reads_the_policys_prompt_ids(tokenizer, name):
     cfg = run_lib.Config(agents=name)
     with Grader() as grader:
         rollout = run_episodes(ScriptedTeam(tokenizer).generate, tokenizer, org, problems, grader,
-                               agents.Sampling(1.0, 1.0, 32), cfg)
+                               generation.Sampling(1.0, 1.0, 32), cfg)
     assert rollout.critic_prompt_ids == {}
     every = range(len(rollout.prompt_ids))
     assert rollout.sequences(every, reader="critic") == rollout.sequences(every)
@@ -122,7 +123,7 @@ def test_merged_rank_parts_keep_each_samples_critic_input(tokenizer):
     one process plays: the critic's inputs move with their samples' new indices."""
     org, cfg = load_organisation("parallel"), run_lib.Config(agents="parallel")
     problems = [Problem(f"What is {a} + 4?", str(a + 4), "", "") for a in range(1, 8)]
-    team, sampling = ScriptedTeam(tokenizer), agents.Sampling(1.0, 1.0, 32)
+    team, sampling = ScriptedTeam(tokenizer), generation.Sampling(1.0, 1.0, 32)
     with Grader() as grader:
         whole = play_episodes(team.generate, tokenizer, org, problems, grader, sampling, cfg)
         merged = merge_rollouts([play_episodes(team.generate, tokenizer, org, problems[r::3], grader, sampling, cfg)

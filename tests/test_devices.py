@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import agents
 import distributed
+import generation
 import marft
 import run as run_lib
 
@@ -277,7 +278,7 @@ def test_the_vllm_engine_is_asked_for_sleep_mode_dummy_weights_and_a_lora_slot_p
             calls.append(("wake_up", None))
 
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
-    engine = agents.VLLMGenerator("folder", ["policy_planner", "policy_solver"], 16, stop_ids=[2], seed=0, max_model_len=256,
+    engine = generation.VLLMGenerator("folder", ["policy_planner", "policy_solver"], 16, stop_ids=[2], seed=0, max_model_len=256,
                                   dtype="bfloat16", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False,
                                   sync_root=tmp_path, threads=1, sleep_mode=True, random_weights=True)
     kwargs = calls[0][1]
@@ -288,7 +289,7 @@ def test_the_vllm_engine_is_asked_for_sleep_mode_dummy_weights_and_a_lora_slot_p
     engine.wake_up()
     assert calls[1:] == [("sleep", 1), ("wake_up", None)]
     calls.clear()
-    quiet = agents.VLLMGenerator("folder", ["policy"], 20, stop_ids=[2], seed=0, max_model_len=256, dtype="bfloat16",
+    quiet = generation.VLLMGenerator("folder", ["policy"], 20, stop_ids=[2], seed=0, max_model_len=256, dtype="bfloat16",
                                  gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False, sync_root=tmp_path,
                                  threads=1)
     assert calls[0][1]["enable_sleep_mode"] is False and calls[0][1]["load_format"] == "auto"
@@ -302,7 +303,7 @@ def test_the_loop_puts_the_engine_to_sleep_from_the_rollout_to_the_adapter_sync(
     """The generator sleeps right after the rollout and wakes before the updated adapters are
     synced: nothing generates while it sleeps, and every generation after it finds it awake."""
     events = []
-    real_make_backend = agents.make_backend
+    real_make_backend = generation.make_backend
 
     class Recording:
         def __init__(self, backend):
@@ -324,7 +325,7 @@ def test_the_loop_puts_the_engine_to_sleep_from_the_rollout_to_the_adapter_sync(
         def close(self):
             pass
 
-    monkeypatch.setattr(marft.agents_lib, "make_backend", lambda *a, **k: Recording(real_make_backend(*a, **k)))
+    monkeypatch.setattr(marft.generation, "make_backend", lambda *a, **k: Recording(real_make_backend(*a, **k)))
     cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--batch_size", "2", "--max_new_tokens", "4",
                               "--eval_problems", "2", "--eval_samples", "1", "--iterations", "2", "--threads", "1",
                               "--output_dir", str(tmp_path), "--run_name", "sleep"])

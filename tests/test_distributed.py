@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import agents
 import distributed
+import generation
 import marft
 import run as run_lib
 from envs import Grader, make_arithmetic_problems
@@ -77,7 +77,7 @@ def test_merged_rank_parts_are_the_rollout_one_process_plays(tiny_model_dir, age
     org, team = load_organisation(agents_option), ScriptedTeam(tokenizer)
     cfg = run_lib.Config(agents=agents_option, horizon=2)
     problems = make_arithmetic_problems("train", seed=1, levels=(1, 3))[:7]
-    sampling = agents.Sampling(1.0, 1.0, 16)
+    sampling = generation.Sampling(1.0, 1.0, 16)
     with Grader() as grader:
         whole = play_episodes(team.generate, tokenizer, org, problems, grader, sampling, cfg)
         parts = [play_episodes(team.generate, tokenizer, org, problems[r::3], grader, sampling, cfg) for r in range(3)]
@@ -91,7 +91,7 @@ def test_merged_rank_parts_are_the_rollout_one_process_plays(tiny_model_dir, age
 
 @pytest.mark.slow
 def test_two_ranks_take_the_one_process_steps_write_once_and_resume(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(agents, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
+    monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
     options = lambda name: tiny_options(tiny_model_dir, tmp_path, name, "--iterations", "2")
     marft.train(run_lib.parse_args(options("one")))
     torchrun(options("two"))  # exits 3 unless both ranks hold identical weights after 2 iterations
@@ -122,7 +122,7 @@ def test_two_ranks_take_the_one_process_steps_write_once_and_resume(tiny_model_d
 def test_unequal_ranks_and_an_early_stop_finish_without_a_hang(tiny_model_dir, tmp_path, monkeypatch):
     """3 problems on 2 ranks (2 and 1 episodes), minibatches of 2 (the last one gives rank 1 no row),
     and a KL bound that stops every agent after its first step: the run ends, as one process's does."""
-    monkeypatch.setattr(agents, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
+    monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
     options = lambda name: tiny_options(tiny_model_dir, tmp_path, name, "--iterations", "1", "--batch_size", "3",
                                         "--minibatch_size", "2", "--ppo_epochs", "2", "--target_kl", "1e-9")
     marft.train(run_lib.parse_args(options("one")))

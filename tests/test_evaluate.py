@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 import agents
 import evaluate
+import generation
 import run as run_lib
 from envs import Problem
 from flex_pomdp import load_organisation
@@ -273,7 +274,7 @@ def test_greedy_only_evaluations_skip_the_sampled_episodes():
         calls.append((len(prompt_ids), sampling.temperature))
         text = "\\boxed{5}" if sampling.temperature == 0 else "\\boxed{4}"
         ids = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        return agents.Actions([ids] * len(prompt_ids), [[0.0] * len(ids)] * len(prompt_ids))
+        return generation.Actions([ids] * len(prompt_ids), [[0.0] * len(ids)] * len(prompt_ids))
 
     problems = [Problem("What is 2 + 3?", "5", "", ""), Problem("What is 1 + 4?", "5", "", "")]
     cfg = run_lib.Config(agents="single", eval_samples=3)

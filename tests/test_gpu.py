@@ -11,6 +11,7 @@ import torch.distributed as dist
 import agents
 import critic
 import distributed
+import generation
 import marft
 import run as run_lib
 
@@ -71,7 +72,7 @@ def test_training_recomputes_the_log_probs_generation_recorded(tmp_path, base_dt
     model, tokenizer = agents.build_model(cfg, ["policy_solver"])
     nudge_adapter(model, "policy_solver")
     prompts = chat_prompts(tokenizer)
-    actions = agents.generate(model, tokenizer, prompts, "policy_solver", agents.Sampling(1.0, 1.0, 12), batch_size=6)
+    actions = generation.generate(model, tokenizer, prompts, "policy_solver", generation.Sampling(1.0, 1.0, 12), batch_size=6)
     with torch.no_grad():
         recomputed, _, mask = agents.token_logprobs(model, prompts, actions.token_ids, "policy_solver",
                                                     tokenizer.pad_token_id, 1.0)

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import agents
+import generation
 import marft
 import ppo
 import run as run_lib
@@ -170,7 +171,7 @@ def scripted_generator(tokenizer):
             else:  # solver and verifier answer right
                 texts.append(f"The answer is \\boxed{{{ANSWERS[problem]}}}.")
         ids = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in texts]
-        return agents.Actions(ids, [[0.0] * len(x) for x in ids])
+        return generation.Actions(ids, [[0.0] * len(x) for x in ids])
     return generate
 
 
@@ -180,7 +181,7 @@ def test_orchestrated_rollout_realised_sequences_cut_errors_and_metrics(tokenize
     cfg = run_lib.Config(agents="orchestrated")
     with Grader() as grader:
         rollout = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
-                               agents.Sampling(1.0, 1.0, 32), cfg)
+                               generation.Sampling(1.0, 1.0, 32), cfg)
     assert rollout.calls == [[["solver"]], [["planner", "solver"]], [[]], [["solver"]]]
     assert rollout.step_ends == [["finish"], ["max_calls"], ["error: unknown role 'coder'"], ["error: 2 decisions"]]
     # Realised sequences: the roles of each episode's samples in the order taken, with positions 0, 1, 2, …
@@ -375,7 +376,7 @@ def test_happo_factor_of_an_agent_that_acts_twice_is_the_product_of_its_ratios()
 
 @pytest.fixture
 def scripted_backend(monkeypatch):
-    monkeypatch.setattr(agents, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
+    monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
 
 
 def metrics_rows(folder):

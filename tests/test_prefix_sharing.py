@@ -1,4 +1,4 @@
-"""Prefix sharing (agents.forward_responses, agents.generate): a batch's common prompt prefix is
+"""Prefix sharing (agents.forward_responses, generation.generate): a batch's common prompt prefix is
 run once and its keys/values reused. Every number must be the plain pass's, within float rounding:
 log-probs, entropies, values and the gradients that reach the LoRA weights through the prefix,
 on the three agents of chain3 at both levels, in generation, and over whole training iterations."""
@@ -9,6 +9,7 @@ import torch
 
 import agents
 import critic
+import generation
 import marft
 import run
 from envs import make_arithmetic_problems
@@ -205,11 +206,11 @@ def test_generation_with_the_shared_prefix_gives_the_plain_actions_and_log_probs
     are those of an independent forward pass under logits / T."""
     model, tokenizer, heads, org, prompts, responses = chain3
     role = org.order[1]
-    sampling = agents.Sampling(temperature, 1.0, 8)
+    sampling = generation.Sampling(temperature, 1.0, 8)
     results = {}
     for share in (False, True):
         torch.manual_seed(11)
-        results[share] = agents.generate(model, tokenizer, prompts[role], role, sampling, 3, share_prefix=share)
+        results[share] = generation.generate(model, tokenizer, prompts[role], role, sampling, 3, share_prefix=share)
     assert results[True].token_ids == results[False].token_ids
     recomputed, _, _ = agents.token_logprobs(model, prompts[role], results[True].token_ids, role, tokenizer.pad_token_id,
                                              temperature or 1.0, share_prefix=False)

@@ -36,8 +36,9 @@ def test_help_documents_every_option(capsys):
     (["--agents", "no-such-organisation"], "--agents"),
     (["--update_order", "alphabetical"], "--update_order"),
     (["--advantage", "critic"], "--advantage"),
-    (["--advantage", "group"], "--group_size"),  # G = 1 has no baseline
-    (["--advantage", "group", "--group_size", "4"], "--credit"),  # `last` leaves the planner no signal
+    (["--advantage", "group", "--group_size", "1"], "--group_size"),  # G = 1 has no baseline
+    (["--advantage", "group", "--group_size", "4", "--credit", "last"], "--credit"),  # `last` leaves the planner no signal
+    (["--config", "runs/x/config.json", "--resume", "runs/x"], "--config"),
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--critic_warmup_iterations", "2"],
      "--critic_warmup_iterations"),
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
@@ -232,3 +233,52 @@ def test_last_third_mean_of_a_metric_skips_nan_and_rows_without_it():
     rows.append({"iteration": 9, "eval/accuracy": 0.5})  # 9 iterations: the last third is 7, 8, 9
     assert run.last_third_mean(rows, "ev") == pytest.approx((0.3 + 0.1) / 2)
     assert run.last_third_mean(rows, "losses/value_loss") is None  # a run without a critic
+
+
+# ---------------------------------------------------------------------------------------------
+# Options that follow the given ones, and --config
+# ---------------------------------------------------------------------------------------------
+
+def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_path, capsys):
+    """`--advantage group` alone: G = 4 episodes per problem and `shared` credit (under `last` the
+    planner's return is always 0); given values are kept (and checked); config.json says why."""
+    cfg = run.parse_args(["--advantage", "group", "--output_dir", str(tmp_path), "--run_name", "g"])
+    assert (cfg.group_size, cfg.credit) == (4, "shared")
+    assert "--credit shared" in capsys.readouterr().err
+    assert run.parse_args(["--advantage", "group", "--group_size", "2", "--credit", "equal"]).credit == "equal"
+    single = run.parse_args(["--advantage", "group", "--agents", "single"])
+    assert (single.group_size, single.credit, single.chosen) == (4, "last", {"group_size": single.chosen["group_size"]})
+    assert run.parse_args([]).chosen == {}  # the default run: nothing to follow
+    run.Run(cfg)
+    saved = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert saved["chosen/credit"].startswith("shared: ") and "planner" in saved["chosen/credit"]
+    assert saved["chosen/group_size"].startswith("4: ")
+    assert (run.read_config(tmp_path / "g", "--resume").credit, run.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
+
+
+def test_config_reproduces_a_run_and_the_command_line_overrides_it(tiny_model_dir, tmp_path):
+    """`--config runs/a/config.json` starts a new run with every option of run a: its metrics are
+    run a's, line for line (time and speed aside). An option given beside it wins."""
+    options = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--batch_size", "2",
+               "--max_new_tokens", "4", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "2", "--lr", "1e-3",
+               "--seed", "7", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "a"]
+    marft.train(run.parse_args(options))
+    again = run.parse_args(["--config", str(tmp_path / "a" / "config.json")])
+    assert again.run_name == "" and again.seed == 7 and again.lr == 1e-3 and again.config.endswith("config.json")
+    marft.train(run.parse_args(["--config", str(tmp_path / "a"), "--run_name", "b"]))
+    strip = lambda folder: [{k: v for k, v in json.loads(l).items() if not k.startswith(("time/", "perf/"))}
+                            for l in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(strip(tmp_path / "a")) == 3 and strip(tmp_path / "b") == strip(tmp_path / "a")
+    changed = run.parse_args(["--config", str(tmp_path / "a"), "--seed", "8", "--no-eval_greedy"])
+    assert (changed.seed, changed.eval_greedy, changed.lr) == (8, False, 1e-3)
+
+
+@pytest.mark.parametrize("content, words", [(None, "no such file"), ("[1, 2]", "not a JSON object"), ("{oops", "not a config.json"),
+                                            ('{"learning_rate": 1}', "does not know: ['learning_rate']")])
+def test_a_config_file_that_cannot_be_read_stops_at_start(tmp_path, content, words):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as stop:
+        run.parse_args(["--config", str(path)])
+    assert words in str(stop.value)

@@ -11,6 +11,7 @@ import pytest
 
 import agents
 import evaluate
+import generation
 import marft
 import run as run_lib
 import tasks
@@ -87,7 +88,7 @@ def test_training_and_rollouts_on_a_builtin_task_go_through_the_registry(monkeyp
     texts = [f"\\boxed{{{int(a) + int(b)}}}" for a, b in answers]
     with Grader() as grader:
         rollout = play_episodes(lambda ids, adapter, sampling: scripted_actions(tokenizer, texts), tokenizer,
-                                load_organisation("single"), held_out, grader, agents.Sampling(1.0, 1.0, 8), cfg)
+                                load_organisation("single"), held_out, grader, generation.Sampling(1.0, 1.0, 8), cfg)
     assert made == [(p, ("solver",)) for p in held_out] and rollout.solved == [True] * 3
 
 
@@ -218,7 +219,7 @@ def test_the_example_trains_with_task_resumes_and_evaluate_reuses_its_task(tiny_
     """`--task examples/units.py` trains the example (tiny model, scripted converter): its rewards
     and its own metric are logged, config.json records the task, --resume and evaluate.py --run
     find it again from there."""
-    monkeypatch.setattr(agents, "make_backend", lambda cfg, model, tokenizer, *a, **k: ScriptedConverter(tokenizer))
+    monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *a, **k: ScriptedConverter(tokenizer))
     argv = ["--task", EXAMPLE, "--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj",
             "--batch_size", "6", "--iterations", "2", "--eval_problems", "4", "--eval_samples", "1", "--eval_interval", "1",
             "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "units"]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import agents
+import generation
 import marft
 import run
 from flex_pomdp import load_organisation, unrolled_messages
@@ -38,8 +39,8 @@ def engine_and_model(tmp_path_factory):
     model = agents.attach_adapters(base, ROLES, config)
     shared_folder = tmp_path_factory.mktemp("vllm-sync")
     (shared_folder / "someone-elses-file").write_text("kept")
-    stop_ids = agents.stop_token_ids(tokenizer.eos_token_id, base.generation_config.eos_token_id)
-    engine = agents.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0, max_model_len=256,
+    stop_ids = generation.stop_token_ids(tokenizer.eos_token_id, base.generation_config.eos_token_id)
+    engine = generation.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0, max_model_len=256,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
                                   enforce_eager=True, sync_root=shared_folder, threads=2,
                                   max_num_batched_tokens=256)  # a small step budget: several engine steps per call
@@ -59,19 +60,19 @@ def prompts(tokenizer, n=4):
 def test_two_agents_with_different_adapters_give_different_greedy_actions(engine_and_model):
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 2)
-    greedy = agents.Sampling(0.0, 1.0, 16)
+    greedy = generation.Sampling(0.0, 1.0, 16)
     planner = engine.generate(ids, "planner", greedy).token_ids
     solver = engine.generate(ids, "solver", greedy).token_ids
     assert planner != solver
     # ... and each is what transformers + peft decode greedily under that adapter.
-    assert planner == agents.generate(model, tokenizer, ids, "planner", greedy, 4).token_ids
-    assert solver == agents.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
+    assert planner == generation.generate(model, tokenizer, ids, "planner", greedy, 4).token_ids
+    assert solver == generation.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
 
 
 def test_after_an_update_and_a_sync_the_engine_serves_the_new_weights(engine_and_model):
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 2)
-    greedy = agents.Sampling(0.0, 1.0, 12)
+    greedy = generation.Sampling(0.0, 1.0, 12)
     before = engine.generate(ids, "solver", greedy).token_ids
     # A few gradient steps that raise log π^solver of a fixed target answer.
     target = tokenizer("The answer is \\boxed{42}.<|im_end|>", add_special_tokens=False)["input_ids"]
@@ -81,7 +82,7 @@ def test_after_an_update_and_a_sync_the_engine_serves_the_new_weights(engine_and
         optimiser.zero_grad()
         (-logprob.mean()).backward()
         optimiser.step()
-    expected = agents.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
+    expected = generation.generate(model, tokenizer, ids, "solver", greedy, 4).token_ids
     assert expected != before  # the update really changed the policy
     stale = engine.generate(ids, "solver", greedy).token_ids
     assert stale == before  # not synced yet: the engine still serves the old adapter
@@ -97,7 +98,7 @@ def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_mod
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 4)
     torch.manual_seed(1)
-    actions = engine.generate(ids, "planner", agents.Sampling(temperature, 1.0, 16))
+    actions = engine.generate(ids, "planner", generation.Sampling(temperature, 1.0, 16))
     with torch.no_grad():
         recomputed, _, mask = agents.token_logprobs(model, ids, actions.token_ids, "planner", tokenizer.pad_token_id, temperature)
     for row, logprobs in enumerate(actions.logprobs):
@@ -132,7 +133,7 @@ def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(
     engine, model, tokenizer = engine_and_model
     ids = prompts(tokenizer, 8)
     assert sum(len(p) for p in ids) > 2 * 256  # three scheduler steps at least
-    sampling = agents.Sampling(1.0, 1.0, 3)
+    sampling = generation.Sampling(1.0, 1.0, 3)
     torch.manual_seed(11)
     first = engine.generate(ids, "solver", sampling)
     torch.manual_seed(11)
