@@ -451,14 +451,15 @@ def test_the_orchestrator_learns_whom_to_call(tmp_path):
     """A real run of the embedded model (group advantages, 4 problems × 4 episodes, one-digit sums):
     the share of sampled training episodes whose orchestrator calls alice, measured on iteration 1's
     rollout (before any update) and on iteration 2's (after one update of every agent), must rise
-    by at least 0.3. Calibrated on 2 cores: 0.375 → 1.0 (bob 0.31 → 0, errors 0.31 → 0)."""
+    by at least 0.3. Calibrated on 2 threads: 0.375 → 1.0 (bob 0.31 → 0, errors 0.31 → 0); on one
+thread (the suite runs two test files at once on 2 cores) alice's share goes 0.375 → 1.0 too."""
     profile = tmp_path / "whom_to_call.json"
     profile.write_text(json.dumps(WHOM_TO_CALL))
     cfg = run_lib.parse_args(["--agents", str(profile), "--arithmetic_levels", "1", "--advantage", "group",
                               "--group_size", "4", "--batch_size", "4", "--credit", "shared", "--iterations", "2",
                               "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy",  # not asserted: held-out kept short
                               "--max_new_tokens", "24", "--lr", "5e-4",
-                              "--output_dir", str(tmp_path), "--run_name", "whom", "--threads", "2"])
+                              "--output_dir", str(tmp_path), "--run_name", "whom", "--threads", "1"])
     marft.train(cfg)
     lines = [json.loads(line) for line in (tmp_path / "whom" / "metrics.jsonl").read_text().splitlines()]
     before, after = lines[1]["charts/calls/alice"], lines[2]["charts/calls/alice"]
