@@ -25,8 +25,13 @@ always recomputed here, by the training model (marft.old_policy_and_values), wha
 backend: the backend's own log-probs are only compared with them (`charts/rollout_logprob_gap`).
 Prompts are tokenised once (`tokenize_prompts`) and the same token ids are used for generation,
 for the old log-probs and for the critic, so the prompts are byte-identical by construction (the
-reference repo truncated at training but not at generation). Log-probs are computed under the sampling temperature
-(logits / T), so π_old is the distribution the actions were really drawn from.
+reference repo truncated at training but not at generation). Log-probs are computed under the
+sampling temperature (logits / T), so π_old is the distribution the actions were really drawn from.
+
+The base model (`load_base_model`): the embedded SmolLM2 (`--model smollm2`), a local or hub
+model, or `random:<config.json>` (that architecture with random weights: seconds and bytes, no
+download). It is read in --base_dtype straight onto this rank's device (`resolve_device`,
+distributed.py: cuda:LOCAL_RANK under torchrun); the adapters stay float32.
 
 The reference policy for the optional KL term is the base model with adapters disabled (peft
 `disable_adapter()`): no extra model copy.
