@@ -25,6 +25,8 @@ Contents:
 * `grader`   -- `Grader`: math-verify grading with timeouts that work from any thread;
 * `math_env` -- `MathEnv`: one episode on one math problem;
 * `code_problems` -- code tasks (`Problem` rows with tests): the generated task, HumanEval, MBPP rows;
+* `word_problems` -- word problems around three-digit arithmetic (the tool task's data; held out by
+  operands and by template);
 * `code_env` -- `CodeEnv`: one episode of writing a program for one code task;
 * `sandbox` -- `run_tests`: a program and its tests in an isolated, limited child process.
 

@@ -1,0 +1,91 @@
+"""Word problems whose arithmetic is beyond the embedded 135M model: the data of the tool task.
+
+Each problem is a short story around three-digit × two-digit products or sums of three-digit
+numbers, in one step or two ("A box holds 237 pens. How many pens are in 82 boxes?"; "Tom had 361
+stamps and bought 25 packs of 12. How many stamps does he have now?"). The gold answer is the
+exact integer; the problems are `Problem` rows graded like any math problem (envs/math_env.py).
+
+Held out two ways:
+    by operands    every operand tuple is sent to "test" with probability TEST_FRACTION by a
+                   stable hash of its numbers in sorted order, so no held-out problem shares its
+                   set of numbers with a training problem of any template (nor a commuted twin)
+    by template    HELD_OUT_TEMPLATES appear only in "test": whether writing the expression,
+                   learned on the other templates, carries over to a new story
+
+`make_word_problems(split, seed, count)` gives `count` problems per template of the split.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from .problems import Problem
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    text: str  # the story, with {a}, {b}, {c}
+    operands: tuple[range, ...]  # where each of a, b, c is drawn from
+    answer: Callable[..., int]
+    expression: str  # the expression a caller would write, with {a}, {b}, {c}
+
+
+THREE_DIGITS, TWO_DIGITS = range(100, 1000), range(11, 100)
+TEMPLATES = (
+    Template("boxes", "A box holds {a} pens. How many pens are in {b} boxes?", (THREE_DIGITS, TWO_DIGITS),
+             lambda a, b: a * b, "{a}*{b}"),
+    Template("rows", "A farmer plants {b} rows of {a} trees each. How many trees does she plant?",
+             (THREE_DIGITS, TWO_DIGITS), lambda a, b: a * b, "{b}*{a}"),
+    Template("floors", "A library has {a} books on its first floor, {b} on its second and {c} on its third. "
+             "How many books does it have?", (THREE_DIGITS, THREE_DIGITS, THREE_DIGITS), lambda a, b, c: a + b + c,
+             "{a}+{b}+{c}"),
+    Template("stamps", "Tom had {a} stamps and bought {b} packs of {c} stamps. How many stamps does he have now?",
+             (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: a + b * c, "{a}+{b}*{c}"),
+    Template("tickets", "A theatre sold {a} tickets on Friday and {b} tickets on Saturday. How many tickets did "
+             "it sell on the two days?", (THREE_DIGITS, THREE_DIGITS), lambda a, b: a + b, "{a}+{b}"),
+    Template("crates", "A shop receives {b} crates of {a} apples and sells {c} apples. How many apples are left?",
+             (THREE_DIGITS, TWO_DIGITS, THREE_DIGITS), lambda a, b, c: a * b - c, "{a}*{b}-{c}"),
+)
+HELD_OUT_TEMPLATES = ("rows", "crates")  # only in "test": one product, one two-step story
+TEST_FRACTION = 0.25
+
+
+def held_out(operands: tuple[int, ...]) -> bool:
+    """Whether an operand tuple belongs to "test": a stable hash (blake2b, the same on every
+    machine and Python) of its numbers in sorted order, whatever the template and the seed, so a
+    story's commuted twin (the same sum or product in another order) is in the same split."""
+    digest = hashlib.blake2b(",".join(map(str, sorted(operands))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 1000 < TEST_FRACTION * 1000
+
+
+def word_problem(template: Template, operands: tuple[int, ...]) -> Problem:
+    names = dict(zip("abc", operands))
+    answer = template.answer(*operands)
+    expression = template.expression.format(**names)
+    return Problem(problem=template.text.format(**names), answer=str(answer), level=template.name, type="Word problem",
+                   solution=f"{expression} = {answer}, so the answer is $\\boxed{{{answer}}}$.")
+
+
+def make_word_problems(split: str, seed: int = 0, count: int = 50) -> list[Problem]:
+    """`count` problems of every template of `split` ("train": all but HELD_OUT_TEMPLATES; "test":
+    all), interleaved one template at a time. Operands are drawn from the seed until `count`
+    tuples of the split are found for the template; a tuple is drawn at most once per template."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    by_template = []
+    for template in TEMPLATES:
+        if split == "train" and template.name in HELD_OUT_TEMPLATES:
+            continue
+        rng, seen, rows = random.Random(f"word-seed{seed}-{template.name}"), set(), []
+        while len(rows) < count:
+            operands = tuple(rng.choice(where) for where in template.operands)
+            if operands in seen or held_out(operands) != (split == "test"):
+                continue
+            seen.add(operands)
+            if template.answer(*operands) >= 0:  # a story never ends with a negative count
+                rows.append(word_problem(template, operands))
+        by_template.append(rows)
+    return [row for turn in zip(*by_template) for row in turn]
