@@ -201,7 +201,7 @@ def build_policies(cfg: Config, org: Organisation, checkpoint: Path | None = Non
     """(model, tokenizer): the base model with fresh policy adapters (B = 0, i.e. the base model),
     then the checkpoint's adapter weights when `checkpoint` is a checkpoint folder. Only the
     policies are built: the critic plays no part in evaluation."""
-    adapters = agents_lib.policy_adapter_names(org.order, cfg.shared_adapter)
+    adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     model, tokenizer = agents_lib.build_model(cfg, adapters)
     if checkpoint is not None:
         run_lib.load_adapters(checkpoint, model, adapters)
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"evaluating {checkpoint or 'the base model ' + cfg.model} with agents {cfg.agents} "
           f"on {len(problems)} problems of {source}", flush=True)
     model, tokenizer = build_policies(cfg, org, checkpoint)
-    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
+    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter),
                                       fallback_sync_dir=Path(tempfile.gettempdir()), progress=True)
     with Grader() as grader, contextlib.closing(backend):
         metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg)

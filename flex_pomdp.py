@@ -91,6 +91,8 @@ class AgentProfile:
     rewards: tuple[tuple[str, float], ...] = ()
     # What an orchestrator is told about this executor (one line; orchestrated organisations only).
     description: str = ""
+    # A tool (tools.py: a fixed policy, no adapter, no PPO sample): its name, "" for a learning agent.
+    tool: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,11 @@ class Organisation:
             if agent.role == role:
                 return agent
         raise KeyError(f"no agent with role {role!r}; roles are {list(self.order)}")
+
+    @property
+    def learners(self) -> tuple[str, ...]:
+        """The agents that learn (every one but the tools), in σ order: one adapter each."""
+        return tuple(role for role in self.order if not self.profile(role).tool)
 
     def parents(self, role: str) -> tuple[str, ...]:
         """{i : D(a^i, a^role) = 1}, in σ order."""
@@ -191,6 +198,8 @@ def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, 
             f"no agent is graded: mark at least one of {roles} with \"graded\": true "
             "(the environment rewards the graded agents' answers)"
         )
+    if all(a.tool for a in agents):
+        raise ValueError("every agent is a tool: at least one agent must learn (an entry with a system_prompt)")
     order = topological_order(roles, edges)
     return Organisation(agents=tuple(agents), dependencies=frozenset(edges), order=order)
 
@@ -445,8 +454,11 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
                          "dependency list means D ≡ 0), or, for a dynamic D, 'agents', 'orchestrator' and 'max_calls'")
     agents = []
     for k, entry in enumerate(spec["agents"]):
+        if isinstance(entry, dict) and "tool" in entry:
+            agents.append(tool_profile(entry, f"{where}: agents[{k}]", orchestrated))
+            continue
         if not isinstance(entry, dict) or "role" not in entry or "system_prompt" not in entry:
-            raise ValueError(f"{where}: agents[{k}] needs at least 'role' and 'system_prompt'")
+            raise ValueError(f"{where}: agents[{k}] needs at least 'role' and 'system_prompt' (or 'role' and 'tool')")
         unknown = set(entry) - {"role", "system_prompt", "graded", "examples", "rewards", "description"}
         if unknown:
             raise ValueError(f"{where}: agents[{k}] has unknown key(s) {sorted(unknown)}")
@@ -468,6 +480,19 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
     if orchestrated:
         return make_orchestrated(agents, spec["orchestrator"], spec["max_calls"], dependencies)
     return make_organisation(agents, dependencies)
+
+
+def tool_profile(entry: dict, where: str, orchestrated: bool) -> AgentProfile:
+    """A profile entry {"role": ..., "tool": ...}: a tool agent (which tools exist: tools.TOOLS,
+    checked with the run's options). A tool is never graded, has no prompt, examples or rewards."""
+    unknown = set(entry) - {"role", "tool"}
+    if unknown:
+        raise ValueError(f"{where} is a tool: it takes only 'role' and 'tool', not {sorted(unknown)}")
+    if not isinstance(entry["tool"], str) or not entry["tool"]:
+        raise ValueError(f"{where}.tool names a tool, e.g. \"calculator\"")
+    if orchestrated:
+        raise ValueError(f"{where}: tools act in organisations with a fixed D for now, not under an orchestrator")
+    return AgentProfile(str(entry.get("role", "")), "", tool=entry["tool"])
 
 
 def load_organisation(name_or_path: str, anonymous: bool = False) -> Organisation:

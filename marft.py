@@ -216,7 +216,7 @@ def set_up(cfg: Config) -> Job:
                                                   "charts/rollout_logprob_gap is large by design." if cfg.backend == "vllm"
                                                   else ""), flush=True)
     start = run.restore(model, value_heads, optimisers)
-    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.order, cfg.shared_adapter),
+    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter),
                                       fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
     return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
                generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), start)
@@ -346,8 +346,8 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
     if cfg.shared_adapter:
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
-        order = ppo.agent_update_order(org.order, cfg.update_order, rng)
-        to_train = ppo.agents_to_train(order, org.order, iteration, cfg.agent_iteration_interval)
+        order = ppo.agent_update_order(org.learners, cfg.update_order, rng)
+        to_train = ppo.agents_to_train(order, org.learners, iteration, cfg.agent_iteration_interval)
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
                 for role in to_train]
         plan = [entry for entry in plan if entry[2]]  # an executor no episode called has nothing to learn from
@@ -651,8 +651,8 @@ def build(cfg: Config):
     """Organisation, base model with every policy and critic adapter, value heads, optimisers
     (--advantage group: no critic adapter and an empty set of value heads)."""
     org = tasks.organisation_of(cfg)
-    policy_adapters = agents_lib.policy_adapter_names(org.order, cfg.shared_adapter)
-    critic_adapters = critic_lib.critic_adapter_names(org.order, cfg.critic_per_agent) if cfg.advantage == "gae" else []
+    policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
+    critic_adapters = critic_lib.critic_adapter_names(org.learners, cfg.critic_per_agent) if cfg.advantage == "gae" else []
     model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
     value_heads = critic_lib.make_value_heads(model.get_base_model().config.hidden_size, critic_adapters).to(model.device)
     optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
@@ -742,8 +742,8 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
     if returns is not None:  # the critic's metrics
         metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)
         for n, role in enumerate(org.order):
-            samples = rollout.agent_samples(n)
-            metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old.values[samples], old.mask[samples]).item()
+            if samples := rollout.agent_samples(n):  # a tool has none
+                metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old.values[samples], old.mask[samples]).item()
     for n, profile in enumerate(org.profile(role) for role in org.order):
         if profile.rewards:
             metrics[f"charts/role_reward/{profile.role}"] = sum(rollout.role_reward[s] for s in rollout.agent_samples(n)) / episodes

@@ -62,6 +62,7 @@ import agents as agents_lib
 import distributed
 import generation
 import tasks
+import tools
 from envs import Grader, Problem
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
@@ -180,7 +181,10 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     out = empty_rollout(B, T, orchestrated=bool(org.orchestrator))
 
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
-        """a ~ π^role(· | ô) for each episode b, ô from the step's transcript so far: [(sample s, text)]."""
+        """a ~ π^role(· | ô) for each episode b, ô from the step's transcript so far: [(sample s, text)]
+        (s None for a tool: a fixed policy, no PPO sample)."""
+        if org.profile(role).tool:
+            return play_tool(org, role, [transcripts[b] for b in episodes])
         if org.orchestrator:  # ô = o_t ⊕ every earlier action of the step (the realised D_t)
             messages = [realised_messages(org, role, observations[b], transcripts[b]) for b in episodes]
         else:  # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
@@ -197,7 +201,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         taken = []
         for k, b in enumerate(episodes):
             s = out.record(prompt_ids[k], actions.token_ids[k], actions.logprobs[k], texts[k], b, t,
-                           org.order.index(role), len(transcripts[b]), critic_ids[k])
+                           org.order.index(role), learning_position(org, transcripts[b]), critic_ids[k])
             transcripts[b].append((role, texts[k]))
             taken.append((s, texts[k]))
         return taken
@@ -213,7 +217,8 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         else:
             for role in org.order:  # a^j_t ~ π^j(· | ô^j_t), in σ order
                 for b, (s, _) in zip(active, act(role, active, transcripts, t)):
-                    samples[b].append(s)
+                    if s is not None:  # a tool's action is in the transcript, not among the samples
+                        samples[b].append(s)
         still_active = []
         for b in active:
             observations[b], done = step_environment(envs[b], task, org, transcripts[b], samples[b], out, b, t)
@@ -221,6 +226,24 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                 still_active.append(b)
         active = still_active
     return out
+
+
+def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[str, str]]]) -> list[tuple[None, str]]:
+    """A tool's action in each episode (tools.py: a fixed π^j), on the actions D gives it, which
+    are appended to the step's transcript: later agents read it as they read any agent's action."""
+    taken = []
+    for transcript in step_transcripts:
+        read = "\n".join(text for parent, text in transcript if parent in org.parents(role))
+        text = tools.tool_action(org.profile(role).tool, read)
+        transcript.append((role, text))
+        taken.append((None, text))
+    return taken
+
+
+def learning_position(org: Organisation, transcript: list[tuple[str, str]]) -> int:
+    """k of the next learning agent's action in its step: the learning agents' actions so far
+    (a tool's takes no place in the step's tables)."""
+    return sum(1 for role, _ in transcript if not org.profile(role).tool)
 
 
 def critic_inputs(org: Organisation, role: str, steps: list, tokenizer, cfg: Config) -> tuple[list, int]:

@@ -45,6 +45,7 @@ import agents as agents_lib
 import distributed
 import ppo
 import tasks
+import tools
 from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS, sandbox
 
 
@@ -453,6 +454,8 @@ def check_team(cfg: Config, need) -> None:
     """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
     for profile in org.agents:
+        need(not profile.tool or profile.tool in tools.TOOLS, "agents", f"agent {profile.role!r} names the tool "
+             f"{profile.tool!r}; the tools are {', '.join(tools.TOOLS)}")
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")

@@ -4,8 +4,10 @@ Paper: MARFT (Liao et al., arXiv 2504.16129), the Flex-POMDP: every agent j acts
 dependency function D gives it, a^j_t ~ π^j(· | ô^j_t). A tool is an agent whose π^j is fixed and
 deterministic: its action is a function of what it reads, it has no adapter, takes no update and
 produces no PPO sample; what it says reaches the learning agents (and the critic) only through
-their observations. (Wiring tool agents into organisations is the next step of this module; the
-calculator below is its policy.)
+their observations. In a profile a tool is an agent entry that names its tool instead of a prompt,
+`{"role": "calculator", "tool": "calculator"}`: it acts in σ order on the actions D gives it
+(rollout.py), takes no position in the step's tables (the advantages, GAE chain, credit and M
+run over the learning agents alone) and no adapter. Fixed D only, for now.
 
     calculator      a^j_t = the value of every `\\calc{EXPR}` in the actions it reads, exact on
                     integers and fractions ("964*59 = 56876"); an expression it cannot evaluate
@@ -125,3 +127,11 @@ def calculator_action(text: str) -> str:
     if len(calls) > MAX_CALLS:
         lines.append(f"error: only the first {MAX_CALLS} \\calc{{...}} expressions are evaluated")
     return "\n".join(lines)
+
+
+TOOLS = {"calculator": calculator_action}  # tool name → its policy: the text it reads → its action
+
+
+def tool_action(tool: str, text: str) -> str:
+    """The action of the tool named `tool` (a key of TOOLS) on the text it reads."""
+    return TOOLS[tool](text)

@@ -79,3 +79,103 @@ def test_random_text_in_a_call_always_gives_text():
     for _ in range(2000):
         expression = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
         assert isinstance(tools.calculator_action(f"\\calc{{{expression}}}"), str)
+
+
+# ---------------------------------------------------------------------------------------------
+# A tool in an organisation: caller → calculator → answerer
+# ---------------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+import marft  # noqa: E402
+import run as run_lib  # noqa: E402
+from envs import Grader, Problem  # noqa: E402
+from flex_pomdp import load_organisation, organisation_from_dict  # noqa: E402
+from generation import Sampling  # noqa: E402
+from rollout import play_episodes  # noqa: E402
+from scripted import ScriptedBackend, scripted_actions  # noqa: E402
+
+CALLER_CALCULATOR_ANSWERER = {
+    "agents": [{"role": "caller", "system_prompt": "Write the arithmetic as \\calc{EXPRESSION}."},
+               {"role": "calculator", "tool": "calculator"},
+               {"role": "answerer", "system_prompt": "Answer with \\boxed{N}.", "graded": True}],
+    "dependencies": [["caller", "calculator"], ["calculator", "answerer"], ["caller", "answerer"]],
+}
+
+
+class ScriptedCallerAndAnswerer(ScriptedBackend):
+    """The caller writes one \\calc{...}; the answerer copies the calculator's result, which must
+    be in its prompt. Records every adapter asked to generate."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.adapters, self.answerer_prompts = tokenizer, [], []
+
+    def generate(self, prompt_ids, adapter, sampling):
+        self.adapters.append(adapter)
+        prompts = [self.tokenizer.decode(ids) for ids in prompt_ids]
+        if adapter == "policy_caller":
+            texts = ["\\calc{" + p.rsplit("What is ", 1)[1].split("?")[0] + "}" for p in prompts]
+        else:
+            self.answerer_prompts += prompts
+            texts = ["\\boxed{" + p.rsplit("Calculator: ", 1)[1].split(" = ")[1].split("<")[0].strip() + "}" for p in prompts]
+        return scripted_actions(self.tokenizer, texts)
+
+
+def test_a_tool_acts_in_sigma_order_and_takes_no_sample_position_or_adapter(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    profile = tmp_path / "calc.json"
+    profile.write_text(json.dumps(CALLER_CALCULATOR_ANSWERER))
+    org, cfg = load_organisation(str(profile)), run_lib.Config(agents=str(profile))
+    assert org.order == ("caller", "calculator", "answerer") and org.learners == ("caller", "answerer")
+    problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 361 + 25 * 12?", "661", "", "")]
+    team = ScriptedCallerAndAnswerer(tokenizer)
+    with Grader() as grader:
+        rollout = play_episodes(team.generate, tokenizer, org, problems, grader, Sampling(1.0, 1.0, 16), cfg)
+    assert team.adapters == ["policy_caller", "policy_answerer"]  # the calculator generates nothing
+    assert "Calculator: 964 * 59 = 56876" in team.answerer_prompts[0] and "Calculator: 361 + 25 * 12 = 661" in team.answerer_prompts[1]
+    assert rollout.solved == [True, True]
+    assert [org.order[n] for n in rollout.agent_index] == ["caller", "caller", "answerer", "answerer"]
+    assert rollout.position == [0, 0, 1, 1]  # the answerer is the step's second action: the tool has no place
+
+
+def test_a_team_with_a_tool_trains_without_an_adapter_for_the_tool(tmp_path, tiny_model_dir):
+    profile = tmp_path / "calc.json"
+    profile.write_text(json.dumps(CALLER_CALCULATOR_ANSWERER))
+    cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--agents", str(profile), "--lora_rank", "2", "--batch_size", "2",
+                              "--max_new_tokens", "4", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "1",
+                              "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "tool"])
+    org, model, _, heads, optimisers = marft.build(cfg)
+    assert set(optimisers) == {"policy_caller", "policy_answerer", "critic"}
+    assert not any(".policy_calculator." in name for name, _ in model.named_parameters())
+    summary = marft.train(cfg)
+    row = json.loads((tmp_path / "tool" / "metrics.jsonl").read_text().splitlines()[1])
+    assert summary["final_iteration"] == 1 and "charts/value_mean/calculator" not in row
+    assert {"losses/policy_loss/caller", "losses/policy_loss/answerer"} <= set(row)
+    assert not any(key.endswith("/calculator") for key in row)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda spec: spec["agents"][1].update(graded=True), "takes only 'role' and 'tool'"),
+    (lambda spec: spec["agents"][1].update(tool=""), "names a tool"),
+    (lambda spec: spec.update(agents=[spec["agents"][1] | {"role": "a"}, spec["agents"][1]], dependencies=[]), "graded"),
+])
+def test_a_tool_entry_that_cannot_work_is_named(change, words):
+    spec = json.loads(json.dumps(CALLER_CALCULATOR_ANSWERER))
+    change(spec)
+    with pytest.raises(ValueError, match=words):
+        organisation_from_dict(spec, "team.json")
+
+
+def test_tools_under_an_orchestrator_and_unknown_tools_are_refused_at_start(tmp_path):
+    with pytest.raises(ValueError, match="fixed D for now"):
+        organisation_from_dict({"agents": [{"role": "solver", "system_prompt": "S", "graded": True},
+                                           {"role": "calculator", "tool": "calculator"}],
+                                "orchestrator": "solver", "max_calls": 2}, "team.json")
+    spec = json.loads(json.dumps(CALLER_CALCULATOR_ANSWERER))
+    spec["agents"][1]["tool"] = "abacus"
+    profile = tmp_path / "abacus.json"
+    profile.write_text(json.dumps(spec))
+    with pytest.raises(SystemExit) as stop:
+        run_lib.parse_args(["--agents", str(profile)])
+    assert "names the tool 'abacus'; the tools are calculator" in str(stop.value)
