@@ -221,6 +221,8 @@ def make_orchestrated(agents: list[AgentProfile], orchestrator: str, max_calls: 
     if len(agents) < 2:
         raise ValueError("an orchestrated organisation needs the orchestrator and at least one executor")
     head = next(a for a in agents if a.role == orchestrator)
+    if head.tool:
+        raise ValueError(f"the orchestrator {orchestrator!r} cannot be a tool: it decides, and only a learning agent does")
     if head.graded:
         raise ValueError(f"the orchestrator {orchestrator!r} cannot be graded: the team's answer is a graded executor's")
     executors = [a for a in agents if a.role != orchestrator]
@@ -455,7 +457,7 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
     agents = []
     for k, entry in enumerate(spec["agents"]):
         if isinstance(entry, dict) and "tool" in entry:
-            agents.append(tool_profile(entry, f"{where}: agents[{k}]", orchestrated))
+            agents.append(tool_profile(entry, f"{where}: agents[{k}]"))
             continue
         if not isinstance(entry, dict) or "role" not in entry or "system_prompt" not in entry:
             raise ValueError(f"{where}: agents[{k}] needs at least 'role' and 'system_prompt' (or 'role' and 'tool')")
@@ -482,17 +484,18 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
     return make_organisation(agents, dependencies)
 
 
-def tool_profile(entry: dict, where: str, orchestrated: bool) -> AgentProfile:
-    """A profile entry {"role": ..., "tool": ...}: a tool agent (which tools exist: tools.TOOLS,
-    checked with the run's options). A tool is never graded, has no prompt, examples or rewards."""
-    unknown = set(entry) - {"role", "tool"}
+def tool_profile(entry: dict, where: str) -> AgentProfile:
+    """A profile entry {"role": ..., "tool": ...} (+ "description" for an orchestrator's team list):
+    a tool agent (which tools exist: tools.TOOLS, checked with the run's options). A tool is never
+    graded and has no prompt, examples or rewards."""
+    unknown = set(entry) - {"role", "tool", "description"}
     if unknown:
-        raise ValueError(f"{where} is a tool: it takes only 'role' and 'tool', not {sorted(unknown)}")
+        raise ValueError(f"{where} is a tool: it takes only 'role', 'tool' and 'description', not {sorted(unknown)}")
     if not isinstance(entry["tool"], str) or not entry["tool"]:
         raise ValueError(f"{where}.tool names a tool, e.g. \"calculator\"")
-    if orchestrated:
-        raise ValueError(f"{where}: tools act in organisations with a fixed D for now, not under an orchestrator")
-    return AgentProfile(str(entry.get("role", "")), "", tool=entry["tool"])
+    if not isinstance(entry.get("description", ""), str):
+        raise ValueError(f"{where}.description is one line of text")
+    return AgentProfile(str(entry.get("role", "")), "", tool=entry["tool"], description=entry.get("description", ""))
 
 
 def load_organisation(name_or_path: str, anonymous: bool = False) -> Organisation:

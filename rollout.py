@@ -229,11 +229,12 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
 
 
 def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[str, str]]]) -> list[tuple[None, str]]:
-    """A tool's action in each episode (tools.py: a fixed π^j), on the actions D gives it, which
-    are appended to the step's transcript: later agents read it as they read any agent's action."""
+    """A tool's action in each episode (tools.py: a fixed π^j), on the actions D gives it (under an
+    orchestrator: every earlier action of the step), appended to the step's transcript: later
+    agents read it as they read any agent's action."""
     taken = []
     for transcript in step_transcripts:
-        read = "\n".join(text for parent, text in transcript if parent in org.parents(role))
+        read = "\n".join(text for parent, text in transcript if org.orchestrator or parent in org.parents(role))
         text = tools.tool_action(org.profile(role).tool, read)
         transcript.append((role, text))
         taken.append((None, text))
@@ -356,7 +357,8 @@ def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples:
             if role not in called:
                 continue
             for b, (s, _) in zip(called[role], act(role, called[role])):
-                samples[b].append(s)
+                if s is not None:  # a tool's call is in the transcript and the calls, not among the samples
+                    samples[b].append(s)
                 out.calls[b][t].append(role)
                 if len(out.calls[b][t]) == org.max_calls:
                     out.step_ends[b][t] = "max_calls"

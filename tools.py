@@ -6,8 +6,9 @@ deterministic: its action is a function of what it reads, it has no adapter, tak
 produces no PPO sample; what it says reaches the learning agents (and the critic) only through
 their observations. In a profile a tool is an agent entry that names its tool instead of a prompt,
 `{"role": "calculator", "tool": "calculator"}`: it acts in σ order on the actions D gives it
-(rollout.py), takes no position in the step's tables (the advantages, GAE chain, credit and M
-run over the learning agents alone) and no adapter. Fixed D only, for now.
+(rollout.py; under an orchestrator, when called, on every earlier action of the step), takes no
+position in the step's tables (the advantages, GAE chain, credit and M run over the learning
+agents alone) and no adapter.
 
     calculator      a^j_t = the value of every `\\calc{EXPR}` in the actions it reads, exact on
                     integers and fractions ("964*59 = 56876"); an expression it cannot evaluate

@@ -156,7 +156,7 @@ def test_a_team_with_a_tool_trains_without_an_adapter_for_the_tool(tmp_path, tin
 
 
 @pytest.mark.parametrize("change, words", [
-    (lambda spec: spec["agents"][1].update(graded=True), "takes only 'role' and 'tool'"),
+    (lambda spec: spec["agents"][1].update(graded=True), "takes only 'role', 'tool' and 'description'"),
     (lambda spec: spec["agents"][1].update(tool=""), "names a tool"),
     (lambda spec: spec.update(agents=[spec["agents"][1] | {"role": "a"}, spec["agents"][1]], dependencies=[]), "graded"),
 ])
@@ -167,11 +167,16 @@ def test_a_tool_entry_that_cannot_work_is_named(change, words):
         organisation_from_dict(spec, "team.json")
 
 
-def test_tools_under_an_orchestrator_and_unknown_tools_are_refused_at_start(tmp_path):
-    with pytest.raises(ValueError, match="fixed D for now"):
-        organisation_from_dict({"agents": [{"role": "solver", "system_prompt": "S", "graded": True},
+def test_an_unknown_tool_and_a_tool_as_orchestrator_are_refused_at_start(tmp_path):
+    with pytest.raises(ValueError, match="cannot be a tool"):
+        organisation_from_dict({"agents": [{"role": "solver", "system_prompt": "S", "graded": True, "description": "d"},
                                            {"role": "calculator", "tool": "calculator"}],
-                                "orchestrator": "solver", "max_calls": 2}, "team.json")
+                                "orchestrator": "calculator", "max_calls": 2}, "team.json")
+    with pytest.raises(ValueError, match=r"\['calculator'\] need a one-line 'description'"):
+        organisation_from_dict({"agents": [{"role": "boss", "system_prompt": "B"},
+                                           {"role": "solver", "system_prompt": "S", "graded": True, "description": "d"},
+                                           {"role": "calculator", "tool": "calculator"}],
+                                "orchestrator": "boss", "max_calls": 2}, "team.json")
     spec = json.loads(json.dumps(CALLER_CALCULATOR_ANSWERER))
     spec["agents"][1]["tool"] = "abacus"
     profile = tmp_path / "abacus.json"
@@ -179,3 +184,50 @@ def test_tools_under_an_orchestrator_and_unknown_tools_are_refused_at_start(tmp_
     with pytest.raises(SystemExit) as stop:
         run_lib.parse_args(["--agents", str(profile)])
     assert "names the tool 'abacus'; the tools are calculator" in str(stop.value)
+
+
+class ScriptedOrchestratorWithCalculator(ScriptedBackend):
+    """The boss writes the expression and calls the calculator, then calls the solver, then
+    finishes; the solver copies the calculator's result from the step so far."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.adapters = tokenizer, []
+
+    def generate(self, prompt_ids, adapter, sampling):
+        self.adapters.append(adapter)
+        texts = []
+        for ids in prompt_ids:
+            prompt = self.tokenizer.decode(ids).rsplit("Problem: ", 1)[1]
+            if adapter == "policy_solver":
+                texts.append("\\boxed{" + prompt.split("Calculator: ")[1].split(" = ")[1].split("<")[0].split()[0] + "}")
+            elif "Solver: " in prompt:
+                texts.append("Done. \\call{finish}")
+            elif "Calculator: " in prompt:
+                texts.append("Now answer. \\call{solver}")
+            else:
+                texts.append("\\calc{" + prompt.split("What is ")[1].split("?")[0] + "} \\call{calculator}")
+        return scripted_actions(self.tokenizer, texts)
+
+
+def test_an_orchestrator_calls_the_calculator_as_it_calls_an_executor(tmp_path, tiny_model_dir):
+    """The calculator reads every earlier action of the step, acts when called, is counted among
+    the calls (the call-rate metric), and takes no sample or position."""
+    from transformers import AutoTokenizer
+    from rollout import orchestration_metrics
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    profile = tmp_path / "boss.json"
+    profile.write_text(json.dumps({
+        "agents": [{"role": "boss", "system_prompt": "Decide who acts."},
+                   {"role": "solver", "system_prompt": "Answer with \\boxed{N}.", "graded": True, "description": "answers"},
+                   {"role": "calculator", "tool": "calculator", "description": "evaluates every \\calc{EXPR} exactly"}],
+        "orchestrator": "boss", "max_calls": 3}))
+    org, cfg = load_organisation(str(profile)), run_lib.Config(agents=str(profile))
+    assert org.learners == ("boss", "solver")
+    with Grader() as grader:
+        rollout = play_episodes(ScriptedOrchestratorWithCalculator(tokenizer).generate, tokenizer, org,
+                                [Problem("What is 964 * 59?", "56876", "", "")], grader, Sampling(1.0, 1.0, 16), cfg)
+    assert rollout.calls == [[["calculator", "solver"]]] and rollout.step_ends == [["finish"]]
+    assert rollout.solved == [True]
+    assert [org.order[n] for n in rollout.agent_index] == ["boss", "boss", "solver", "boss"]
+    assert rollout.position == [0, 1, 2, 3]
+    assert orchestration_metrics(rollout, org)["charts/calls/calculator"] == 1.0
