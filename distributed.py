@@ -211,8 +211,6 @@ def all_ranks(flag: bool) -> bool:
 
 def max_int(value: int) -> int:
     """The largest value over ranks."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
     return int(all_reduce(torch.tensor([value], dtype=torch.long), dist.ReduceOp.MAX).item())
 
 

@@ -301,8 +301,9 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
     """r_{t,k} by credit assignment over each step's actions plus each agent's per-role reward terms,
     then Â: (Â [S, L], R [S, L] or None without a critic, metrics: the fraction of groups with no signal).
 
-    The grids are [B, T, P]: the k-th action of step t, which is agent σ_k under a fixed D and the
-    k-th action of the realised sequence with an orchestrator (steps then differ in length)."""
+    The grids are [B, T, P]: the k-th action of step t, which is the k-th learning agent of σ under a
+    fixed D and the k-th learning action of the realised sequence with an orchestrator (steps then
+    differ in length); tools take no place (rollout.learning_position)."""
     acted = rollout.to_grid(torch.ones(len(rollout.position)))  # [B, T, P]
     rewards = ppo.place_team_reward(rollout.team_reward, acted, cfg.credit, cfg.credit_discount)  # [B, T, P]
     rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward))  # the profiles' per-role terms

@@ -88,7 +88,7 @@ class Rollout:
     episode: list[int] = field(default_factory=list)
     step: list[int] = field(default_factory=list)
     agent_index: list[int] = field(default_factory=list)
-    position: list[int] = field(default_factory=list)  # k: the sample is the k-th action of its step
+    position: list[int] = field(default_factory=list)  # k: the sample is the k-th learning agent's action of its step (tools take no place)
     role_reward: list[float] = field(default_factory=list)  # per sample: the agent's per-role reward terms (profile)
     team_reward: torch.Tensor | None = None  # [B, T]
     dones: torch.Tensor | None = None  # [B, T]

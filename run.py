@@ -300,8 +300,7 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
         if "group_size" not in given and cfg.group_size < 2:
             cfg.group_size = 4
             chosen["group_size"] = "4: --advantage group needs at least 2 episodes per problem to compare"
-        org = tasks.organisation_of(cfg)
-        silent = [role for role in (org.executors if org.orchestrator else org.order[:-1]) if not org.profile(role).rewards]
+        silent = agents_without_signal_under_last(tasks.organisation_of(cfg))
         if "credit" not in given and cfg.credit == "last" and silent:
             cfg.credit = "shared"
             chosen["credit"] = (f"shared: under --credit last with --advantage group the agents {silent} would get a return "
@@ -466,11 +465,19 @@ def check_team(cfg: Config, need) -> None:
         # orchestrator, whose finish ends the step, the executors): without per-role terms of their
         # own, their returns are all 0 and carry no signal.
         no_credit = cfg.credit == "last" or (cfg.credit == "step_discount" and cfg.credit_discount == 0)
-        silent = [role for role in (org.executors if org.orchestrator else org.order[:-1]) if not org.profile(role).rewards]
+        silent = agents_without_signal_under_last(org)
         need(not (no_credit and silent), "credit", f"with --advantage group the agents {silent} would get a return of 0 "
                                                    "and no signal: use --credit shared, equal or step_discount with d > 0")
         need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")
         need(cfg.critic_warmup_iterations == 0, "critic_warmup_iterations", "--advantage group builds no critic: use 0")
+
+
+def agents_without_signal_under_last(org) -> list[str]:
+    """The learning agents that `last` credit pays nothing with group advantages: every one but the
+    last of a step (with an orchestrator, whose finish ends the step, the executors) that has no
+    per-role reward terms of its own. Tools learn nothing and are never among them."""
+    candidates = [role for role in org.executors if not org.profile(role).tool] if org.orchestrator else org.learners[:-1]
+    return [role for role in candidates if not org.profile(role).rewards]
 
 
 def check_machine(cfg: Config, need) -> None:
@@ -492,9 +499,9 @@ def check_machine(cfg: Config, need) -> None:
     need(not cfg.vllm_sleep or cfg.backend == "vllm", "vllm_sleep", "the option puts a vLLM engine to sleep: add --backend vllm")
     need(not cfg.vllm_sleep or torch.cuda.is_available(), "vllm_sleep", "vLLM's sleep mode needs a GPU (CUDA): drop the option here")
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        need(random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL)) is None, "model",
-             f"{random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))}: give random:<a transformers "
-             "config.json>, e.g. random:models/qwen2.5-0.5b.json (docs/gpus.md)")
+        error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))
+        need(error is None, "model", f"{error}: give random:<a transformers config.json>, e.g. "
+                                     "random:models/qwen2.5-0.5b.json (docs/gpus.md)")
 
 
 # ---------------------------------------------------------------------------------------------

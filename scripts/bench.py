@@ -323,41 +323,35 @@ def markdown(report: dict) -> str:
 
 def throughput_lines(t: dict) -> list[str]:
     """The throughput section of the report (markdown lines)."""
-    lines = []
-    lines += ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
-              f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
-              f"| policy update (forward + backward, prompt + response tokens) | {t['policy_update_tokens_per_second']:.0f} |",
-              f"| critic update (forward + backward) | {t['critic_update_tokens_per_second']:.0f} |", ""]
-    return lines
+    return ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
+            f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
+            f"| policy update (forward + backward, prompt + response tokens) | {t['policy_update_tokens_per_second']:.0f} |",
+            f"| critic update (forward + backward) | {t['critic_update_tokens_per_second']:.0f} |", ""]
 
 
 def backends_lines(b: dict) -> list[str]:
     """The backends section of the report (markdown lines)."""
-    lines = []
     if "skipped" in b:
-        lines += [f"Backends: skipped ({b['skipped']}).", ""]
-    else:
-        lines += [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
-                  "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
-                  f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
-                  f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
-                  f"| {b['vllm_tokens_per_second']:.0f} |",
-                  f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
-                  f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "
-                  f"{b['vllm_tokens_per_second'] / b['vllm_without_lora_tokens_per_second']:.0%} of its base-model speed "
-                  f"and at {b['vllm_tokens_per_second'] / b['hf_tokens_per_second']:.0%} of the hf backend's: "
-                  f"the LoRA cost grows with the rank and with the projections that carry an adapter. On this "
-                  f"machine the {'hf' if b['hf_tokens_per_second'] >= b['vllm_tokens_per_second'] else 'vLLM'} "
-                  f"backend generates faster.", ""]
-    return lines
+        return [f"Backends: skipped ({b['skipped']}).", ""]
+    return [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
+            "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
+            f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
+            f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
+            f"| {b['vllm_tokens_per_second']:.0f} |",
+            f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
+            f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "
+            f"{b['vllm_tokens_per_second'] / b['vllm_without_lora_tokens_per_second']:.0%} of its base-model speed "
+            f"and at {b['vllm_tokens_per_second'] / b['hf_tokens_per_second']:.0%} of the hf backend's: "
+            f"the LoRA cost grows with the rank and with the projections that carry an adapter. On this "
+            f"machine the {'hf' if b['hf_tokens_per_second'] >= b['vllm_tokens_per_second'] else 'vLLM'} "
+            f"backend generates faster.", ""]
 
 
 def phases_lines(p: dict) -> list[str]:
     """The phases section of the report (markdown lines)."""
-    lines = []
     off = p["without_prefix_sharing"]
-    lines += [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
-              f"| without prefix sharing |", "| --- | --- | --- |"]
+    lines = [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
+             f"| without prefix sharing |", "| --- | --- | --- |"]
     lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | {off[f'{name}_seconds']:.1f} |"
               for name in PHASES if name != "eval"]
     lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** "
@@ -369,8 +363,7 @@ def phases_lines(p: dict) -> list[str]:
 
 def memory_lines(mem: dict) -> list[str]:
     """The memory section of the report (markdown lines)."""
-    lines = []
-    lines += ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
+    lines = ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
     lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} |"
               for k, v in mem["default"].items() if k.endswith("_agents")]
     lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
@@ -386,10 +379,9 @@ def memory_lines(mem: dict) -> list[str]:
 
 def learning_lines(learn: dict, m: dict) -> list[str]:
     """The learning section of the report (markdown lines)."""
-    lines = []
-    lines += [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
-              f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
-              f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
+             f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
+             f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
     def label(run: str) -> str:
         name, seed = run.rsplit("-seed", 1)
         estimator = "group advantages" if name.endswith("-group") else "critic + GAE"

@@ -22,11 +22,18 @@ TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the default --lora_targe
 GIB = 2**30
 
 
+def attention_widths(config: dict) -> tuple[int, int]:
+    """(query width, key/value width) of a layer: heads × head_dim."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+
+
 def parameters(config: dict) -> int:
-    """Parameters of a Llama/Qwen2 decoder (tests/test_devices.py checks this count against the models)."""
+    """Parameters of a Llama/Qwen2 decoder: embeddings (+ an untied head), per layer q/k/v/o (Qwen2:
+    q/k/v biases), the SwiGLU MLP and two RMSNorms, the final norm. tests/test_devices.py checks it
+    against the model cards' sizes and the built models."""
     h, inter, layers, vocab = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]
-    head_dim = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    q, kv = attention_widths(config)
     attention = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if config["model_type"] == "qwen2" else 0)
     return vocab * h * (1 if config["tie_word_embeddings"] else 2) + layers * (attention + 3 * h * inter + 2 * h) + h
 
@@ -34,8 +41,7 @@ def parameters(config: dict) -> int:
 def lora_parameters(config: dict, rank: int) -> int:
     """One adapter's LoRA parameters: r × (in + out) for each target projection of each layer."""
     h, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    q, kv = attention_widths(config)
     shapes = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, inter), "up": (h, inter), "down": (inter, h)}
     return config["num_hidden_layers"] * sum(rank * sum(shapes[t]) for t in TARGETS)
 

@@ -1,6 +1,7 @@
 """Devices on a machine without a GPU: which device each rank takes (torch.cuda mocked), the one
 door to tensor collectives, random-weight models of a real architecture, and scripts/gpu_check.sh
 saying in one line that it needs CUDA. What needs a GPU is in tests/test_gpu.py (skipped here)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -180,16 +181,16 @@ SHIPPED = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen2.5-1.
            "qwen2.5-3b": 3_085_938_688, "qwen2.5-7b": 7_615_616_512}
 
 
-def parameter_count(config: dict) -> int:
-    """Parameters of a Llama/Qwen2 decoder from its config, counted by hand: embeddings (+ an
-    untied head), per layer q/k/v/o (Qwen2: q/k/v biases), the SwiGLU MLP and two RMSNorms, the
-    final norm."""
-    h, inter, layers, vocab = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]
-    head_dim = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if config["model_type"] == "qwen2" else 0)
-    per_layer = attention + 3 * h * inter + 2 * h
-    return vocab * h * (1 if config["tie_word_embeddings"] else 2) + layers * per_layer + h
+def load_memory_table():
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "scripts" / "memory_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The parameter count of a Llama/Qwen2 decoder from its config, as scripts/memory_table.py counts it
+# for the memory table: checked below against the model cards' published sizes and the built model.
+parameter_count = load_memory_table().parameters
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
