@@ -198,8 +198,6 @@ def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, 
             f"no agent is graded: mark at least one of {roles} with \"graded\": true "
             "(the environment rewards the graded agents' answers)"
         )
-    if all(a.tool for a in agents):
-        raise ValueError("every agent is a tool: at least one agent must learn (an entry with a system_prompt)")
     order = topological_order(roles, edges)
     return Organisation(agents=tuple(agents), dependencies=frozenset(edges), order=order)
 

@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NEEDED = {"torch": "torch", "transformers": "transformers", "peft": "peft", "tqdm": "tqdm", "safetensors": "safetensors",
           "sympy": "sympy", "math_verify": "math-verify", "latex2sympy2_extended": "latex2sympy2_extended",
           "antlr4": "antlr4-python3-runtime", "pytest": "pytest"}
-PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync", "eval", "iteration")
 
 
 def stop(message: str) -> None:
@@ -131,7 +130,8 @@ def run_job(model: str, backend: str, ranks: int, args: argparse.Namespace, fold
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
     out["iterations"] = [{
         "iteration": row["iteration"],
-        "seconds": {phase: round(row[f"time/{phase}"], 3) for phase in PHASES if f"time/{phase}" in row},
+        "seconds": {key.removeprefix("time/"): round(value, 3) for key, value in row.items()  # marft.PhaseTimer's phases
+                    if key.startswith("time/") and key != "time/elapsed"},
         "rollout_tokens_per_second": round(row["perf/rollout_tokens_per_second"], 1),
         "update_tokens_per_second": round(row["perf/update_tokens_per_second"], 1),
         "response_tokens": row["charts/response_tokens"],
