@@ -425,6 +425,73 @@ def _orchestrated(executors: tuple[str, ...] = ("planner", "solver", "verifier")
     return make_orchestrated(profiles, "orchestrator", max_calls)
 
 
+# Teams with the calculator (tools.py), for word problems whose arithmetic is beyond the model
+# (the word task, tasks.py). The caller's worked examples are two one-step stories (a product, a sum);
+# none of the task's stories, and no two-step one: writing those is left to learn.
+_TOOL_EXAMPLE_PROBLEM = "A bag holds 12 marbles. How many marbles are in 34 bags?"
+_TOOL_SUM_EXAMPLE = ("A school has 215 boys and 198 girls. How many children does it have?", "\\calc{215+198}")
+_TOOL_EXAMPLE_ACTIONS = {
+    "caller": "\\calc{12*34}",
+    "calculator": "12*34 = 408",
+    "answerer": "The calculator gives 408. The answer is \\boxed{408}.",
+}
+_TOOL_PROMPTS = {
+    "caller": ("You are the caller of a team with a calculator. Read the problem and write the arithmetic that "
+               "answers it as one expression in \\calc{...}, for example \\calc{12*34}. Do not compute it yourself."),
+    "answerer": ("You are the answerer of a team. The calculator has evaluated the caller's expression. Give its "
+                 "result as the final answer \\boxed{N}."),
+    "solver": ("You are the solver of a team. Compute the result (if the calculator has evaluated it, use its "
+               "result) and end with the final answer as \\boxed{N}."),
+}
+TOOL_DESCRIPTIONS = {  # what an orchestrator is told about each member of its calculator team
+    "caller": "writes the arithmetic of the problem as one \\calc{...} expression; gives no answer",
+    "calculator": "evaluates the \\calc{...} expression written before it, exactly",
+    "solver": "computes the result (reading the calculator's, if there is one) and gives the answer as \\boxed{N}",
+}
+
+
+def _calculator_team() -> Organisation:
+    """caller → calculator → answerer: the caller writes \\calc{EXPR}, the calculator (a tool: a fixed
+    π^j, tools.py) evaluates it, the answerer reads both and gives \\boxed{N}. With --shared_adapter
+    it is one agent that uses a tool: one policy taking the caller's turn, then the answerer's."""
+    caller, calculator = ("caller", _TOOL_EXAMPLE_ACTIONS["caller"]), ("calculator", _TOOL_EXAMPLE_ACTIONS["calculator"])
+    profiles = [
+        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, []), caller[1]),
+                                                                  (unrolled_user_text(_TOOL_SUM_EXAMPLE[0], []), _TOOL_SUM_EXAMPLE[1]))),
+        AgentProfile("calculator", "", tool="calculator"),
+        AgentProfile("answerer", _TOOL_PROMPTS["answerer"], True,
+                     ((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, [caller, calculator]), _TOOL_EXAMPLE_ACTIONS["answerer"]),)),
+    ]
+    return make_organisation(profiles, [("caller", "calculator"), ("caller", "answerer"), ("calculator", "answerer")])
+
+
+def _orchestrated_calculator(max_calls: int = 3) -> Organisation:
+    """An orchestrator over a caller, the calculator and a solver: on a small problem it can call the
+    solver alone, then finish; on a big one the caller, the calculator, then the solver (every call
+    of the calculator is charged --tool_call_cost). Its worked examples show both."""
+    small, big = _EXAMPLE_PROBLEM, _TOOL_EXAMPLE_PROBLEM
+    caller, calculator = ("caller", _TOOL_EXAMPLE_ACTIONS["caller"]), ("calculator", _TOOL_EXAMPLE_ACTIONS["calculator"])
+    call = lambda role: ("orchestrator", f"\\call{{{role}}}")
+    orchestrator_examples = ((unrolled_user_text(small, []), call("solver")[1]),
+                             (unrolled_user_text(small, [call("solver"), ("solver", _EXAMPLE_ACTIONS["solver"])]), call(FINISH)[1]),
+                             (unrolled_user_text(big, []), call("caller")[1]),
+                             (unrolled_user_text(big, [call("caller"), caller]), call("calculator")[1]),
+                             (unrolled_user_text(big, [call("caller"), caller, call("calculator"), calculator]), call("solver")[1]))
+    solver_example = (unrolled_user_text(big, [call("caller"), caller, call("calculator"), calculator, call("solver")]),
+                      _TOOL_EXAMPLE_ACTIONS["answerer"])
+    small_example = (unrolled_user_text(small, [call("solver")]), _EXAMPLE_ACTIONS["solver"])
+    profiles = [
+        AgentProfile("orchestrator", _ORCHESTRATOR_PROMPT, examples=orchestrator_examples),
+        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(big, [call("caller")]), caller[1]),
+                                                                  (unrolled_user_text(_TOOL_SUM_EXAMPLE[0], [call("caller")]),
+                                                                   _TOOL_SUM_EXAMPLE[1])),
+                     description=TOOL_DESCRIPTIONS["caller"]),
+        AgentProfile("calculator", "", tool="calculator", description=TOOL_DESCRIPTIONS["calculator"]),
+        AgentProfile("solver", _TOOL_PROMPTS["solver"], True, (solver_example, small_example), description=TOOL_DESCRIPTIONS["solver"]),
+    ]
+    return make_orchestrated(profiles, "orchestrator", max_calls)
+
+
 BUILTIN_ORGANISATIONS = {
     "single": lambda: _builtin([("solver", "lone_solver", True)], []),
     "chain": lambda: _chain(["planner", "solver"], graded="solver"),
@@ -435,6 +502,9 @@ BUILTIN_ORGANISATIONS = {
     "parallel": lambda: _builtin([("solver_a", "lone_solver", True), ("solver_b", "lone_solver", True)], []),
     # A dynamic D: the orchestrator calls the planner, the solver or the verifier, up to 3 calls a step.
     "orchestrated": _orchestrated,
+    # With the calculator (tools.py): caller → calculator → answerer, and an orchestrator that may call it.
+    "calculator_team": _calculator_team,
+    "orchestrated_calculator": _orchestrated_calculator,
     # Code tasks (--data code | humaneval | an MBPP file): the graded agent's last ```python block is run.
     "coder": lambda: _builtin([("coder", "lone_coder", True)], [], task="code"),
     "planner_coder": lambda: _builtin([("planner", "code_planner", False), ("coder", "coder", True)], [("planner", "coder")],

@@ -113,7 +113,7 @@ import run as run_lib
 import tasks
 from envs import Grader, Problem
 from flex_pomdp import Organisation
-from rollout import Rollout, heldout_metrics, orchestration_metrics, run_episodes, task_metrics
+from rollout import Rollout, heldout_metrics, orchestration_metrics, run_episodes, task_metrics, tool_metrics
 from run import Config
 
 
@@ -729,6 +729,7 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         "charts/accuracy": sum(rollout.solved) / episodes,
         "charts/unparseable_rate": rollout.unparseable / max(rollout.graded_answers, 1),
         "charts/response_tokens": generated_tokens / len(rollout.response_ids),
+        "charts/generated_tokens": generated_tokens,  # all agents' responses; summed over iterations: the run's budget
         "charts/truncated_prompts": rollout.truncated_prompts,
         "grader/timeouts": rollout.ungraded,
         "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
@@ -739,6 +740,7 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         **timer.metrics(),
         **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
         **task_metrics(rollout, cfg, "charts"),  # the task's own (code: how the programs ended)
+        **tool_metrics(rollout, org, "charts"),  # organisations with a tool: calls, errors, answers taken from it
     }
     if returns is not None:  # the critic's metrics
         metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)

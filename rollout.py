@@ -42,7 +42,9 @@ Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes ea
     eval/accuracy_greedy   one greedy episode per problem
     eval/unparseable_rate  graded answers with no parseable \\boxed{} (code: no program), over all graded answers
     eval/<name>            the task's own metrics of the sampled steps (tasks.Task.metrics; the code
-                           task's program/<outcome>: the fraction of programs that passed, failed, …)
+                           task's program/<outcome>: the fraction of programs that passed, failed, …;
+                           the word task's accuracy/<template>), and eval/greedy/<name> of the greedy ones
+    eval/tools/…           (with a tool) `tool_metrics` of the sampled steps; eval/greedy/tools/… of the greedy
     eval/calls_per_episode, eval/calls/<role>, eval/finish_rate, eval/max_calls_rate,
     eval/orchestration_errors   (orchestrated only) `orchestration_metrics` of the greedy episodes
 
@@ -52,6 +54,7 @@ Chen et al. (2021), 1 − C(n − c, k) / C(n, k), for any k ≤ n.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -221,7 +224,8 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                         samples[b].append(s)
         still_active = []
         for b in active:
-            observations[b], done = step_environment(envs[b], task, org, transcripts[b], samples[b], out, b, t)
+            observations[b], done = step_environment(envs[b], task, org, transcripts[b], samples[b], out, b, t,
+                                                     cfg.tool_call_cost)
             if not done:
                 still_active.append(b)
         active = still_active
@@ -266,15 +270,19 @@ def empty_rollout(B: int, T: int, orchestrated: bool) -> Rollout:
 
 
 def step_environment(env, task, org: Organisation, transcript: list[tuple[str, str]], step_samples: list[int], out: Rollout,
-                     b: int, t: int):
+                     b: int, t: int, cost_per_tool_call: float = 0.0):
     """env.step(a_t) → R_t, done_t, o_{t+1} for episode b at step t, its joint action the step's
     transcript [(role, text)] (samples `step_samples`); R_t, done_t and what the step's info says
-    (per-role rewards, graded outcomes, program outcomes) are recorded in `out`. Returns (o_{t+1}, done_t)."""
+    (per-role rewards, graded outcomes, program outcomes) are recorded in `out`, with the step's
+    tool use (`tool_use`, in info["tools"]): every tool call costs `cost_per_tool_call` (--tool_call_cost)
+    of the team reward. Returns (o_{t+1}, done_t)."""
     joint_action = dict(transcript)  # role → its (last) action of the step
     if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
         joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcript) if role in org.graded_roles), "")
     observation, reward, done, info = env.step(joint_action)
     tasks.check_step_info(task, info)
+    info["tools"] = tool_use(org, transcript)
+    reward -= cost_per_tool_call * info["tools"]["calls"]  # R_t − c · (tool calls of the step)
     out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
     out.solved[b] = info["correct"]
     last_sample = {org.order[out.agent_index[s]]: s for s in step_samples}  # a role's terms score its last action
@@ -288,6 +296,41 @@ def step_environment(env, task, org: Organisation, transcript: list[tuple[str, s
     for outcome in info.get("program_outcomes", {}).values():
         out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + 1
     return observation, done
+
+
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def tool_use(org: Organisation, transcript: list[tuple[str, str]]) -> dict:
+    """What the tools did in one step: {"calls": tool actions taken, "errors": those whose output
+    holds an error (a malformed or refused input), "answer_is_tool_output": whether the step's
+    graded answer (its last \\boxed{}) is the last value a tool gave (tools.tool_value); None when no
+    tool gave one}."""
+    tool_texts = [text for role, text in transcript if org.profile(role).tool]
+    values = [value for role, text in transcript if org.profile(role).tool
+              if (value := tools.tool_value(org.profile(role).tool, text)) is not None]
+    graded = [text for role, text in transcript if role in org.graded_roles]
+    answers = BOXED.findall(graded[-1]) if graded else []
+    same = None if not values else bool(answers) and answers[-1].replace(",", "").strip() == values[-1]
+    return {"calls": len(tool_texts), "errors": sum("error:" in text for text in tool_texts), "answer_is_tool_output": same}
+
+
+def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dict[str, float]:
+    """How the tools were used over every step of a rollout (empty without tools):
+
+        tools/calls_per_episode     tool calls per episode, all steps
+        tools/error_rate            calls whose output holds an error, of all calls
+        tools/answer_is_tool_output steps whose graded answer is the last tool value, of the steps
+                                    where a tool gave a value
+    """
+    if rollout is None or org.learners == org.order:
+        return {}
+    used = [info["tools"] for steps in rollout.infos for info in steps]
+    calls = sum(u["calls"] for u in used)
+    valued = [u["answer_is_tool_output"] for u in used if u["answer_is_tool_output"] is not None]
+    return {f"{prefix}/tools/calls_per_episode": calls / len(rollout.infos),
+            f"{prefix}/tools/error_rate": sum(u["errors"] for u in used) / max(calls, 1),
+            f"{prefix}/tools/answer_is_tool_output": sum(valued) / max(len(valued), 1)}
 
 
 def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str, float]:
@@ -425,6 +468,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)
         metrics |= task_metrics(sampled, cfg, "eval")  # the task's own (code: how the sampled programs ended)
+        metrics |= tool_metrics(sampled, org, "eval")
         if samples > 1:
             metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
     greedy_rollout = None
@@ -432,6 +476,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
                                       generation.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
+        metrics |= task_metrics(greedy_rollout, cfg, "eval/greedy") | tool_metrics(greedy_rollout, org, "eval/greedy")
     # The realised D_t of the held-out episodes (orchestrated only): of the greedy episodes, which
     # every evaluation plays, else of the sampled ones.
     metrics |= orchestration_metrics(greedy_rollout or sampled, org, prefix="eval")

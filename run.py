@@ -88,6 +88,8 @@ class Config:
     """H: steps per episode; after a wrong answer the agents get feedback and try again"""
     format_penalty: float = 0.0
     """subtracted from the reward when a graded answer has no parseable \\boxed{}"""
+    tool_call_cost: float = 0.0
+    """subtracted from the team reward for every tool call of a step (an organisation with a tool, tools.py)"""
     code_all_or_nothing: bool = False
     """code tasks: reward 1 only when every test passes (default: the fraction of tests passed)"""
 
@@ -258,7 +260,9 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
         if "agents" not in given:
             cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
         # not a Config field (no option): Run writes it into config.json as chosen/<option>
-        cfg.chosen = follow_given_options(cfg, options_on_command_line(argv) | ({"credit", "group_size"} if config_file else set()))
+        # with --config every option the file holds counts as given: the file records what its run used
+        cfg.chosen = follow_given_options(cfg, options_on_command_line(argv) | (set(saved_options(config_file, "--config"))
+                                                                                if config_file else set()))
         for option, why in cfg.chosen.items():
             print(f"[options] --{option} {why}", file=sys.stderr)
     validate(cfg)
@@ -292,10 +296,17 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
     """Options the user did not give that follow those they did: set on `cfg`, and returned as
     {option: why} (recorded in the run's config.json as chosen/<option>).
 
+    The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first.
     --advantage group compares each episode with the other G − 1 of its problem: without
     --group_size, G = 4 (G = 1 has no baseline); without --credit, `shared` when the default
     `last` would give every agent but the last (an orchestrator's executors) a return of 0."""
-    chosen = {}
+    chosen, task = {}, tasks.task_of(cfg)
+    for option, value in task.options.items():  # the task's own defaults
+        if option not in {f.name for f in dataclasses.fields(Config)}:
+            raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
+        if option not in given:
+            setattr(cfg, option, value)
+            chosen[option] = f"{value}: the {task.name} task's default"
     if cfg.advantage == "group":
         if "group_size" not in given and cfg.group_size < 2:
             cfg.group_size = 4
@@ -424,7 +435,7 @@ def check_ranges(cfg: Config, need) -> None:
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm", "dist_timeout_minutes"):
         need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "temperature", "time_limit_minutes"):
+    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "tool_call_cost", "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("gamma", "gamma_agent", "gamma_token", "lam", "credit_discount"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
@@ -449,12 +460,24 @@ def check_choices(cfg: Config, need) -> None:
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
 
 
+@functools.cache
+def sandbox_runs_here() -> bool:
+    """Whether the code sandbox runs a one-line program here (the python runner's machine check)."""
+    try:
+        return sandbox.run_tests("print(1)", []).output == "1\n"
+    except sandbox.SandboxError:
+        return False
+
+
 def check_team(cfg: Config, need) -> None:
     """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
     for profile in org.agents:
         need(not profile.tool or profile.tool in tools.TOOLS, "agents", f"agent {profile.role!r} names the tool "
              f"{profile.tool!r}; the tools are {', '.join(tools.TOOLS)}")
+        if profile.tool == "python":
+            need(sandbox_runs_here(), "agents", f"agent {profile.role!r} is the python runner, but the code sandbox cannot "
+                 "run a program on this machine (README: The code sandbox)")
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")

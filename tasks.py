@@ -18,7 +18,9 @@ A `Task` is
     default_organisation   optional: the organisation of a command line without --agents (default:
                            the first of `organisations`)
     metrics(infos)         optional: the info dicts of every step played → {name: value}, logged as
-                           charts/<name> (training rollouts) and eval/<name> (held-out, sampled)
+                           charts/<name> (training rollouts), eval/<name> and eval/greedy/<name> (held-out)
+    options                optional: {option: value}, the task's defaults for options the command
+                           line leaves out (e.g. {"temperature": 0.7}); recorded as chosen/<option>
 
 The registry `TASKS` maps names to Tasks. The built-in tasks are registered below through
 `register`, as a task of your own is when --task loads it:
@@ -27,6 +29,13 @@ The registry `TASKS` maps names to Tasks. The built-in tasks are registered belo
            HF dataset id (`read_data`); MathEnv grades the graded agents' \\boxed{} answers
     code   --data code (generated), humaneval or an MBPP-format file; CodeEnv runs the graded
            agents' programs against the unit tests in the sandbox (metrics: program/<outcome>)
+    word   word problems whose arithmetic is beyond the 135M model (envs/word_problems.py), held
+           out by operands and by template; organisations calculator_team (the default: caller →
+           calculator → answerer), single, orchestrated_calculator, chain; graded like math
+           (metrics: accuracy/<template>, tools/call_rate/<template>, `word_metrics`)
+    word_mixed  the word problems alternating with small arithmetic (one-digit products,
+           two-digit + one-digit sums: kinds small_products, small_sums); default organisation orchestrated_calculator,
+           whose calculator calls (--tool_call_cost) should go to the big problems only
 
 --task takes a registered name, `package.module:name`, or `path/to/file.py[:name]` (without
 `:name`, the one Task the module defines). Left out, the task is chosen from --data as it was
@@ -38,6 +47,7 @@ rollout.py and evaluate.py ask it for the run's task (`task_of`) and organisatio
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -52,6 +62,7 @@ import distributed
 from envs import CodeEnv, Environment, Grader, MathEnv, Problem, load_problems, make_arithmetic_problems, make_code_problems
 from envs import sandbox
 from envs.code_problems import is_mbpp_row
+from envs.word_problems import HELD_OUT_TEMPLATES, TEMPLATE_NAMES, make_word_problems
 from flex_pomdp import (BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, load_organisation, make_anonymous,
                         organisation_from_dict)
 
@@ -76,6 +87,7 @@ class Task:
     organisations: Mapping = field(default_factory=dict)  # name → profile dict | () → Organisation
     default_organisation: str = ""  # "": the first of `organisations`
     metrics: Callable | None = None  # (infos: list[dict]) → {name: value}
+    options: Mapping = field(default_factory=dict)  # option → value: the task's own defaults (run.Config fields)
 
 
 TASKS: dict[str, Task] = {}
@@ -91,6 +103,8 @@ def register(task: Task) -> Task:
     for part in ("load", "make_env"):
         if not callable(getattr(task, part)):
             raise ValueError(f"task {task.name}: {part} must be a function (the module docstring of tasks.py gives its signature)")
+    if not isinstance(task.options, Mapping) or not all(isinstance(name, str) for name in task.options):
+        raise ValueError(f"task {task.name}: options maps option names (run.Config fields) to their values")
     if task.metrics is not None and not callable(task.metrics):
         raise ValueError(f"task {task.name}: metrics must be a function of the steps' info dicts, or None")
     if not isinstance(task.organisations, Mapping) or not all(
@@ -358,7 +372,77 @@ def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
     return {f"program/{outcome}": ended.count(outcome) / len(ended) for outcome in sandbox.OUTCOMES} if ended else {}
 
 
+# ---------------------------------------------------------------------------------------------
+# The word task: arithmetic beyond the model, where calling the calculator must be learned
+# ---------------------------------------------------------------------------------------------
+
+WORD_TRAIN_PER_TEMPLATE, WORD_TEST_PER_TEMPLATE = 200, 50
+SMALL_LEVELS = (2, 3)  # the mixed task's small problems: one-digit products, two-digit + one-digit sums
+
+
+def load_word(cfg) -> tuple[list[Problem], list[Problem]]:
+    """Word problems (envs/word_problems.py), split by operands, two templates held out entirely."""
+    refuse_data(cfg, "word")
+    return (make_word_problems("train", cfg.seed, WORD_TRAIN_PER_TEMPLATE),
+            make_word_problems("test", cfg.seed, WORD_TEST_PER_TEMPLATE))
+
+
+def load_word_mixed(cfg) -> tuple[list[Problem], list[Problem]]:
+    """The word problems and small arithmetic (SMALL_LEVELS) alternating, so that any first N rows
+    (a batch, the held-out cut) hold both kinds alike."""
+    refuse_data(cfg, "word_mixed")
+    alternate = lambda big, small: [row for pair in zip(big, small) for row in pair]
+    return tuple(alternate(make_word_problems(split, cfg.seed, count), make_arithmetic_problems(split, cfg.seed, SMALL_LEVELS))
+                 for split, count in (("train", WORD_TRAIN_PER_TEMPLATE), ("test", WORD_TEST_PER_TEMPLATE)))
+
+
+def refuse_data(cfg, task: str) -> None:
+    given = [f"--{name}" for name in ("data", "eval_data", "arithmetic_levels")
+             if getattr(cfg, name) != next(f.default for f in dataclasses.fields(cfg) if f.name == name)]
+    if given:
+        raise SystemExit(f"the {task} task makes its own problems and reads no {' or '.join(given)}: leave it out "
+                         "(or use --task math to train on a file)")
+
+
+SMALL_KINDS = {"Level 2": "small_products", "Level 3": "small_sums"}  # the generated levels' names (envs/problems.py)
+
+
+def problem_kind(level: str) -> str:
+    """A word problem's template name; small_products or small_sums for the mixed task's small
+    arithmetic (grouped as "small"); any other level as it is."""
+    return level if level in TEMPLATE_NAMES else SMALL_KINDS.get(level, level)
+
+
+def word_metrics(infos: list[dict]) -> dict[str, float]:
+    """Per kind of problem (problem_kind; grouped: the word problems of the trained templates, of the
+    held-out ones, all of them; the small ones), over the steps played: accuracy/<kind>, and tools/call_rate/<kind>, the
+    steps in which a tool was called."""
+    groups: dict[str, list[dict]] = {}
+    for info in infos:
+        kind = problem_kind(info["level"])
+        if kind in TEMPLATE_NAMES:
+            names = [kind, "word", "new_templates" if kind in HELD_OUT_TEMPLATES else "trained_templates"]
+        else:
+            names = [kind, "small"]
+        for name in names:
+            groups.setdefault(name, []).append(info)
+    metrics = {}
+    for name, members in sorted(groups.items()):
+        metrics[f"accuracy/{name}"] = sum(info["correct"] for info in members) / len(members)
+        metrics[f"tools/call_rate/{name}"] = sum(info["tools"]["calls"] > 0 for info in members) / len(members)
+    return metrics
+
+
 MATH = register(Task("math", load_math, math_env, default_organisation="chain",
                      organisations={n: build for n, build in BUILTIN_ORGANISATIONS.items() if n not in CODE_ORGANISATIONS}))
 CODE = register(Task("code", load_code, code_env, default_organisation="coder", metrics=program_outcome_rates,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in CODE_ORGANISATIONS}))
+_WORD_ORGANISATIONS = ("calculator_team", "single", "orchestrated_calculator", "chain")
+# At T = 1 the 135M model's caller writes a well-formed, right expression too rarely to learn from
+# (4 of 96 sampled episodes untrained, against 19 of 96 at T = 0.7); a caller's turn is short.
+_WORD_OPTIONS = {"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48}
+WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
+                     organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
+WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
+                           default_organisation="orchestrated_calculator",
+                           organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))

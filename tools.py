@@ -1,4 +1,4 @@
-"""Tools: agents with a fixed policy. This file holds the calculator, the first of them.
+"""Tools: agents with a fixed policy. This file holds two: the calculator and the python runner.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), the Flex-POMDP: every agent j acts on what the
 dependency function D gives it, a^j_t ~ π^j(· | ô^j_t). A tool is an agent whose π^j is fixed and
@@ -13,6 +13,9 @@ agents alone) and no adapter.
     calculator      a^j_t = the value of every `\\calc{EXPR}` in the actions it reads, exact on
                     integers and fractions ("964*59 = 56876"); an expression it cannot evaluate
                     gives an error text as its output, never an exception
+    python          a^j_t = what the last ```python block in the actions it reads prints, run in
+                    the code sandbox (envs/sandbox.py), cut at MAX_OUTPUT_CHARS; a program that
+                    crashes, times out or does not parse adds an error line, never an exception
 
 The calculator parses with Python's `ast` and evaluates the few node types of arithmetic itself:
 no `eval`, no names, no calls, no attributes; bounded input length, expression size, exponent and
@@ -23,6 +26,8 @@ from __future__ import annotations
 import ast
 import re
 from fractions import Fraction
+
+from envs import sandbox
 
 CALL = re.compile(r"\\calc\{([^{}]*)\}")  # \calc{EXPR}: EXPR has no braces
 MAX_EXPRESSION_CHARS = 200  # longer input is refused before parsing
@@ -130,7 +135,47 @@ def calculator_action(text: str) -> str:
     return "\n".join(lines)
 
 
-TOOLS = {"calculator": calculator_action}  # tool name → its policy: the text it reads → its action
+# ---------------------------------------------------------------------------------------------
+# The python runner: a program block run in the code sandbox, its printed output as the action
+# ---------------------------------------------------------------------------------------------
+
+PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+PYTHON_LIMITS = sandbox.Limits(seconds_per_test=2.0, seconds_per_program=5.0)
+MAX_OUTPUT_CHARS = 1000  # printed output kept in the action (what later agents read)
+
+
+def python_action(text: str) -> str:
+    """The python runner's action on what it reads: the last ```python block run in the code sandbox
+    (envs/sandbox.py: no network, no files outside its own, bounded time and memory), its printed
+    output cut at MAX_OUTPUT_CHARS; a program that fails adds "error: <outcome>: <why>". A text
+    without a block gets an error line. Raises only sandbox.SandboxError, when the machine cannot
+    run the sandbox at all (the run checks that at its start)."""
+    blocks = PYTHON_BLOCK.findall(text)
+    if not blocks:
+        return "error: no ```python block to run"
+    report = sandbox.run_tests(blocks[-1], [], PYTHON_LIMITS)
+    output = report.output[:MAX_OUTPUT_CHARS].rstrip("\n")
+    if len(report.output) > MAX_OUTPUT_CHARS:
+        output += f"\n[output cut at {MAX_OUTPUT_CHARS} characters]"
+    if report.outcome != sandbox.PASSED:
+        output = (output + "\n" if output else "") + f"error: {report.outcome}: {report.detail[:200]}"
+    return output or "(the program printed nothing)"
+
+
+TOOLS = {"calculator": calculator_action, "python": python_action}  # tool name → its policy: the text it reads → its action
+
+
+def tool_value(tool: str, action: str) -> str | None:
+    """The last value a tool's action gave (what a graded answer may take from it), None when it
+    gave none: the calculator's last "EXPR = VALUE"; the python runner's last printed line of a
+    program that ran without error."""
+    lines = [line.strip() for line in action.splitlines() if line.strip() and "error:" not in line]
+    if tool == "calculator":
+        values = [line.rpartition(" = ")[2] for line in lines if " = " in line]
+        return values[-1] if values else None
+    if "error:" in action or action == "(the program printed nothing)" or not lines:
+        return None
+    return lines[-1]
 
 
 def tool_action(tool: str, text: str) -> str:

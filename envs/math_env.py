@@ -90,7 +90,8 @@ class MathEnv:
         info = {"outcomes": {role: "correct" | "wrong" | "unparseable" | "ungraded"},
                 "correct": every graded answer correct,
                 "role_rewards": {role: Σ weight · term} for the roles of `role_rewards` in joint_action,
-                "step": index of the step just taken (0 for the first)}.
+                "step": index of the step just taken (0 for the first),
+                "level": the problem's level (a task's metrics may group by it)}.
     `role_rewards`: role → ((term, weight), ...), the per-role terms of the agents' profiles.
     When done, the observation is the bare problem text (there is no next turn).
     """
@@ -143,7 +144,7 @@ class MathEnv:
             observation = self.problem.problem
         else:
             observation = feedback_observation(self.problem.problem, outcomes, joint_action)
-        info = {"outcomes": outcomes, "correct": all_correct, "step": step_index,
+        info = {"outcomes": outcomes, "correct": all_correct, "step": step_index, "level": self.problem.level,
                 "role_rewards": self.role_reward_terms(joint_action, outcomes)}
         return observation, reward, self.done, info
 

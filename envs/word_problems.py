@@ -49,6 +49,7 @@ TEMPLATES = (
     Template("crates", "A shop receives {b} crates of {a} apples and sells {c} apples. How many apples are left?",
              (THREE_DIGITS, TWO_DIGITS, THREE_DIGITS), lambda a, b, c: a * b - c, "{a}*{b}-{c}"),
 )
+TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)
 HELD_OUT_TEMPLATES = ("rows", "crates")  # only in "test": one product, one two-step story
 TEST_FRACTION = 0.25
 

@@ -21,8 +21,10 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
                 orchestrated team (D decided step by step), critic + GAE, and the chain with group
                 advantages (no critic; G = 4 episodes of a quarter as many problems, as many
-                episodes per iteration as GAE's, credit `shared`), on the default
-                task at equal wall time (`--time_limit_minutes`, which counts the evaluations too),
+                episodes per iteration as GAE's, credit `shared`), on the default task; and on the
+                word task (tools.py) caller → calculator → answerer, the same with one shared
+                adapter (one agent that uses the calculator) and one agent without a tool; all
+                at equal wall time (`--time_limit_minutes`, which counts the evaluations too),
                 seeds 1 and 2: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
                 seconds per iteration, peak resident memory, and an overlay plot (scripts/plot.py).
 
@@ -36,7 +38,7 @@ lines of docs/benchmark.md; `--render_only` rewrites bench.md (and, with `--upda
 page's block) from an existing bench.json. `--quick`
 is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
 section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the
-full mode takes about two and a half hours on 2 cores (10 learning runs of 10 minutes).
+full mode takes about three and a half hours on 2 cores (16 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 Each learning run's metrics.jsonl is kept in <out>/learning/metrics/<run>/, which the plot is drawn
 from, so a later `--merge` on another machine redraws it; rows merged from a report that kept no
@@ -62,7 +64,8 @@ import torch  # noqa: E402
 
 import agents  # noqa: E402
 import critic  # noqa: E402
-import generation
+import generation  # noqa: E402
+import tasks  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
 from run import Config  # noqa: E402
@@ -71,7 +74,8 @@ SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
             eval_problems=4, learning_minutes=10.0,
-            learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated"), learning_seeds=(1, 2))
+            learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
+                           "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
@@ -255,8 +259,19 @@ def prompt_lengths_by_position(tokenizer) -> list[float]:
     return lengths
 
 
+def learning_configuration(name: str) -> tuple[str, str, str, bool]:
+    """A learning run's name, [task:]organisation[-group][+shared] → (organisation, "group" or "",
+    task or "" for the default task, --shared_adapter): e.g. word:calculator_team+shared is the
+    word task's caller → calculator → answerer with one adapter (one agent that uses a tool)."""
+    task, _, rest = name.rpartition(":")
+    shared = rest.endswith("+shared")
+    agents_name, _, estimator = rest.removesuffix("+shared").partition("-")
+    return agents_name, estimator, task, shared
+
+
 def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, runs: list[str], earlier: dict | None) -> dict:
-    """Each run is named <organisation> (critic + GAE) or <organisation>-group (group advantages),
+    """Each run is named by its configuration (`learning_configuration`: <organisation> with critic +
+    GAE, <organisation>-group with group advantages, optionally a task and one shared adapter),
     then -seed<k>; every configuration of `runs` runs once per seed of sizes["learning_seeds"].
     `earlier` (--merge): the learning section of an earlier report, whose other runs are kept."""
     if earlier and earlier["time_limit_minutes"] != minutes:
@@ -265,7 +280,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
     table = dict(earlier["runs"]) if earlier else {}
     kept = out / "learning" / "metrics"  # each run's metrics.jsonl, kept with the report: the plot redraws from them
     for name in runs:
-        agents_name, _, estimator = name.partition("-")
+        agents_name, estimator, task, shared = learning_configuration(name)
         episodes = 2 if quick else DEFAULTS.batch_size  # per iteration, for both estimators
         group_size = (2 if quick else 4) if estimator == "group" else 1
         for seed in sizes["learning_seeds"]:
@@ -273,6 +288,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                     "--seed", str(seed), "--batch_size", str(episodes // group_size)]
             if estimator == "group":
                 args += ["--advantage", "group", "--group_size", str(group_size), "--credit", "shared"]
+            args += (["--task", task] if task else []) + (["--shared_adapter"] if shared else [])
             if quick:
                 args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]),
                          "--eval_problems", str(sizes["eval_problems"])]
@@ -384,8 +400,10 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
              f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
     def label(run: str) -> str:
         name, seed = run.rsplit("-seed", 1)
-        estimator = "group advantages" if name.endswith("-group") else "critic + GAE"
-        return f"{name.removesuffix('-group')}, {estimator}, seed {seed}"
+        agents_name, estimator, task, shared = learning_configuration(name)
+        estimator = "group advantages" if estimator == "group" else "critic + GAE"
+        where = f"{task} task, " if task else ""
+        return f"{where}{agents_name}{' (one shared adapter)' if shared else ''}, {estimator}, seed {seed}"
     dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})
     if len(dates) > 1:
         lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)} (merged with `--merge`; each row's date is in bench.json).", ""]
@@ -489,10 +507,10 @@ def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, li
         except ValueError:
             raise SystemExit(f"--learning_seeds={args.learning_seeds!r}: give comma-separated whole numbers, e.g. 1,2") from None
     for name in runs:
-        agents_name, _, estimator = name.partition("-")
-        if agents_name not in BUILTIN_ORGANISATIONS or estimator not in ("", "group"):
-            raise SystemExit(f"--learning_runs: {name!r} is not <organisation> or <organisation>-group with a built-in "
-                             f"organisation ({', '.join(BUILTIN_ORGANISATIONS)})")
+        agents_name, estimator, task, shared = learning_configuration(name)
+        if agents_name not in BUILTIN_ORGANISATIONS or estimator not in ("", "group") or (task and task not in tasks.TASKS):
+            raise SystemExit(f"--learning_runs: {name!r} is not [task:]<organisation>[-group][+shared] with a built-in "
+                             f"organisation ({', '.join(BUILTIN_ORGANISATIONS)}) and task ({', '.join(tasks.TASKS)})")
     return skip, sizes, minutes, runs
 
 

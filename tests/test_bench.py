@@ -91,10 +91,14 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
 
 
 def test_learning_runs_must_name_a_built_in_organisation_and_merge_needs_a_report(tmp_path):
-    with pytest.raises(SystemExit, match="'chian' is not <organisation>"):
+    with pytest.raises(SystemExit, match=r"'chian' is not \[task:\]<organisation>"):
         bench.main(["--learning_runs", "single,chian", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="'chain-gae' is not <organisation>"):
+    with pytest.raises(SystemExit, match=r"'chain-gae' is not \[task:\]<organisation>"):
         bench.main(["--learning_runs", "chain-gae", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"'wrod:single' is not .* and task \(math, code, word"):
+        bench.main(["--learning_runs", "wrod:single", "--out", str(tmp_path)])
+    assert bench.learning_configuration("word:calculator_team+shared") == ("calculator_team", "", "word", True)
+    assert bench.learning_configuration("chain-group") == ("chain", "group", "", False)
     with pytest.raises(SystemExit, match="no .*bench.json to merge into"):
         bench.main(["--merge", "--out", str(tmp_path)])
     (tmp_path / "bench.json").write_text(json.dumps({"mode": "quick"}))

@@ -411,7 +411,8 @@ def test_single_step_episode(grader):
     assert env.reset(seed=0) == "What is 7 + 5?"
     observation, reward, done, info = env.step({"planner": "add them", "solver": "so \\boxed{12}"})
     assert (reward, done) == (1.0, True)
-    assert info == {"outcomes": {"solver": "correct"}, "correct": True, "step": 0, "role_rewards": {}}
+    assert info == {"outcomes": {"solver": "correct"}, "correct": True, "step": 0, "role_rewards": {},
+                    "level": SEVEN_PLUS_FIVE.level}
 
     env.reset()
     observation, reward, done, info = env.step({"solver": "\\boxed{13}"})

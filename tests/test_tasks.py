@@ -32,7 +32,9 @@ def test_the_builtin_tasks_are_registered_as_a_task_of_your_own_is():
     assert tasks.TASKS["math"] is tasks.MATH and tasks.TASKS["code"] is tasks.CODE
     units = tasks.find_task(EXAMPLE)
     assert isinstance(units, tasks.Task) and tasks.TASKS["units"] is units and tasks.find_task(EXAMPLE) is units
-    assert list(tasks.MATH.organisations) == ["single", "chain", "chain3", "chain4", "parallel", "orchestrated"]
+    assert list(tasks.MATH.organisations) == ["single", "chain", "chain3", "chain4", "parallel", "orchestrated",
+                                              "calculator_team", "orchestrated_calculator"]
+    assert list(tasks.WORD.organisations) == ["calculator_team", "single", "orchestrated_calculator", "chain"]
     assert list(tasks.CODE.organisations) == ["coder", "planner_coder", "coder_reviewer"]
     cfg = run_lib.Config(horizon=2)
     context = tasks.EpisodeContext(graded_roles=("solver",), grader=None, role_rewards={})

@@ -2,6 +2,8 @@
 write that is not arithmetic, or is arithmetic too large, is an error text, never an exception."""
 from fractions import Fraction
 
+import torch
+
 import pytest
 
 import tools
@@ -231,3 +233,135 @@ def test_an_orchestrator_calls_the_calculator_as_it_calls_an_executor(tmp_path, 
     assert [org.order[n] for n in rollout.agent_index] == ["boss", "boss", "solver", "boss"]
     assert rollout.position == [0, 1, 2, 3]
     assert orchestration_metrics(rollout, org)["charts/calls/calculator"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The PPO tables skip the tool: the advantages of caller → calculator → answerer, by hand
+# ---------------------------------------------------------------------------------------------
+
+def test_gae_over_caller_calculator_answerer_is_the_two_agent_chain_and_charges_each_call(tmp_path, tiny_model_dir):
+    """Two episodes played for real (scripted policies): the calculator's output is in the
+    answerer's observation, and the advantages are those of a two-action chain caller → answerer.
+
+    γ_a = .8, λ = .5, credit last, values V(caller) = .3 / .5, V(answerer) = .6 / .2 (episodes 0 / 1);
+    episode 0 is solved (R = 1), episode 1 is not (its gold answer is 660, the calculator says 661):
+        ep0  Â_ans = 1 − .6 = .4;   δ_call = .8·.6 − .3 = .18,  Â_call = .18 + .8·.5·.4 = .34
+        ep1  Â_ans = 0 − .2 = −.2;  δ_call = .8·.2 − .5 = −.34, Â_call = −.34 + .4·(−.2) = −.42
+    With --tool_call_cost .1 each episode's R drops by .1 (one call each):
+        ep0  Â_ans = .9 − .6 = .3,   Â_call = .18 + .4·.3 = .30
+        ep1  Â_ans = −.1 − .2 = −.3, Â_call = −.34 + .4·(−.3) = −.46
+    """
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    profile = tmp_path / "calc.json"
+    profile.write_text(json.dumps(CALLER_CALCULATOR_ANSWERER))
+    org = load_organisation(str(profile))
+    problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 361 + 25 * 12?", "660", "", "")]
+    values = torch.tensor([0.3, 0.5, 0.6, 0.2]).unsqueeze(-1)  # samples: caller ep0, caller ep1, answerer ep0, answerer ep1
+    for cost, expected in ((0.0, [0.34, -0.42, 0.4, -0.2]), (0.1, [0.30, -0.46, 0.3, -0.3])):
+        cfg = run_lib.Config(agents=str(profile), credit="last", gamma_agent=0.8, lam=0.5, tool_call_cost=cost)
+        team = ScriptedCallerAndAnswerer(tokenizer)
+        with Grader() as grader:
+            rollout = play_episodes(team.generate, tokenizer, org, problems, grader, Sampling(1.0, 1.0, 16), cfg)
+        assert "Calculator: 361 + 25 * 12 = 661" in team.answerer_prompts[1]
+        assert rollout.team_reward[:, 0].tolist() == pytest.approx([1.0 - cost, 0.0 - cost])
+        old = marft.OldPolicy(logprob=torch.zeros(4, 1), values=values, mask=torch.ones(4, 1), ref_logprob=torch.zeros(4, 1),
+                              token_mask=torch.ones(4, 1))
+        advantages, returns, _ = marft.compute_advantages(org, rollout, old, cfg)
+        assert advantages[:, 0].tolist() == pytest.approx(expected)
+        assert returns[:, 0].tolist() == pytest.approx([a + v for a, v in zip(expected, values[:, 0].tolist())], abs=1e-6)
+        assert [u["calls"] for steps in rollout.infos for u in [steps[0]["tools"]]] == [1, 1]
+
+
+def test_tool_use_counts_calls_errors_and_answers_taken_from_the_tool():
+    from rollout import Rollout, tool_metrics, tool_use
+    org = load_organisation("calculator_team")
+    step = lambda call, result, answer: [("caller", call), ("calculator", result), ("answerer", answer)]
+    steps = [step("\\calc{2*3}", "2*3 = 6", "\\boxed{6}"),  # a value, taken
+             step("\\calc{2*3} \\calc{1/0}", "2*3 = 6\n1/0: error: division by zero", "\\boxed{7}"),  # an error; 6 not taken
+             step("six", "error: no \\calc{...} expression to evaluate", "\\boxed{6}")]  # an error, no value
+    used = [tool_use(org, s) for s in steps]
+    assert used == [{"calls": 1, "errors": 0, "answer_is_tool_output": True},
+                    {"calls": 1, "errors": 1, "answer_is_tool_output": False},
+                    {"calls": 1, "errors": 1, "answer_is_tool_output": None}]
+    rollout = Rollout(infos=[[{"tools": u}] for u in used])
+    assert tool_metrics(rollout, org, "eval") == {"eval/tools/calls_per_episode": 1.0, "eval/tools/error_rate": 2 / 3,
+                                                  "eval/tools/answer_is_tool_output": 0.5}
+    assert tool_metrics(rollout, load_organisation("chain"), "eval") == {}  # no tool, no tool metrics
+
+
+@pytest.mark.parametrize("program, action", [
+    ("print(964 * 59)\nprint(sum(range(10)))", "56876\n45"),
+    ("x = 1\n", "(the program printed nothing)"),
+    ("print('partial')\n1 / 0", "partial\nerror: crash: ZeroDivisionError: division by zero"),
+    ("print(1", "error: syntax_error: SyntaxError: '(' was never closed (program.py, line 1)"),
+    ("import socket", "error: crash"),
+    ("open('/etc/passwd').read()", "error: crash"),
+    ("print('a' * 1500)", "a" * 1000 + "\n[output cut at 1000 characters]"),
+])
+def test_the_python_runner_prints_what_the_program_prints_and_errors_as_text(program, action):
+    assert tools.tool_action("python", f"Let me run it.\n```python\n{program}\n```\nThat's it.").startswith(action)
+
+
+def test_the_python_runner_never_hangs_and_needs_a_block():
+    import time
+    started = time.monotonic()
+    assert tools.tool_action("python", "```python\nwhile True:\n    pass\n```").startswith("error: timeout")
+    assert time.monotonic() - started < tools.PYTHON_LIMITS.seconds_per_program + 2
+    assert tools.tool_action("python", "print(1)") == "error: no ```python block to run"
+    assert tools.tool_value("python", "56876\n45") == "45" and tools.tool_value("python", "1\nerror: crash: X") is None
+    assert tools.tool_value("calculator", "2*3 = 6\n1/0: error: division by zero") == "6"
+
+
+# ---------------------------------------------------------------------------------------------
+# The word task and its organisations
+# ---------------------------------------------------------------------------------------------
+
+def test_the_word_tasks_hold_out_operands_and_templates_and_take_no_data_option():
+    import tasks
+    cfg = run_lib.parse_args(["--task", "word"])
+    assert cfg.agents == "calculator_team"
+    train, held_out = tasks.task_problems(tasks.task_of(cfg), cfg)
+    assert {p.level for p in train} == {"boxes", "floors", "stamps", "tickets"}
+    assert {p.level for p in held_out} == {"boxes", "rows", "floors", "stamps", "tickets", "crates"}
+    assert not {p.problem for p in train} & {p.problem for p in held_out}
+    mixed = run_lib.parse_args(["--task", "word_mixed"])
+    assert mixed.agents == "orchestrated_calculator"
+    train, held_out = tasks.task_problems(tasks.task_of(mixed), mixed)
+    assert [tasks.problem_kind(p.level).startswith("small") for p in held_out[:4]] == [False, True, False, True]
+    with pytest.raises(SystemExit, match="reads no --data"):
+        tasks.task_problems(tasks.task_of(cfg), run_lib.parse_args(["--task", "word", "--data", "code"]))
+
+
+def test_word_metrics_by_kind_worked_by_hand():
+    import tasks
+    info = lambda level, correct, calls: {"level": level, "correct": correct, "tools": {"calls": calls}}
+    infos = [info("boxes", True, 1), info("boxes", False, 1), info("crates", False, 0), info("Level 2", True, 0),
+             info("Level 3", True, 1)]
+    metrics = tasks.word_metrics(infos)
+    assert metrics["accuracy/boxes"] == 0.5 and metrics["accuracy/crates"] == 0.0
+    assert metrics["accuracy/trained_templates"] == 0.5 and metrics["accuracy/new_templates"] == 0.0
+    assert metrics["accuracy/word"] == pytest.approx(1 / 3) and metrics["accuracy/small"] == 1.0
+    assert metrics["tools/call_rate/small_products"] == 0.0 and metrics["tools/call_rate/small_sums"] == 1.0
+    assert metrics["tools/call_rate/word"] == pytest.approx(2 / 3) and metrics["tools/call_rate/small"] == 0.5
+
+
+def test_the_calculator_organisations():
+    team, boss = load_organisation("calculator_team"), load_organisation("orchestrated_calculator")
+    assert team.order == ("caller", "calculator", "answerer") and team.learners == ("caller", "answerer")
+    assert team.parents("answerer") == ("caller", "calculator") and team.graded_roles == ("answerer",)
+    assert boss.orchestrator == "orchestrator" and boss.executors == ("caller", "calculator", "solver")
+    assert boss.learners == ("orchestrator", "caller", "solver") and boss.max_calls == 3
+
+
+def test_the_word_tasks_own_defaults_yield_to_the_command_line_and_to_a_config_file(tmp_path):
+    cfg = run_lib.parse_args(["--task", "word"])
+    assert (cfg.temperature, cfg.max_new_tokens, cfg.eval_problems) == (0.7, 32, 48)
+    assert cfg.chosen["temperature"] == "0.7: the word task's default"
+    given = run_lib.parse_args(["--task", "word", "--temperature", "1.0"])
+    assert given.temperature == 1.0 and "temperature" not in given.chosen
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({"task": "word", "agents": "calculator_team", "temperature": 0.9, "max_new_tokens": 32,
+                                 "eval_problems": 20}))
+    from_file = run_lib.parse_args(["--config", str(saved)])
+    assert (from_file.temperature, from_file.eval_problems) == (0.9, 20) and from_file.chosen == {}
