@@ -8,7 +8,8 @@ several):
     reward.png            training-batch charts/reward and charts/accuracy against iteration and
                           against wall time in minutes (time/elapsed / 60; iteration 0 at 0)
     heldout_accuracy.png  held-out eval/accuracy (sampled pass@1) and eval/accuracy_greedy
-                          against iteration and against wall time
+                          against iteration, wall time and generated tokens (charts/generated_tokens
+                          summed: equal-token comparisons)
     diagnostics.png       approx KL, clip fraction and entropy (one line per role), critic value
                           loss and explained variance against iteration
 
@@ -30,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 STYLES = ["-", "--", ":", "-."]  # line style of the n-th role (or metric) in a panel
-X_LABELS = {"iteration": "iteration", "minutes": "wall time (minutes)"}
+X_LABELS = {"iteration": "iteration", "minutes": "wall time (minutes)", "tokens": "generated tokens (thousands)"}
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -66,13 +67,17 @@ def finite(value) -> bool:
 
 
 def series(rows: list[dict], key: str, x: str = "iteration") -> tuple[list[float], list[float]]:
-    """The finite points of `key`: x is the iteration, or with x="minutes" time/elapsed / 60
+    """The finite points of `key`: x is the iteration; with x="minutes" time/elapsed / 60; with
+    x="tokens" the training rollouts' charts/generated_tokens summed up to the row, in thousands
     (iteration 0, the evaluation before training, at 0). Rows without the key or x are skipped."""
-    xs, ys = [], []
+    xs, ys, tokens = [], [], 0.0
     for row in rows:
         y = row.get(key)
+        tokens += row.get("charts/generated_tokens", 0.0) if row["iteration"] > 0 else 0.0
         if x == "iteration":
             at = row["iteration"]
+        elif x == "tokens":
+            at = tokens / 1000 if row["iteration"] == 0 or "charts/generated_tokens" in row else None
         else:
             at = 0.0 if row["iteration"] == 0 else row.get("time/elapsed")
             at = at / 60 if finite(at) else None
@@ -142,9 +147,9 @@ def reward_figure(runs, path: Path) -> Path | None:
 
 
 def heldout_figure(runs, path: Path) -> Path | None:
-    """heldout_accuracy.png: held-out sampled pass@1 and greedy accuracy against iteration and wall time."""
+    """heldout_accuracy.png: held-out sampled pass@1 and greedy accuracy against iteration, wall time and tokens."""
     lines = [("eval/accuracy", "sampled pass@1"), ("eval/accuracy_greedy", "greedy")]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
     drawn = [panel(ax, runs, lines, x, "held-out accuracy") for ax, x in zip(axes, X_LABELS)]
     run_legend(fig, runs)
     return save(fig, any(drawn), path)

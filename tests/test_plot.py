@@ -123,3 +123,11 @@ def test_labels_must_match_the_runs(tmp_path):
     run = write_run(tmp_path / "run-a", synthetic_rows())
     with pytest.raises(SystemExit, match="one per run"):
         plot.main([str(run), "--labels", "a,b"])
+
+
+def test_series_against_generated_tokens_sums_the_training_rollouts():
+    rows = [{"iteration": 0, "eval/accuracy_greedy": 0.5},
+            {"iteration": 1, "charts/generated_tokens": 300, "eval/accuracy_greedy": float("nan")},
+            {"iteration": 2, "charts/generated_tokens": 500, "eval/accuracy_greedy": 0.75},
+            {"iteration": 3, "charts/generated_tokens": 200, "eval/accuracy_greedy": 0.875}]
+    assert plot.series(rows, "eval/accuracy_greedy", x="tokens") == ([0.0, 0.8, 1.0], [0.5, 0.75, 0.875])

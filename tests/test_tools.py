@@ -1,6 +1,7 @@
 """tools.py: the calculator, a fixed policy. Values worked by hand; every input a policy could
 write that is not arithmetic, or is arithmetic too large, is an error text, never an exception."""
 from fractions import Fraction
+from pathlib import Path
 
 import torch
 
@@ -365,3 +366,37 @@ def test_the_word_tasks_own_defaults_yield_to_the_command_line_and_to_a_config_f
                                  "eval_problems": 20}))
     from_file = run_lib.parse_args(["--config", str(saved)])
     assert (from_file.temperature, from_file.eval_problems) == (0.9, 20) and from_file.chosen == {}
+
+
+class ScriptedProgrammerAndAnswerer(ScriptedBackend):
+    """The programmer prints the problem's expression in a ```python block; the answerer boxes the
+    last line the python runner's action holds (it must be in its prompt)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompt_ids, adapter, sampling):
+        prompts = [self.tokenizer.decode(ids) for ids in prompt_ids]
+        if adapter == "policy_programmer":
+            texts = ["```python\nprint(" + p.rsplit("What is ", 1)[1].split("?")[0] + ")\n```" for p in prompts]
+        else:
+            texts = ["\\boxed{" + p.rsplit("Python: ", 1)[1].split("<")[0].strip() + "}" for p in prompts]
+        return scripted_actions(self.tokenizer, texts)
+
+
+def test_the_example_python_team_runs_its_programs_in_the_sandbox(tiny_model_dir):
+    """examples/python_team.json: programmer → python → answerer, the program's printed output in
+    the answerer's observation (a program that divides by zero gives an error text, not a crash)."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    profile = Path(__file__).resolve().parents[1] / "examples" / "python_team.json"
+    cfg = run_lib.parse_args(["--task", "word", "--agents", str(profile)])
+    org = load_organisation(cfg.agents)
+    assert org.learners == ("programmer", "answerer")
+    problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 7 // 0?", "0", "", "")]
+    with Grader() as grader:
+        rollout = play_episodes(ScriptedProgrammerAndAnswerer(tokenizer).generate, tokenizer, org, problems, grader,
+                                Sampling(1.0, 1.0, 16), cfg)
+    assert rollout.solved == [True, False]
+    assert [info["tools"] for steps in rollout.infos for info in steps] == [
+        {"calls": 1, "errors": 0, "answer_is_tool_output": True}, {"calls": 1, "errors": 1, "answer_is_tool_output": None}]
