@@ -105,11 +105,12 @@ def add_what_options(what) -> None:
                       help="base model without --run: smollm2 (embedded), a local HF folder, a hub id or random:<config.json> "
                            f"(default: {Config.model}); with --run it comes from config.json")
     what.add_argument("--agents", default=None,
-                      help="organisation without --run: one the task offers (math: single | chain | chain3 | chain4 | "
-                           "parallel | orchestrated; code: coder | planner_coder | coder_reviewer), or a profile JSON file "
-                           "(default: the task's default organisation, math: chain); with --run it comes from config.json")
+                      help="organisation without --run: one the task offers ("
+                           + "; ".join(f"{t.name}: {' | '.join(t.organisations)}" for t in tasks.TASKS.values())
+                           + "), or a profile JSON file (default: the task's default organisation, math: chain); with "
+                           "--run it comes from config.json")
     what.add_argument("--task", default=None,
-                      help="task without --run: math | code | package.module:name | path/to/file.py (default: chosen "
+                      help=f"task without --run: {' | '.join(tasks.TASKS)} | package.module:name | path/to/file.py (default: chosen "
                            "from --data as in training, else code for a code organisation, else math); with --run it "
                            "comes from config.json")
 
@@ -138,9 +139,9 @@ def add_sampling_options(sampling) -> None:
     sampling.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
                           help="also play one greedy episode per problem (eval/accuracy_greedy; default: on)")
     sampling.add_argument("--temperature", type=float, default=None,
-                          help=f"sampling temperature (default: the run's, else {Config.temperature})")
+                          help=f"sampling temperature (default: the run's, else the task's, else {Config.temperature})")
     sampling.add_argument("--max_new_tokens", type=int, default=None,
-                          help=f"longest response in tokens (default: the run's, else {Config.max_new_tokens})")
+                          help=f"longest response in tokens (default: the run's, else the task's, else {Config.max_new_tokens})")
     sampling.add_argument("--seed", type=int, default=None,
                           help="seed of the sampling noise, of the --shuffle order and, without --run, of the generated "
                                f"task's split (default: the run's seed, else {Config.seed})")
@@ -394,7 +395,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         task = args.task or tasks.default_task_name(
             args.data or ("code" if args.agents in tasks.CODE.organisations else "arithmetic"), args.agents or Config.agents)
         cfg = Config(model=args.model or Config.model, task=task,
-                     agents=args.agents or tasks.default_organisation(tasks.find_task(task)))
+                     agents=args.agents or tasks.default_organisation(tasks.find_task(task)),
+                     **tasks.find_task(task).options)  # the task's own defaults (the word task's temperature)
     else:
         run_dir = Path(args.run)
         cfg = run_lib.read_config(run_dir, "--run")
