@@ -438,8 +438,9 @@ MATH = register(Task("math", load_math, math_env, default_organisation="chain",
 CODE = register(Task("code", load_code, code_env, default_organisation="coder", metrics=program_outcome_rates,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in CODE_ORGANISATIONS}))
 _WORD_ORGANISATIONS = ("calculator_team", "single", "orchestrated_calculator", "chain")
-# At T = 1 the 135M model's caller writes a well-formed, right expression too rarely to learn from
-# (4 of 96 sampled episodes untrained, against 19 of 96 at T = 0.7); a caller's turn is short.
+# At T = 1 the untrained calculator team solves too few sampled episodes to learn from: held-out
+# pass@1 0.04 against 0.18 at T = 0.7 (`python evaluate.py --task word --samples 2 --limit 48
+# --no-greedy [--temperature 1.0]`: results/tools/eval-base-word-T*.json); a caller's turn is short.
 _WORD_OPTIONS = {"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48}
 WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
