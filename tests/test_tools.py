@@ -160,6 +160,7 @@ def test_a_team_with_a_tool_trains_without_an_adapter_for_the_tool(tmp_path, tin
 
 @pytest.mark.parametrize("change, words", [
     (lambda spec: spec["agents"][1].update(graded=True), "takes only 'role', 'tool' and 'description'"),
+    (lambda spec: spec["agents"][1].update(system_prompt="Compute."), r"takes only .* not \['system_prompt'\]"),
     (lambda spec: spec["agents"][1].update(tool=""), "names a tool"),
     (lambda spec: spec.update(agents=[spec["agents"][1] | {"role": "a"}, spec["agents"][1]], dependencies=[]), "graded"),
 ])
