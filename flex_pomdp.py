@@ -435,6 +435,7 @@ _TOOL_EXAMPLE_ACTIONS = {
     "calculator": "12*34 = 408",
     "answerer": "The calculator gives 408. The answer is \\boxed{408}.",
 }
+_TOOL_EXAMPLE_STEP = [(role, _TOOL_EXAMPLE_ACTIONS[role]) for role in ("caller", "calculator")]  # what the answerer reads
 _TOOL_PROMPTS = {
     "caller": ("You are the caller of a team with a calculator. Read the problem and write the arithmetic that "
                "answers it as one expression in \\calc{...}, for example \\calc{12*34}. Do not compute it yourself."),
@@ -454,13 +455,12 @@ def _calculator_team() -> Organisation:
     """caller → calculator → answerer: the caller writes \\calc{EXPR}, the calculator (a tool: a fixed
     π^j, tools.py) evaluates it, the answerer reads both and gives \\boxed{N}. With --shared_adapter
     it is one agent that uses a tool: one policy taking the caller's turn, then the answerer's."""
-    caller, calculator = ("caller", _TOOL_EXAMPLE_ACTIONS["caller"]), ("calculator", _TOOL_EXAMPLE_ACTIONS["calculator"])
     profiles = [
-        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, []), caller[1]),
+        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, []), _TOOL_EXAMPLE_ACTIONS["caller"]),
                                                                   (unrolled_user_text(_TOOL_SUM_EXAMPLE[0], []), _TOOL_SUM_EXAMPLE[1]))),
         AgentProfile("calculator", "", tool="calculator"),
         AgentProfile("answerer", _TOOL_PROMPTS["answerer"], True,
-                     ((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, [caller, calculator]), _TOOL_EXAMPLE_ACTIONS["answerer"]),)),
+                     ((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, _TOOL_EXAMPLE_STEP), _TOOL_EXAMPLE_ACTIONS["answerer"]),)),
     ]
     return make_organisation(profiles, [("caller", "calculator"), ("caller", "answerer"), ("calculator", "answerer")])
 
@@ -470,19 +470,18 @@ def _orchestrated_calculator(max_calls: int = 3) -> Organisation:
     solver alone, then finish; on a big one the caller, the calculator, then the solver (every call
     of the calculator is charged --tool_call_cost). Its worked examples show both."""
     small, big = _EXAMPLE_PROBLEM, _TOOL_EXAMPLE_PROBLEM
-    caller, calculator = ("caller", _TOOL_EXAMPLE_ACTIONS["caller"]), ("calculator", _TOOL_EXAMPLE_ACTIONS["calculator"])
     call = lambda role: ("orchestrator", f"\\call{{{role}}}")
     orchestrator_examples = ((unrolled_user_text(small, []), call("solver")[1]),
                              (unrolled_user_text(small, [call("solver"), ("solver", _EXAMPLE_ACTIONS["solver"])]), call(FINISH)[1]),
                              (unrolled_user_text(big, []), call("caller")[1]),
-                             (unrolled_user_text(big, [call("caller"), caller]), call("calculator")[1]),
-                             (unrolled_user_text(big, [call("caller"), caller, call("calculator"), calculator]), call("solver")[1]))
-    solver_example = (unrolled_user_text(big, [call("caller"), caller, call("calculator"), calculator, call("solver")]),
+                             (unrolled_user_text(big, [call("caller"), _TOOL_EXAMPLE_STEP[0]]), call("calculator")[1]),
+                             (unrolled_user_text(big, [call("caller"), _TOOL_EXAMPLE_STEP[0], call("calculator"), _TOOL_EXAMPLE_STEP[1]]), call("solver")[1]))
+    solver_example = (unrolled_user_text(big, [call("caller"), _TOOL_EXAMPLE_STEP[0], call("calculator"), _TOOL_EXAMPLE_STEP[1], call("solver")]),
                       _TOOL_EXAMPLE_ACTIONS["answerer"])
     small_example = (unrolled_user_text(small, [call("solver")]), _EXAMPLE_ACTIONS["solver"])
     profiles = [
         AgentProfile("orchestrator", _ORCHESTRATOR_PROMPT, examples=orchestrator_examples),
-        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(big, [call("caller")]), caller[1]),
+        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(big, [call("caller")]), _TOOL_EXAMPLE_ACTIONS["caller"]),
                                                                   (unrolled_user_text(_TOOL_SUM_EXAMPLE[0], [call("caller")]),
                                                                    _TOOL_SUM_EXAMPLE[1])),
                      description=TOOL_DESCRIPTIONS["caller"]),

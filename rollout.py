@@ -20,8 +20,9 @@ the orchestrator acts on the problem and the step's transcript, its decision cal
 who acts on the same transcript, and so on until the orchestrator finishes, errs, or `max_calls`
 executors have acted. Each episode's sequence is kept (`calls`, `step_ends`) and counted.
 
-A `Rollout` keeps every action as one sample s, with its agent and its position k in the step's
-sequence (k = σ index under a fixed D); `to_grid` scatters a per-sample table into the
+A `Rollout` keeps every learning agent's action as one sample s, with its agent and its position k
+in the step's sequence (k = index in σ among the learning agents under a fixed D; a tool's action is
+in the step's transcript only, with no sample and no position); `to_grid` scatters a per-sample table into the
 [B, T, P, …] grid of (episode, step, k-th action) that the advantage equations index.
 
 The centralised critic reads more than a policy may (flex_pomdp's docstring, the multi-agent
@@ -54,7 +55,6 @@ Chen et al. (2021), 1 − C(n − c, k) / C(n, k), for any k ≤ n.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -66,7 +66,7 @@ import distributed
 import generation
 import tasks
 import tools
-from envs import Grader, Problem
+from envs import Grader, Problem, extract_boxed
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
 from run import Config
@@ -298,21 +298,17 @@ def step_environment(env, task, org: Organisation, transcript: list[tuple[str, s
     return observation, done
 
 
-BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
 def tool_use(org: Organisation, transcript: list[tuple[str, str]]) -> dict:
     """What the tools did in one step: {"calls": tool actions taken, "errors": those whose output
     holds an error (a malformed or refused input), "answer_is_tool_output": whether the step's
     graded answer (its last \\boxed{}) is the last value a tool gave (tools.tool_value); None when no
     tool gave one}."""
-    tool_texts = [text for role, text in transcript if org.profile(role).tool]
-    values = [value for role, text in transcript if org.profile(role).tool
-              if (value := tools.tool_value(org.profile(role).tool, text)) is not None]
+    tool_actions = [(org.profile(role).tool, text) for role, text in transcript if org.profile(role).tool]
+    values = [value for tool, text in tool_actions if (value := tools.tool_value(tool, text)) is not None]
     graded = [text for role, text in transcript if role in org.graded_roles]
-    answers = BOXED.findall(graded[-1]) if graded else []
-    same = None if not values else bool(answers) and answers[-1].replace(",", "").strip() == values[-1]
-    return {"calls": len(tool_texts), "errors": sum("error:" in text for text in tool_texts), "answer_is_tool_output": same}
+    answer = extract_boxed(graded[-1]) if graded else None
+    same = None if not values else answer is not None and answer.replace(",", "").strip() == values[-1]
+    return {"calls": len(tool_actions), "errors": sum("error:" in text for _, text in tool_actions), "answer_is_tool_output": same}
 
 
 def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dict[str, float]:

@@ -460,15 +460,6 @@ def check_choices(cfg: Config, need) -> None:
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
 
 
-@functools.cache
-def sandbox_runs_here() -> bool:
-    """Whether the code sandbox runs a one-line program here (the python runner's machine check)."""
-    try:
-        return sandbox.run_tests("print(1)", []).output == "1\n"
-    except sandbox.SandboxError:
-        return False
-
-
 def check_team(cfg: Config, need) -> None:
     """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
@@ -476,8 +467,8 @@ def check_team(cfg: Config, need) -> None:
         need(not profile.tool or profile.tool in tools.TOOLS, "agents", f"agent {profile.role!r} names the tool "
              f"{profile.tool!r}; the tools are {', '.join(tools.TOOLS)}")
         if profile.tool == "python":
-            need(sandbox_runs_here(), "agents", f"agent {profile.role!r} is the python runner, but the code sandbox cannot "
-                 "run a program on this machine (README: The code sandbox)")
+            why = sandbox.why_it_cannot_run()
+            need(not why, "agents", f"agent {profile.role!r} is the python runner, but {why} (README: The code sandbox)")
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")

@@ -328,12 +328,8 @@ def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
     if rewarded:
         raise SystemExit(f"--agents={cfg.agents!r}: the per-role reward terms of {rewarded} score \\boxed{{}} answers, "
                          "and a code task takes none: remove 'rewards' from the profile")
-    try:
-        works = sandbox.run_tests("x = 1\n", ["assert x == 1"]).outcome == sandbox.PASSED
-    except sandbox.SandboxError as err:
-        raise SystemExit(f"--{option} holds code tasks, but {err}") from None
-    if not works:
-        raise SystemExit(f"--{option} holds code tasks, but the code sandbox could not run a one-line program here")
+    if why := sandbox.why_it_cannot_run():
+        raise SystemExit(f"--{option} holds code tasks, but {why}")
     if distributed.is_main():
         print(f"[sandbox] programs run with isolation: {sandbox.isolation()} (README: The code sandbox)", flush=True)
 

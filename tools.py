@@ -142,6 +142,7 @@ def calculator_action(text: str) -> str:
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 PYTHON_LIMITS = sandbox.Limits(seconds_per_test=2.0, seconds_per_program=5.0)
 MAX_OUTPUT_CHARS = 1000  # printed output kept in the action (what later agents read)
+NO_OUTPUT = "(the program printed nothing)"
 
 
 def python_action(text: str) -> str:
@@ -159,7 +160,7 @@ def python_action(text: str) -> str:
         output += f"\n[output cut at {MAX_OUTPUT_CHARS} characters]"
     if report.outcome != sandbox.PASSED:
         output = (output + "\n" if output else "") + f"error: {report.outcome}: {report.detail[:200]}"
-    return output or "(the program printed nothing)"
+    return output or NO_OUTPUT
 
 
 TOOLS = {"calculator": calculator_action, "python": python_action}  # tool name → its policy: the text it reads → its action
@@ -173,7 +174,7 @@ def tool_value(tool: str, action: str) -> str | None:
     if tool == "calculator":
         values = [line.rpartition(" = ")[2] for line in lines if " = " in line]
         return values[-1] if values else None
-    if "error:" in action or action == "(the program printed nothing)" or not lines:
+    if "error:" in action or action == NO_OUTPUT or not lines:
         return None
     return lines[-1]
 

@@ -580,6 +580,16 @@ class SandboxError(RuntimeError):
 # The parent: start the child, read its events with caps, decide
 # ---------------------------------------------------------------------------------------------
 
+def why_it_cannot_run() -> str:
+    """"" when the sandbox runs a one-line program and its test here, else why not (the start-of-run
+    check of the code task and of the python runner)."""
+    try:
+        works = run_tests("x = 1\n", ["assert x == 1"]).outcome == PASSED
+    except SandboxError as err:
+        return str(err)
+    return "" if works else "the code sandbox could not run a one-line program here"
+
+
 def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: str | None = None) -> TestReport:
     """Run `program`'s top level, then each test (Python statements, e.g. `assert f(2) == 4`), in
     a sandboxed child (`mode`: the machine's `isolation()` unless given). Never raises for anything
