@@ -7,7 +7,8 @@
 3. `--iterations` iterations of the default job (the chain, critic, both updates, held-out
    evaluation) on cuda with each `--models` random-weight model (models/; accuracies mean
    nothing, seconds and bytes do), bfloat16 base: the hf backend; vLLM too when it imports; over
-   every GPU with torchrun when there are two or more.
+   every GPU with torchrun when there are two or more. Then each of `--tasks` with the first model
+   and its own default organisation (`word`: caller → calculator → answerer, a tool in D).
 4. results/gpu.json (rewritten after every step, so a run cut short keeps what it measured):
    device, versions, the tests' outcome, and per run the per-phase seconds of each iteration,
    tokens/s of generation and of the policy update, peak GPU memory.
@@ -46,6 +47,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--base_dtype", default="bfloat16", help="--base_dtype of the runs")
     parser.add_argument("--out", default=str(ROOT / "results" / "gpu.json"), help="where the report is written")
     parser.add_argument("--skip_tests", action="store_true", help="only the runs")
+    parser.add_argument("--tasks", default="word", help="tasks (tasks.py) run after the default job, with the first "
+                        "model, the hf backend and one GPU (comma-separated; empty: none)")
     return parser.parse_args()
 
 
@@ -113,17 +116,18 @@ def run_tests() -> dict:
             "seconds": round(time.time() - t0, 1), "output_tail": tail if done.returncode else tail[-1500:]}
 
 
-def run_job(model: str, backend: str, ranks: int, args: argparse.Namespace, folder: Path) -> dict:
-    """One run of the default job with a random model; its metrics, read back from metrics.jsonl."""
-    name = f"{model}-{backend}-{ranks}gpu"
+def run_job(model: str, backend: str, ranks: int, task: str, args: argparse.Namespace, folder: Path) -> dict:
+    """One run of `task` (its default organisation) with a random model; its metrics, read back from metrics.jsonl."""
+    name = f"{model}-{backend}-{ranks}gpu" + ("" if task == "math" else f"-{task}")
     options = ["marft.py", "--model", f"random:models/{model}.json", "--device", "cuda", "--base_dtype", args.base_dtype,
-               "--backend", backend, "--iterations", str(args.iterations), "--eval_problems", str(args.eval_problems),
-               "--output_dir", str(folder), "--run_name", name]
+               "--backend", backend, "--iterations", str(args.iterations), "--eval_problems", str(args.eval_problems)]
+    options += ([] if task == "math" else ["--task", task]) + ["--output_dir", str(folder), "--run_name", name]
     launch = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                    "--nproc-per-node", str(ranks)]
     t0 = time.time()
     done = subprocess.run(launch + options, cwd=ROOT, capture_output=True, text=True)
-    out = {"model": model, "config": f"models/{model}.json", "backend": backend, "gpus": ranks, "base_dtype": args.base_dtype,
+    out = {"model": model, "task": task, "config": f"models/{model}.json", "backend": backend, "gpus": ranks,
+           "base_dtype": args.base_dtype,
            "command": " ".join(["python" if ranks == 1 else f"torchrun --standalone --nproc-per-node {ranks}"] + options[:-4]),
            "returncode": done.returncode, "seconds": round(time.time() - t0, 1)}
     metrics_file = folder / name / "metrics.jsonl"
@@ -146,8 +150,8 @@ def run_job(model: str, backend: str, ranks: int, args: argparse.Namespace, fold
 def main() -> None:
     args = parse_args()
     check_machine()
-    report = {"what": "scripts/gpu_check.sh: the GPU tests, then the default job with random-weight models "
-                      "(accuracies mean nothing; seconds and bytes do)",
+    report = {"what": "scripts/gpu_check.sh: the GPU tests, then the default job (and --tasks) with random-weight "
+                      "models (accuracies mean nothing; seconds and bytes do)",
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
               "device": device(), "versions": versions(), "tests": None, "runs": []}
     out = Path(args.out)
@@ -166,16 +170,18 @@ def main() -> None:
         print(f"gpu_check: GPU tests {report['tests']['counts']} in {report['tests']['seconds']} s", flush=True)
         write()
     backends = ["hf"] + (["vllm"] if report["versions"]["vllm"] and not report["versions"]["vllm"].startswith("does not") else [])
-    plan = [(model, backend, 1) for model in args.models.split(",") for backend in backends]
+    first = args.models.split(",")[0]
+    plan = [(model, backend, 1, "math") for model in args.models.split(",") for backend in backends]
     if report["device"]["count"] >= 2:
-        plan.append((args.models.split(",")[0], "hf", report["device"]["count"]))
+        plan.append((first, "hf", report["device"]["count"], "math"))
+    plan += [(first, "hf", 1, task) for task in filter(None, args.tasks.split(","))]
     with tempfile.TemporaryDirectory(prefix="marft-gpu-check-") as folder:
-        for model, backend, ranks in plan:
-            result = run_job(model, backend, ranks, args, Path(folder))
+        for model, backend, ranks, task in plan:
+            result = run_job(model, backend, ranks, task, args, Path(folder))
             report["runs"].append(result)
             write()
             last = result["iterations"][-1] if result["iterations"] else None
-            print(f"gpu_check: {model} {backend} {ranks} GPU(s): "
+            print(f"gpu_check: {task} {model} {backend} {ranks} GPU(s): "
                   + (f"iteration {last['seconds'].get('iteration')} s, peak {last['peak_gpu_memory_gib']} GiB, "
                      f"generation {last['rollout_tokens_per_second']} tok/s" if last and result["returncode"] == 0
                      else f"FAILED (exit {result['returncode']})"), flush=True)
