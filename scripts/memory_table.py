@@ -5,7 +5,7 @@ and the activations extrapolated to a larger micro-batch. Prints the table of do
                 states (4 + 8 bytes a LoRA parameter: N policies and one critic) + one adapter's
                 gradient (4 bytes: one agent updates at a time, its gradients freed after its step)
     measured    the largest perf/peak_gpu_memory_gib of a run of scripts/gpu_check.sh
-                (results/gpu.json, results/gpu-sizes.json): the default job, --micro_batch_tokens 384
+                (results/gpu.json, results/gpu-sizes.json): the default job (task math), --micro_batch_tokens 384
     activations measured − static, per micro-batch token; at another --micro_batch_tokens T the
                 estimate is static + T × that (linear in T: an extrapolation, not a measurement)
 
@@ -54,7 +54,7 @@ def measured_peaks() -> dict[str, tuple[float, str]]:
         where = f"{report['device']['name']}, {report['date'][:10]}, {report['commit']}"
         for run in report["runs"]:
             values = [it["peak_gpu_memory_gib"] for it in run["iterations"] if it.get("peak_gpu_memory_gib") is not None]
-            if values and run["gpus"] == 1 and run["backend"] == "hf":
+            if values and run["gpus"] == 1 and run["backend"] == "hf" and run.get("task", "math") == "math":
                 peaks[run["model"]] = (max(values), where)
     return peaks
 
