@@ -35,6 +35,8 @@ MAX_NODES = 100  # parse-tree nodes of one expression
 MAX_EXPONENT = 64  # |b| in a ** b
 MAX_DIGITS = 200  # numerator and denominator of every intermediate value
 MAX_CALLS = 4  # expressions evaluated per action (the rest are reported as not evaluated)
+LATEX_OPERATOR_SIGNS = {"times": "*", "cdot": "*", "div": "/"}  # \calc{613\times47}: a model trained on LaTeX writes it
+LATEX_OPERATORS = re.compile(r"\\(times|cdot|div)(?![a-zA-Z])")
 
 
 class CalculatorError(ValueError):
@@ -42,9 +44,11 @@ class CalculatorError(ValueError):
 
 
 def calculate(expression: str) -> Fraction:
-    """The exact value of an arithmetic expression: integers, decimals, + − × ÷, //, %, ** with an
-    integer exponent, parentheses, unary ±. Raises CalculatorError naming what is wrong."""
-    text = expression.strip().replace("×", "*").replace("÷", "/").replace("^", "**")
+    """The exact value of an arithmetic expression: integers, decimals, + − × ÷ (also LaTeX's
+    \\times, \\cdot, \\div), //, %, ** with an integer exponent, parentheses, unary ±. Raises
+    CalculatorError naming what is wrong."""
+    text = LATEX_OPERATORS.sub(lambda m: LATEX_OPERATOR_SIGNS[m.group(1)], expression).strip()
+    text = text.replace("×", "*").replace("÷", "/").replace("^", "**")
     if not text:
         raise CalculatorError("empty expression")
     if len(text) > MAX_EXPRESSION_CHARS:

@@ -23,6 +23,8 @@ import tools
     ("17 // 5", "3"),
     ("-17 % 5", "3"),  # Python's sign convention: −17 = 5·(−4) + 3
     ("6 × 7 ÷ 3", "14"),
+    ("613\\times47", "28811"),  # LaTeX's operators, as a trained caller writes them: 613·47 = 24520 + 4291
+    ("6 \\cdot 7 \\div 3", "14"),
     ("  +42 ", "42"),
     ("1e3 + .5", "2001/2"),
     ("0x10 + 1_000", "1016"),
