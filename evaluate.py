@@ -23,6 +23,11 @@ formulas are those of rollout.py's docstring, computed by `rollout.heldout_metri
 
     eval/accuracy           pass@1: mean over problems of c_p / k
     eval/pass@k'            unbiased pass@k' (Chen et al. 2021) for k' = 1, 2, 4, … ≤ k, and k
+    eval/maj@k'             majority vote over k' samples (answers compared after the grader's
+                            normalisation, a tie split evenly; rollout.majority_vote), averaged over
+                            the k // k' disjoint blocks of each problem's samples; not for code tasks
+    eval/generated_tokens_per_episode   tokens all agents generated per sampled episode: a problem
+                            at maj@k' or pass@k' costs k' of them (eval/greedy/…: per greedy episode)
     eval/accuracy_greedy    one greedy episode per problem (--greedy, the default)
     eval/unparseable_rate   graded answers without a parseable \\boxed{}, over all sampled graded answers
 
@@ -77,7 +82,7 @@ import tasks
 from envs import Grader, Problem, load_problems
 from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
 from flex_pomdp import Organisation
-from rollout import Rollout, heldout_metrics, pass_at_k, solved_counts
+from rollout import Rollout, has_answers, heldout_metrics, maj_at_k, pass_at_k, same_answer, solved_counts
 from run import Config
 
 NO_GROUP = "(none)"  # the group of rows without a level or subject
@@ -228,16 +233,24 @@ def pass_at_k_table(counts: list[int], samples: int) -> dict[str, float]:
             for k in pass_at_k_values(samples)}
 
 
-def ordered_metrics(metrics: dict, pass_table: dict, greedy: Rollout | None) -> dict:
-    """evaluate_policy's metrics with every pass@k' and the greedy unparseable rate, in reading order,
-    then any others (the orchestration metrics)."""
-    ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_table}
+def maj_at_k_table(sampled: Rollout, num_problems: int, samples: int, same) -> dict[str, float]:
+    """eval/maj@k' for k' = 1, 2, 4, … ≤ k, and k (none when the task's info says no answers: code)."""
+    if not has_answers(sampled):
+        return {}
+    return {f"eval/maj@{k}": maj_at_k(sampled, num_problems, k, same) for k in pass_at_k_values(samples)}
+
+
+def ordered_metrics(metrics: dict, pass_table: dict, maj_table: dict, greedy: Rollout | None) -> dict:
+    """evaluate_policy's metrics with every pass@k', maj@k' and the greedy unparseable rate, in
+    reading order, then any others (tokens, the orchestration metrics)."""
+    ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_table, **maj_table}
     if greedy is not None:
         ordered["eval/accuracy_greedy"] = metrics["eval/accuracy_greedy"]
     ordered["eval/unparseable_rate"] = metrics["eval/unparseable_rate"]
     if greedy is not None:
         ordered["eval/unparseable_rate_greedy"] = greedy.unparseable / max(greedy.graded_answers, 1)
-    return ordered | {key: value for key, value in metrics.items() if key not in ordered and not key.startswith("eval/pass@")}
+    return ordered | {key: value for key, value in metrics.items()
+                      if key not in ordered and not key.startswith(("eval/pass@", "eval/maj@"))}
 
 
 def unparseable_tallies(rollout: Rollout, num_problems: int) -> list[tuple[int, int]]:
@@ -321,7 +334,11 @@ def format_table(report: dict) -> str:
         f"{what['samples']} sample(s) per problem at T={what['temperature']}, max_new_tokens={what['max_new_tokens']}, "
         f"seed {what['seed']}",
         "  ".join(f"{key.removeprefix('eval/')} {value:.3f}" for key, value in metrics.items()
-                  if key.startswith("eval/pass@")),
+                  if key.startswith(("eval/pass@", "eval/maj@"))),
+        f"generated tokens per episode: sampled {metrics['eval/generated_tokens_per_episode']:.1f}"
+        + (f", greedy {metrics['eval/greedy/generated_tokens_per_episode']:.1f}"
+           if "eval/greedy/generated_tokens_per_episode" in metrics else "")
+        + f" (a problem at k = {what['samples']} samples: {what['samples'] * metrics['eval/generated_tokens_per_episode']:.0f})",
         "",
         f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}",
     ]
@@ -473,8 +490,9 @@ def main(argv: list[str] | None = None) -> dict:
                                       fallback_sync_dir=Path(tempfile.gettempdir()), progress=True)
     with Grader() as grader, contextlib.closing(backend):
         metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg)
+        maj_table = maj_at_k_table(sampled, len(problems), cfg.eval_samples, same_answer(grader))
         grading_timeouts = grader.timeouts
-    report = make_report(args, cfg, run_dir, checkpoint, org, source, problems, metrics, sampled, greedy)
+    report = make_report(args, cfg, run_dir, checkpoint, org, source, problems, metrics, sampled, greedy, maj_table)
     report["diagnostics"]["grading_timeouts"] = grading_timeouts
     report["wall_seconds"] = time.time() - wall_start
     out = output_path(args, run_dir, checkpoint, cfg)
@@ -488,8 +506,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, checkpoint: Path | None, org: Organisation,
-                source: str, problems: list[Problem], metrics: dict, sampled: Rollout, greedy: Rollout | None) -> dict:
-    """What was evaluated, the metrics with every pass@k', the breakdowns and the transcripts."""
+                source: str, problems: list[Problem], metrics: dict, sampled: Rollout, greedy: Rollout | None,
+                maj_table: dict) -> dict:
+    """What was evaluated, the metrics with every pass@k' and maj@k', the breakdowns and the transcripts."""
     counts = solved_counts(sampled, len(problems))
     greedy_solved = greedy.solved if greedy is not None else None
     tallies = unparseable_tallies(sampled, len(problems))
@@ -505,7 +524,7 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
             "backend": cfg.backend, "device": agents_lib.resolve_device(cfg.device),
             "date": datetime.now().isoformat(timespec="seconds"),
         },
-        "metrics": ordered_metrics(metrics, pass_at_k_table(counts, cfg.eval_samples), greedy),
+        "metrics": ordered_metrics(metrics, pass_at_k_table(counts, cfg.eval_samples), maj_table, greedy),
         "by_level": breakdown(problems, "level", counts, cfg.eval_samples, greedy_solved, tallies),
         "by_subject": breakdown(problems, "type", counts, cfg.eval_samples, greedy_solved, tallies),
         "diagnostics": {"truncated_prompts": sampled.truncated_prompts + (greedy.truncated_prompts if greedy else 0),

@@ -40,6 +40,11 @@ Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes ea
 
     eval/accuracy          mean over problems of c_p / k (pass@1 estimated from k samples)
     eval/pass@k            mean over problems of 1 − C(k − c_p, k) / C(k, k)  (= any sample right)
+    eval/maj@k             mean over problems of whether the majority answer of the k samples is right
+                           (`majority_vote`: answers grouped by the grader's equivalence, a tie split
+                           evenly; tasks whose info holds no `answers`, e.g. code, have none)
+    eval/generated_tokens_per_episode   tokens all agents generated per sampled episode (the cost of
+                           one sample: maj@k spends k of them); eval/greedy/… of the greedy episodes
     eval/accuracy_greedy   one greedy episode per problem
     eval/unparseable_rate  graded answers with no parseable \\boxed{} (code: no program), over all graded answers
     eval/<name>            the task's own metrics of the sampled steps (tasks.Task.metrics; the code
@@ -67,6 +72,7 @@ import generation
 import tasks
 import tools
 from envs import Grader, Problem, extract_boxed
+from envs.grader import CORRECT
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
 from run import Config
@@ -434,6 +440,73 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def majority_vote(answers: list, solved: list[bool], same: Callable[[object, object], bool]) -> float:
+    """Whether the majority answer of one problem's samples is right. The answers (None: the sample
+    gave none the grader could judge; it takes no part) are grouped by `same`, each new answer
+    joining the first group whose first answer it equals. The largest group wins; a tie is broken
+    uniformly at random, so the value is the fraction of the largest groups that are right (a group
+    is right when the episode of its first answer was solved). 0.0 when no sample answered."""
+    groups: list[list[int]] = []  # sample indices, grouped
+    for i, answer in enumerate(answers):
+        if answer is None:
+            continue
+        group = next((g for g in groups if same(answers[g[0]], answer)), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    if not groups:
+        return 0.0
+    largest = max(map(len, groups))
+    winners = [g for g in groups if len(g) == largest]
+    return sum(solved[g[0]] for g in winners) / len(winners)
+
+
+def episode_answer(rollout: Rollout, b: int) -> tuple | None:
+    """Episode b's answer for a vote: its last step's graded answers (info["answers"], one per graded
+    role, in order), None when one of them was not judged (unparseable, ungraded)."""
+    answers = tuple(rollout.infos[b][-1]["answers"].values())
+    return None if any(answer is None for answer in answers) else answers
+
+
+def has_answers(rollout: Rollout) -> bool:
+    """Whether every episode's environment said what was answered (info["answers"]: MathEnv does)."""
+    return bool(rollout.infos) and all(steps and "answers" in steps[-1] for steps in rollout.infos)
+
+
+def maj_at_k(rollout: Rollout, num_problems: int, k: int, same: Callable[[object, object], bool]) -> float:
+    """maj@k: the mean over problems, and over the n // k disjoint blocks of k consecutive samples of
+    each problem (n samples per problem, episode b playing problem b mod P), of `majority_vote`."""
+    samples = len(rollout.solved) // num_problems
+    if not 1 <= k <= samples:
+        raise ValueError(f"maj@{k} needs 1 ≤ k ≤ the {samples} samples per problem: take k ≤ {samples} or more samples")
+    blocks = samples // k
+    total = 0.0
+    for p in range(num_problems):
+        episodes = [p + j * num_problems for j in range(samples)]  # samples 0 … n − 1 of problem p
+        for i in range(blocks):
+            block = episodes[i * k:(i + 1) * k]
+            total += majority_vote([episode_answer(rollout, b) for b in block], [rollout.solved[b] for b in block], same)
+    return total / (num_problems * blocks)
+
+
+def same_answer(grader: Grader) -> Callable[[tuple, tuple], bool]:
+    """Whether two episode answers are one answer after grading's normalisation: for each graded
+    role, equal text, or the first read as the gold answer verifies the second ("1/2" and "0.5",
+    "\\frac{1}{2}" and "1/2" are one answer; "12" and "13" are two)."""
+    def verifies(gold: str, answer: str) -> bool:
+        try:
+            return grader.grade(gold, f"\\boxed{{{answer}}}") == CORRECT
+        except ValueError:  # the first does not parse as a gold answer: only equal text is the same
+            return False
+    return lambda a, b: all(x == y or verifies(x, y) for x, y in zip(a, b))
+
+
+def generated_tokens_per_episode(rollout: Rollout) -> float:
+    """Tokens every agent generated, per episode (tools generate none)."""
+    return sum(map(len, rollout.response_ids)) / max(len(rollout.solved), 1)
+
+
 def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
     """c_p: solved samples of each problem, when episode b played problem b mod P."""
     counts = [0] * num_problems
@@ -467,11 +540,15 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         metrics |= tool_metrics(sampled, org, "eval")
         if samples > 1:
             metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
+            if has_answers(sampled):
+                metrics[f"eval/maj@{samples}"] = maj_at_k(sampled, len(problems), samples, same_answer(grader))
+        metrics["eval/generated_tokens_per_episode"] = generated_tokens_per_episode(sampled)
     greedy_rollout = None
     if cfg.eval_greedy:
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
                                       generation.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
+        metrics["eval/greedy/generated_tokens_per_episode"] = generated_tokens_per_episode(greedy_rollout)
         metrics |= task_metrics(greedy_rollout, cfg, "eval/greedy") | tool_metrics(greedy_rollout, org, "eval/greedy")
     # The realised D_t of the held-out episodes (orchestrated only): of the greedy episodes, which
     # every evaluation plays, else of the sampled ones.

@@ -11,8 +11,10 @@ The protocol is gymnasium-like, with text observations and text actions:
   (e.g. the problem plus feedback), the team reward R(s_t, a_t), whether the episode ended,
   and an info dict. The trainer reads two keys of it: `correct` (the episode is solved) and
   `outcomes` (each graded role's answer: "correct", "wrong", "unparseable" or "ungraded"),
-  and, where present, `role_rewards` (role → its per-role reward terms) and `program_outcomes`
-  (code); the rest is the environment's own (a task's metrics function reads it, tasks.py).
+  and, where present, `role_rewards` (role → its per-role reward terms), `program_outcomes`
+  (code) and `answers` (each graded role's answer as graded, None where it was not judged: the
+  held-out majority vote maj@k compares them; MathEnv gives it, CodeEnv does not); the rest is
+  the environment's own (a task's metrics function reads it, tasks.py).
 
 Which environment plays an episode is the task's choice (tasks.py: `Task.make_env`): the built-in
 math task's is `MathEnv`, the code task's `CodeEnv`; a task of your own brings its own.

@@ -144,8 +144,12 @@ class MathEnv:
             observation = self.problem.problem
         else:
             observation = feedback_observation(self.problem.problem, outcomes, joint_action)
+        # What each graded role answered, as the grader read it (its last \boxed{}), for a majority
+        # vote over samples (rollout.maj_at_k); None where the answer was not judged right or wrong.
+        answers = {role: extract_boxed(joint_action[role]) if outcome not in (UNPARSEABLE, UNGRADED) else None
+                   for role, outcome in outcomes.items()}
         info = {"outcomes": outcomes, "correct": all_correct, "step": step_index, "level": self.problem.level,
-                "role_rewards": self.role_reward_terms(joint_action, outcomes)}
+                "answers": answers, "role_rewards": self.role_reward_terms(joint_action, outcomes)}
         return observation, reward, self.done, info
 
     def role_reward_terms(self, joint_action: dict[str, str], outcomes: dict[str, str]) -> dict[str, float]:

@@ -412,7 +412,7 @@ def test_single_step_episode(grader):
     observation, reward, done, info = env.step({"planner": "add them", "solver": "so \\boxed{12}"})
     assert (reward, done) == (1.0, True)
     assert info == {"outcomes": {"solver": "correct"}, "correct": True, "step": 0, "role_rewards": {},
-                    "level": SEVEN_PLUS_FIVE.level}
+                    "level": SEVEN_PLUS_FIVE.level, "answers": {"solver": "12"}}
 
     env.reset()
     observation, reward, done, info = env.step({"solver": "\\boxed{13}"})

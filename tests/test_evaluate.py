@@ -11,9 +11,11 @@ import generation
 import run as run_lib
 from envs import Problem
 from flex_pomdp import load_organisation
-from rollout import Rollout, solved_counts
+from envs import Grader, MathEnv
+from rollout import Rollout, maj_at_k, majority_vote, same_answer, solved_counts
 
-METRIC_KEYS = ("eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/accuracy_greedy", "eval/unparseable_rate")
+METRIC_KEYS = ("eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/maj@1", "eval/maj@2", "eval/accuracy_greedy",
+               "eval/unparseable_rate", "eval/generated_tokens_per_episode", "eval/greedy/generated_tokens_per_episode")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,6 +58,71 @@ def test_pass_at_k_table_on_a_hand_made_example():
     assert table["eval/pass@1"] == pytest.approx((0 + 0.25 + 1) / 3)
     assert table["eval/pass@2"] == pytest.approx((0 + 0.5 + 1) / 3)
     assert table["eval/pass@4"] == pytest.approx((0 + 1 + 1) / 3)
+
+
+equal = lambda a, b: a == b
+
+
+@pytest.mark.parametrize("answers, solved, vote", [
+    (["2", "2", "3"], [True, True, False], 1.0),  # the majority is right
+    (["3", "3", "2"], [False, False, True], 0.0),  # one sample right, outvoted
+    (["2", "3", "3", "2"], [True, False, False, True], 0.5),  # a 2–2 tie: right half the time
+    (["1", "2", "3"], [False, True, False], 1 / 3),  # a three-way tie, one group right
+    ([None, None, "2"], [False, False, True], 1.0),  # unparseable samples take no part in the vote
+    ([None, None], [False, False], 0.0),  # no sample answered
+    (["5"], [True], 1.0),  # k = 1: the sample itself
+])
+def test_majority_vote_by_hand(answers, solved, vote):
+    assert majority_vote(answers, solved, equal) == pytest.approx(vote)
+
+
+def test_majority_vote_groups_answers_by_the_graders_equivalence():
+    with Grader() as grader:
+        same = same_answer(grader)
+        # "1/2" and "0.5" are one answer (2 votes, right) against "1"
+        assert majority_vote([("1/2",), ("1",), ("0.5",)], [True, False, True], same) == 1.0
+        # compared as text, the three are a three-way tie
+        assert majority_vote([("1/2",), ("1",), ("0.5",)], [True, False, True], equal) == pytest.approx(2 / 3)
+        assert same(("12",), ("12.0",)) and not same(("12",), ("13",))
+        assert not same(("7", "8"), ("7", "9"))  # several graded roles: every answer must agree
+
+
+def voted_rollout() -> Rollout:
+    """2 problems × 4 samples, episode b on problem b mod 2, its answer in its last step's info."""
+    answers = ["5", "7", "5", None, "4", "7", "4", "8"]  # problem 0: 5 5 4 4; problem 1: 7 — 7 8
+    solved = [a in ("5", "7") for a in answers]
+    return Rollout(solved=solved, infos=[[{"answers": {"solver": a}}] for a in answers])
+
+
+@pytest.mark.parametrize("k, expected", [
+    (1, (2 / 4 + 2 / 4) / 2),  # each sample alone: pass@1
+    (2, ((1 + 0) / 2 + (1 + 0.5) / 2) / 2),  # blocks (5 5)(4 4) and (7 —)(7 8): the last a tie
+    (3, (1 + 1) / 2),  # one block, the first 3: (5 5 4) and (7 — 7)
+    (4, (0.5 + 1) / 2),  # 5 5 4 4: a tie; 7 — 7 8: 7 wins
+])
+def test_maj_at_k_averages_disjoint_blocks_of_each_problems_samples(k, expected):
+    assert maj_at_k(voted_rollout(), 2, k, equal) == pytest.approx(expected)
+
+
+def test_maj_at_k_larger_than_the_samples_is_refused_naming_the_fix():
+    with pytest.raises(ValueError, match=r"maj@5 needs 1 ≤ k ≤ the 4 samples per problem"):
+        maj_at_k(voted_rollout(), 2, 5, equal)
+
+
+def test_maj_table_needs_answers_from_the_environment():
+    table = evaluate.maj_at_k_table(voted_rollout(), 2, 4, equal)
+    assert list(table) == ["eval/maj@1", "eval/maj@2", "eval/maj@4"]
+    code_like = Rollout(solved=[True, False], infos=[[{"program_outcomes": {}}], [{}]])
+    assert evaluate.maj_at_k_table(code_like, 1, 2, equal) == {}
+
+
+def test_the_math_environment_reports_what_it_graded_for_the_vote():
+    with Grader() as grader:
+        env = MathEnv(Problem("What is 2 + 3?", "5", "", ""), grader, graded_roles=("a", "b", "c"))
+        env.reset()
+        _, _, _, info = env.step({"a": "so \\boxed{5}", "b": "\\boxed{6} or \\boxed{ 4 }", "c": "no answer"})
+    assert info["outcomes"] == {"a": "correct", "b": "wrong", "c": "unparseable"}
+    assert info["answers"] == {"a": "5", "b": " 4 ", "c": None}  # the last \boxed{}, as the grader read it
 
 
 def test_breakdown_groups_by_level_and_subject_with_hand_checked_numbers():
@@ -150,6 +217,9 @@ def test_end_to_end_on_a_math_file(tiny_model_dir, math_file, tmp_path, organisa
     assert saved == json.loads(json.dumps(report))
     assert all(key in saved["metrics"] for key in METRIC_KEYS)
     assert saved["metrics"]["eval/pass@1"] == pytest.approx(saved["metrics"]["eval/accuracy"])
+    # one graded answer per episode: a vote of one is the sample itself
+    assert saved["metrics"]["eval/maj@1"] == pytest.approx(saved["metrics"]["eval/accuracy"])
+    assert 0 < saved["metrics"]["eval/generated_tokens_per_episode"] <= 4 * len(load_organisation(organisation).order)
     assert set(saved["by_subject"]) == {"Algebra", "Prealgebra", "Geometry"}
     assert set(saved["by_level"]) == {"Level 1", "Level 2"}
     assert sum(g["problems"] for g in saved["by_subject"].values()) == 3
@@ -282,8 +352,10 @@ def test_greedy_only_evaluations_skip_the_sampled_episodes():
         metrics, sampled, greedy = heldout_metrics(scripted, tokenizer, load_organisation("single"), problems, grader,
                                                    cfg, greedy_only=True)
         assert calls == [(2, 0.0)] and sampled is None and greedy is not None
-        assert metrics == {"eval/accuracy_greedy": 1.0}
+        answer_tokens = len(tokenizer("\\boxed{5}", add_special_tokens=False).input_ids) + 1  # and the end of text
+        assert metrics == {"eval/accuracy_greedy": 1.0, "eval/greedy/generated_tokens_per_episode": answer_tokens}
         calls.clear()
         metrics, sampled, greedy = heldout_metrics(scripted, tokenizer, load_organisation("single"), problems, grader, cfg)
     assert calls == [(6, 1.0), (2, 0.0)]  # 2 problems × 3 samples, then one greedy episode each
     assert metrics["eval/accuracy"] == 0.0 and metrics["eval/pass@3"] == 0.0 and metrics["eval/accuracy_greedy"] == 1.0
+    assert metrics["eval/maj@3"] == 0.0  # three samples agree on 4: the vote is wrong
