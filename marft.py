@@ -76,6 +76,9 @@ Deviations from the paper and choices it leaves open (each a named option of run
   otherwise explode or vanish.
 - With `shared_adapter` every role moves one θ: an agent-by-agent update would leave the next
   agent's π_old stale, so there is one joint PPO update over all samples (M = 1) instead.
+- `clip_eps_high` (off by default): the surrogate's ratio clipped to [1 − ε, 1 + ε_high], DAPO's
+  "clip-higher" (Yu et al. 2025), against the entropy collapse of single-agent runs; not yet
+  measured here, so the default keeps the paper's symmetric clip.
 - The KL penalty to the reference (`kl_coef`) is per token at both levels (k3 estimator; its
   gradient is that of KL(π_ref ‖ π), see ppo.kl_to_reference).
 - A step whose loss or gradient is not finite is skipped and counted; `max_nonfinite_steps` of
@@ -423,7 +426,8 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
     weight M [n, 1]."""
     width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
     old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
-    loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight)
+    loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight,
+                                         cfg.clip_eps_high or None)
     entropy = ppo.masked_mean(new.entropy, mask)
     decision_stats = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
                       "entropy": entropy.item()}

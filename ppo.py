@@ -36,7 +36,8 @@ per token with a mask, so padding never carries advantage, loss or entropy.
 
 The update:
 
-    L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO)
+    L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO;
+                                                                       1 + ε_high with --clip_eps_high)
     L^V = E[ max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²) ]    (clipped value loss)
     KL  ≈ (ρ − 1) − log ρ                                              (k3 estimator)
     KL(π ‖ π_ref) ≈ (r − 1) − log r, r = π_ref / π, per token          (optional penalty)
@@ -367,19 +368,24 @@ def clipped_surrogate_loss(
     mask: torch.Tensor,
     clip_eps: float,
     happo_weight: torch.Tensor | None = None,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """−L^i = −E[min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â)] over real entries (any shape, all alike).
+    """−L^i = −E[min(ρ M Â, clip(ρ, 1 − ε, 1 + ε_high) M Â)] over real entries (any shape, all alike).
 
+    ε_high = clip_eps_high, or ε when None (the symmetric clip of PPO). A larger ε_high is DAPO's
+    "clip-higher" (Yu et al., 2025): an action of positive advantage whose probability was low may
+    grow further in one update, which keeps the policy's entropy from collapsing.
     happo_weight is M (detached; None means M = 1). Returns (loss to minimise, stats) with
-    stats = {clip_fraction, approx_kl} as floats.
+    stats = {clip_fraction (ρ outside [1 − ε, 1 + ε_high]), approx_kl} as floats.
     """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(new_logprob - old_logprob)
     weighted = advantages if happo_weight is None else happo_weight.detach() * advantages
     unclipped = ratio * weighted
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * weighted
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * weighted
     loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
     with torch.no_grad():
-        clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).to(ratio.dtype), mask).item()
+        clip_fraction = masked_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(ratio.dtype), mask).item()
         kl = approx_kl(new_logprob, old_logprob, mask).item()
     return loss, {"clip_fraction": clip_fraction, "approx_kl": kl}
 

@@ -160,6 +160,8 @@ class Config:
     """actions per gradient step"""
     clip_eps: float = 0.2
     """ε of the clipped surrogate"""
+    clip_eps_high: float = 0.0
+    """upper ε_high of the clipped surrogate, clip(ρ, 1 − ε, 1 + ε_high): DAPO's clip-higher (Yu et al. 2025; it uses 0.28 with ε = 0.2); 0: ε_high = ε"""
     value_clip: float = 0.2
     """ε_v of the clipped value loss (0 disables value clipping)"""
     ent_coef: float = 0.0
@@ -435,7 +437,8 @@ def check_ranges(cfg: Config, need) -> None:
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm", "dist_timeout_minutes"):
         need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "tool_call_cost", "temperature", "time_limit_minutes"):
+    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "tool_call_cost", "temperature",
+                   "time_limit_minutes", "clip_eps_high"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("gamma", "gamma_agent", "gamma_token", "lam", "credit_discount"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")

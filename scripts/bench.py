@@ -25,8 +25,14 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 word task (tools.py) caller → calculator → answerer, the same with one shared
                 adapter (one agent that uses the calculator) and one agent without a tool; all
                 at equal wall time (`--time_limit_minutes`, which counts the evaluations too),
-                seeds 1 and 2: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
+                seeds 1, 2 and 3: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
                 seconds per iteration, peak resident memory, and an overlay plot (scripts/plot.py).
+                Then per configuration, mean and range over seeds (`comparison`): held-out greedy
+                accuracy at equal wall time (the last evaluation) and at equal training tokens (the
+                last evaluation within the smallest final token count of the task's runs), and
+                against the bar of majority voting: the untrained single agent's maj@k
+                (evaluate.py, BASELINE_SAMPLES samples per problem, on each seed's held-out set)
+                with k as large as the configuration's tokens per held-out episode allow.
 
 `--learning_runs a,b` measures only those learning configurations (`--learning_seeds 1,2`: with
 those seeds); with `--merge` the sections and
@@ -75,7 +81,7 @@ DEFAULTS = Config()  # every section measures the default model, organisation, L
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
             eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
-                           "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2))
+                           "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, eval_problems=1, learning_minutes=0.1,
@@ -269,6 +275,99 @@ def learning_configuration(name: str) -> tuple[str, str, str, bool]:
     return agents_name, estimator, task, shared
 
 
+BASELINE_SAMPLES = 8  # samples per problem of the untrained single agent's majority vote (quick: 2)
+
+
+def evaluations(rows: list[dict]) -> list[dict]:
+    """A run's held-out evaluations (metrics.jsonl lines with eval/accuracy_greedy), each with what
+    was spent before it: minutes of wall time (time/elapsed, evaluations included; 0 before
+    training) and training tokens (charts/generated_tokens summed over the lines so far), and what
+    it measured: greedy accuracy at every one; pass@1 and tokens per held-out episode where the
+    sampled episodes were played (the first and the last evaluation)."""
+    points, tokens = [], 0
+    for row in rows:
+        tokens += row.get("charts/generated_tokens", 0)
+        if "eval/accuracy_greedy" in row:
+            point = {"iteration": row["iteration"], "minutes": row.get("time/elapsed", 0.0) / 60, "tokens": tokens,
+                     "greedy": row["eval/accuracy_greedy"]}
+            if "eval/accuracy" in row:
+                point["pass1"] = row["eval/accuracy"]
+            if "eval/generated_tokens_per_episode" in row:
+                point["tokens_per_episode"] = row["eval/generated_tokens_per_episode"]
+            points.append(point)
+    return points
+
+
+def within_budget(points: list[dict], key: str, budget: float) -> dict:
+    """The last evaluation made with at most `budget` of `key` ("minutes" or "tokens") spent: what
+    the run had reached with that much (the first, before training, spent nothing)."""
+    return [point for point in points if point[key] <= budget][-1]
+
+
+def spread(values: list[float]) -> dict | None:
+    """Mean and range of one figure over seeds; None without a value."""
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "seeds": len(values)} if values else None
+
+
+def comparison(runs: dict, baseline: dict) -> dict:
+    """Per configuration (its runs over seeds; runs of older reports without `evaluations` are left
+    out): held-out greedy accuracy at equal wall time (every run had the same time limit: its last
+    evaluation) and at equal training tokens (the last evaluation within `token_budget`, the
+    smallest final token count among the runs of the same task), pass@1 at the end, tokens per
+    held-out episode; each as `spread` over seeds. On the default task, `bar`: the untrained single
+    agent's maj@k (`baseline`, per seed) with k the largest of its table whose k samples cost no
+    more tokens than one episode of the configuration, and `beats_bar`: the configuration's mean
+    greedy accuracy at equal time above the bar's mean."""
+    by_config: dict[str, list[list[dict]]] = {}
+    for run, row in runs.items():
+        if row.get("evaluations"):
+            by_config.setdefault(run.rsplit("-seed", 1)[0], []).append(row["evaluations"])
+    task_of = {name: learning_configuration(name)[2] or "math" for name in by_config}
+    budgets = {task: min(points[-1]["tokens"] for name in by_config if task_of[name] == task for points in by_config[name])
+               for task in set(task_of.values())}
+    table = {}
+    for name, seeds in by_config.items():
+        budget = budgets[task_of[name]]
+        row = {"task": task_of[name], "token_budget": budget,
+               "greedy_equal_time": spread([points[-1]["greedy"] for points in seeds]),
+               "greedy_equal_tokens": spread([within_budget(points, "tokens", budget)["greedy"] for points in seeds]),
+               "pass1_end": spread([points[-1]["pass1"] for points in seeds if "pass1" in points[-1]]),
+               "tokens_per_episode": spread([points[-1]["tokens_per_episode"] for points in seeds
+                                             if "tokens_per_episode" in points[-1]])}
+        if row["task"] == "math" and baseline and row["tokens_per_episode"]:
+            per_sample = spread([b["tokens_per_episode"] for b in baseline.values()])["mean"]
+            ks = sorted(int(k) for k in next(iter(baseline.values()))["maj"])
+            k = max([k for k in ks if k * per_sample <= row["tokens_per_episode"]["mean"]], default=1)
+            row["bar"] = {"k": k, "tokens_per_problem": k * per_sample,
+                          "maj": spread([b["maj"][str(k)] for b in baseline.values()])}
+            row["beats_bar"] = row["greedy_equal_time"]["mean"] > row["bar"]["maj"]["mean"]
+        table[name] = row
+    return table
+
+
+def majority_vote_baseline(sizes: dict, threads: int, out: Path, quick: bool) -> dict:
+    """Per seed: the untrained single agent on that seed's held-out problems of the default task
+    (evaluate.py, BASELINE_SAMPLES samples each, no greedy): maj@k' for k' = 1, 2, 4, … and its
+    tokens per episode."""
+    samples = 2 if quick else BASELINE_SAMPLES
+    baseline = {}
+    for seed in sizes["learning_seeds"]:
+        path = out / "learning" / f"baseline-single-seed{seed}.json"
+        command = [sys.executable, str(ROOT / "evaluate.py"), "--agents", "single", "--samples", str(samples), "--no-greedy",
+                   "--seed", str(seed), "--limit", str(sizes["eval_problems"] if quick else DEFAULTS.eval_problems),
+                   "--transcripts", "0", "--threads", str(threads), "--out", str(path)]
+        if quick:
+            command += ["--max_new_tokens", "8"]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"evaluate.py {' '.join(command[2:])} failed:\n{result.stderr[-3000:]}")
+        metrics = json.loads(path.read_text())["metrics"]
+        baseline[str(seed)] = {"samples": samples, "tokens_per_episode": metrics["eval/generated_tokens_per_episode"],
+                               "maj": {key.removeprefix("eval/maj@"): value for key, value in metrics.items()
+                                       if key.startswith("eval/maj@")}}
+    return baseline
+
+
 def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, runs: list[str], earlier: dict | None) -> dict:
     """Each run is named by its configuration (`learning_configuration`: <organisation> with critic +
     GAE, <organisation>-group with group advantages, optionally a task and one shared adapter),
@@ -300,7 +399,8 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                 "measured": date.today().isoformat(), "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
                 "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
-                "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"]}
+                "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"],
+                "evaluations": evaluations(rows)}
     figures = out / "learning"
     for run in table:  # runs of a report older than the kept metrics: their run folder, where it is still here
         folder = out / "runs" / f"learning-{run}"
@@ -312,7 +412,10 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
         print(f"bench: {unplotted} stay in the table but not in the plot: their metrics were not kept in {kept}", flush=True)
     subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(kept / run) for run in plotted),
                     "--labels", ",".join(plotted), "--out", str(figures)], check=True, cwd=ROOT)
-    return {"time_limit_minutes": minutes, "runs": table, "plotted": plotted,
+    baseline = dict((earlier or {}).get("baseline", {}))  # --merge: the seeds not measured again are kept
+    if any(not learning_configuration(name)[2] for name in runs):  # a run on the default task: its bar
+        baseline |= majority_vote_baseline(sizes, threads, out, quick)
+    return {"time_limit_minutes": minutes, "runs": table, "plotted": plotted, "baseline": baseline,
             "figures": [str(p.relative_to(out)) for p in sorted(figures.glob("*.png"))]}
 
 
@@ -414,8 +517,34 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
     plotted = learn.get("plotted", list(learn["runs"]))
     if len(plotted) < len(learn["runs"]):
         lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
+    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {})), learn.get("baseline", {}))
     lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
     return lines
+
+def comparison_lines(table: dict, baseline: dict) -> list[str]:
+    """The comparison at equal time and equal tokens, with the majority-vote bar (markdown lines)."""
+    if not table:
+        return []
+    def figure(s: dict | None) -> str:
+        return "-" if s is None else f"{s['mean']:.2f} [{s['min']:.2f}, {s['max']:.2f}]" if s["seeds"] > 1 else f"{s['mean']:.2f}"
+    lines = ["", "Per configuration, mean [min, max] over seeds: held-out greedy accuracy at equal wall time (the "
+             "last evaluation) and at equal training tokens (the last evaluation within the task's smallest final "
+             "token count), pass@1 at the end, tokens per held-out episode, and the bar of majority voting: the "
+             "untrained single agent's maj@k with k samples costing at most one episode of the configuration.", "",
+             "| configuration | seeds | greedy, equal time | greedy, equal tokens (budget) | pass@1, end | tokens / episode "
+             "| untrained single maj@k (k) | above the bar |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in table.items():
+        seeds = row["greedy_equal_time"]["seeds"]
+        bar = (f"{figure(row['bar']['maj'])} (k = {row['bar']['k']})", "yes" if row["beats_bar"] else "no") if "bar" in row else ("-", "-")
+        lines.append(f"| {name} | {seeds} | {figure(row['greedy_equal_time'])} | {figure(row['greedy_equal_tokens'])} "
+                     f"({row['token_budget']:,}) | {figure(row['pass1_end'])} | {figure(row['tokens_per_episode'])} | {bar[0]} | {bar[1]} |")
+    if baseline:
+        first = next(iter(baseline.values()))
+        lines += ["", f"The bar: `python evaluate.py --agents single --samples {first['samples']} --no-greedy --seed <s>` on "
+                  f"each seed's held-out set, {first['tokens_per_episode']:.1f} tokens per episode (seed {next(iter(baseline))}); "
+                  "maj@k: " + ", ".join(f"k = {k}: {figure(spread([b['maj'][k] for b in baseline.values()]))}" for k in first["maj"]) + "."]
+    return lines
+
 
 BENCH_PAGE = Path("docs") / "benchmark.md"  # the page whose marked block --update_page rewrites (under ROOT)
 

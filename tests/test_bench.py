@@ -114,3 +114,55 @@ def test_a_section_measured_again_by_a_later_merge_names_its_date():
     assert bench.markdown(report).splitlines()[0].endswith("Measured again by a later `--merge`: phases on 2026-11-25.")
     del report["section_dates"]
     assert "Measured again" not in bench.markdown(report)
+
+
+def metrics_rows(greedy: list[float], tokens_per_iteration: int, minutes_per_iteration: float) -> list[dict]:
+    """A run's metrics.jsonl: line 0 the evaluation before training, then one line per iteration with
+    a greedy evaluation at each; the first and the last also sampled (pass@1, tokens per episode)."""
+    rows = []
+    for i, g in enumerate(greedy):
+        row = {"iteration": i, "eval/accuracy_greedy": g}
+        if i:
+            row |= {"charts/generated_tokens": tokens_per_iteration, "time/elapsed": 60 * minutes_per_iteration * i}
+        if i in (0, len(greedy) - 1):
+            row |= {"eval/accuracy": g / 2, "eval/generated_tokens_per_episode": tokens_per_iteration / 10}
+        rows.append(row)
+    return rows
+
+
+def test_evaluations_carry_the_budget_spent_before_each():
+    points = bench.evaluations(metrics_rows([0.1, 0.5, 0.7], 100, 2.0))
+    assert [(p["iteration"], p["minutes"], p["tokens"], p["greedy"]) for p in points] == [(0, 0.0, 0, 0.1), (1, 2.0, 100, 0.5),
+                                                                                          (2, 4.0, 200, 0.7)]
+    assert "pass1" not in points[1] and points[2]["pass1"] == 0.35 and points[2]["tokens_per_episode"] == 10.0
+    assert bench.within_budget(points, "tokens", 199)["greedy"] == 0.5  # 200 tokens were spent before the last
+    assert bench.within_budget(points, "minutes", 0.5)["greedy"] == 0.1  # before training: nothing spent
+
+
+def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
+    # Two seeds of one agent (50 tokens an iteration, 3 iterations), one seed of a team (200 tokens an
+    # iteration, 2 iterations in the same time), one word-task run apart (its own token budget).
+    runs = {"single-seed1": {"evaluations": bench.evaluations(metrics_rows([0.5, 0.6, 0.8, 0.9], 50, 1.0))},
+            "single-seed2": {"evaluations": bench.evaluations(metrics_rows([0.5, 0.7, 0.6, 0.7], 50, 1.0))},
+            "chain-seed1": {"evaluations": bench.evaluations(metrics_rows([0.4, 0.6, 0.85], 200, 1.5))},
+            "word:single-seed1": {"evaluations": bench.evaluations(metrics_rows([0.0, 0.1], 30, 3.0))},
+            "parallel-seed1": {"greedy_end": 0.5}}  # an older report's run: no evaluations, not compared
+    # The bar: the untrained single agent, 4 tokens per episode; maj@1, @2, @4 on the seeds' held-out sets.
+    baseline = {"1": {"samples": 4, "tokens_per_episode": 4.0, "maj": {"1": 0.5, "2": 0.6, "4": 0.7}},
+                "2": {"samples": 4, "tokens_per_episode": 4.0, "maj": {"1": 0.4, "2": 0.5, "4": 0.6}}}
+    table = bench.comparison(runs, baseline)
+    assert set(table) == {"single", "chain", "word:single"}
+    single, chain = table["single"], table["chain"]
+    assert single["greedy_equal_time"] == {"mean": 0.8, "min": 0.7, "max": 0.9, "seeds": 2}
+    # Equal tokens: the math runs' smallest final count is the single agent's 150 (chain: 400), within
+    # which the chain has only its evaluation before training.
+    assert single["token_budget"] == chain["token_budget"] == 150
+    assert chain["greedy_equal_tokens"]["mean"] == 0.4 and single["greedy_equal_tokens"]["mean"] == pytest.approx(0.8)
+    assert table["word:single"]["token_budget"] == 30 and "bar" not in table["word:single"]
+    # Tokens per held-out episode: single 5 (50 / 10), chain 20. The bar: k samples of 4 tokens within it.
+    assert single["bar"]["k"] == 1 and single["bar"]["maj"]["mean"] == pytest.approx(0.45) and single["beats_bar"]
+    assert chain["bar"]["k"] == 4 and chain["bar"]["maj"]["mean"] == pytest.approx(0.65) and chain["beats_bar"]
+    assert chain["pass1_end"]["mean"] == 0.425
+    text = "\n".join(bench.comparison_lines(table, baseline))
+    assert "| chain | 1 | 0.85 | 0.40 (150) | 0.42 | 20.00 | 0.65 [0.60, 0.70] (k = 4) | yes |" in text
+    assert "| single | 2 | 0.80 [0.70, 0.90] |" in text

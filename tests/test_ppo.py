@@ -290,6 +290,23 @@ def test_clipped_surrogate_gradient():
     assert new.grad[1].item() == 0.0 and new.grad[3].item() == 0.0, "clipped sample must have exactly 0 gradient"
 
 
+def test_clip_higher_widens_only_the_upper_bound():
+    # DAPO's clip-higher, ε = 0.2 below and ε_high = 0.6 above: the range is [0.8, 1.6].
+    new = _new_logprob()
+    loss, stats = ppo.clipped_surrogate_loss(new, t(OLD_LP), t(ADVS), t(MASK), EPS, clip_eps_high=0.6)
+    #   ρ=1.1, Â= 2: 2.2
+    #   ρ=1.5, Â= 1: min(1.5, clip(1.5, 0.8, 1.6) = 1.5) = 1.5   no longer clipped (was 1.2)
+    #   ρ=1.5, Â=−1: −1.5
+    #   ρ=0.5, Â=−2: min(−1.0, 0.8·(−2)) = −1.6                  the lower bound is unchanged
+    #   ρ=0.5, Â= 3: 1.5
+    # mean = (2.2 + 1.5 − 1.5 − 1.6 + 1.5) / 5 = 0.42
+    assert loss.item() == pytest.approx(-0.42, abs=1e-9)
+    assert stats["clip_fraction"] == pytest.approx(2 / 5)  # only the two ρ = 0.5 lie outside [0.8, 1.6]
+    loss.backward()
+    # the ρ = 1.5, Â = 1 sample now pushes its probability up: −1.5·1/5 = −0.3
+    close(new.grad, [-0.44, -0.3, 0.3, 0.0, -0.3, 0.0])
+
+
 def test_clipped_surrogate_with_happo_weight():
     M = t([2.0, 0.5, 1.0, 3.0, 1.0, 7.0]).requires_grad_(True)
     new = _new_logprob()
