@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
     parser.add_argument("--learning_runs", default=None,
                         help="comma-separated learning configurations, e.g. orchestrated,chain-group (default: the mode's list)")
-    parser.add_argument("--learning_seeds", default=None, help="comma-separated seeds of every learning run (default: 1,2; quick 1)")
+    parser.add_argument("--learning_seeds", default=None, help="comma-separated seeds of every learning run (default: 1,2,3; quick 1)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
     parser.add_argument("--update_page", "--update_readme", dest="update_page", action="store_true",
