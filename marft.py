@@ -155,6 +155,7 @@ def train(cfg: Config) -> dict:
                 advantages, returns, advantage_stats = compute_advantages(org, rollout, old, cfg)  # [S, L]
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates (skipped while the critic warms up).
+            metrics |= schedule_learning_rates(optimisers, iteration, cfg)
             with timer("policy_update"):
                 if iteration >= cfg.critic_warmup_iterations:
                     metrics |= update_agents(model, pad, org, rollout, old, advantages, cfg, optimisers, iteration, rng)
@@ -664,6 +665,16 @@ def build(cfg: Config):
     optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
                        for a in critic_adapters})
     return org, model, tokenizer, value_heads, optimisers
+
+
+def schedule_learning_rates(optimisers: dict, iteration: int, cfg: Config) -> dict:
+    """Set every optimiser's learning rate for this iteration (--lr_schedule; `ppo.scheduled_lr`),
+    from the rate it was built with (kept as param_group["initial_lr"], so a resumed run agrees)."""
+    for optimiser in optimisers.values():
+        for group in optimiser.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = ppo.scheduled_lr(group["initial_lr"], iteration, cfg.iterations, cfg.lr_schedule)
+    return {"charts/lr": ppo.scheduled_lr(cfg.lr, iteration, cfg.iterations, cfg.lr_schedule)}
 
 
 def seed_iteration(seed: int, iteration: int) -> torch.Generator:

@@ -62,10 +62,13 @@ may be bounded to [1/c, c] (needed at the token level, where ρ^i is a product o
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 CREDIT_OPTIONS = ("last", "equal", "shared", "step_discount")
 ADVANTAGE_OPTIONS = ("gae", "group")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,6 +446,23 @@ def agents_to_train(
     if agent_iteration_interval <= 0:
         return list(update_order)
     return [order[(iteration // agent_iteration_interval) % len(order)]]
+
+
+def scheduled_lr(lr: float, iteration: int, iterations: int, schedule: str) -> float:
+    """The learning rate of iteration t = `iteration` (0-based) of T = `iterations`:
+
+        constant   η_t = η
+        linear     η_t = η · (1 − t / T)                      (to 0 at T, no warm-up: the HF Trainer default)
+        cosine     η_t = η · (1 + cos(π t / T)) / 2
+    """
+    progress = min(max(iteration / iterations, 0.0), 1.0)
+    if schedule == "constant":
+        return lr
+    if schedule == "linear":
+        return lr * (1.0 - progress)
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"lr_schedule={schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
 
 
 def update_happo_weight(

@@ -154,6 +154,8 @@ class Config:
     """learning rate of every policy adapter (Adam)"""
     critic_lr: float = 1e-3
     """learning rate of the critic adapter and value head (Adam)"""
+    lr_schedule: str = "constant"
+    """how --lr and --critic_lr move over the --iterations: constant | linear (to 0 at the last, the HF Trainer default) | cosine (half a cosine, to 0)"""
     ppo_epochs: int = 1
     """passes over an agent's samples per iteration"""
     minibatch_size: int = 8
@@ -452,6 +454,7 @@ def check_choices(cfg: Config, need) -> None:
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
     need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
     need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
+    need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
          "trains one agent's adapter at a time; with --shared_adapter all agents have one adapter: use 0")

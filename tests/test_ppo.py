@@ -307,6 +307,18 @@ def test_clip_higher_widens_only_the_upper_bound():
     close(new.grad, [-0.44, -0.3, 0.3, 0.0, -0.3, 0.0])
 
 
+def test_learning_rate_schedules_on_a_hand_table():
+    # η = 0.1, T = 4 iterations, t = 0..4 (t = T only as the limit):
+    #   linear: η(1 − t/4)            = 0.1, 0.075, 0.05, 0.025, 0
+    #   cosine: η(1 + cos(πt/4))/2    = 0.1, 0.1·(1 + 0.70711)/2 = 0.085355, 0.05, 0.014645, 0
+    rates = lambda schedule: [ppo.scheduled_lr(0.1, t, 4, schedule) for t in range(5)]
+    close(t(rates("constant")), [0.1] * 5)
+    close(t(rates("linear")), [0.1, 0.075, 0.05, 0.025, 0.0])
+    close(t(rates("cosine")), [0.1, 0.0853553, 0.05, 0.0146447, 0.0])
+    with pytest.raises(ValueError, match="choose one of constant, linear, cosine"):
+        ppo.scheduled_lr(0.1, 0, 4, "step")
+
+
 def test_clipped_surrogate_with_happo_weight():
     M = t([2.0, 0.5, 1.0, 3.0, 1.0, 7.0]).requires_grad_(True)
     new = _new_logprob()

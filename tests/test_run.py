@@ -210,10 +210,12 @@ def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_
                                    "dependencies": [["planner", "solver"]]}))
     common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", str(profile),
               "--advantage", "group", "--group_size", "2", "--batch_size", "2", "--horizon", "2", "--max_new_tokens", "4",
-              "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--threads", "1", "--output_dir", str(tmp_path)]
+              "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--threads", "1", "--output_dir", str(tmp_path),
+              "--lr_schedule", "linear"]
     marft.train(run.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
     rows = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert [r["charts/lr"] for r in rows[1:]] == [2e-4, 1e-4]  # linear: η · (1 − t/2) at t = 0, 1; resumed below
     assert all("losses/value_loss" not in r and "losses/explained_variance" not in r for r in rows)
     assert all(0 <= r["charts/zero_signal_groups"] <= 1 and r["charts/role_reward/planner"] > 0 for r in rows[1:])
     killed = tmp_path / "killed"  # as a kill -9 after iteration 2's metrics line, before its checkpoint
