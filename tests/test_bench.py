@@ -166,3 +166,36 @@ def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
     text = "\n".join(bench.comparison_lines(table, baseline))
     assert "| chain | 1 | 0.85 | 0.40 (150) | 0.42 | 20.00 | 0.65 [0.60, 0.70] (k = 4) | yes |" in text
     assert "| single | 2 | 0.80 [0.70, 0.90] |" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/stability.py: reach and fall of a run's held-out greedy accuracy
+# ---------------------------------------------------------------------------------------------
+
+_stability_spec = importlib.util.spec_from_file_location("stability", ROOT / "scripts" / "stability.py")
+stability = importlib.util.module_from_spec(_stability_spec)
+_stability_spec.loader.exec_module(stability)
+
+
+def _points(course):
+    return [{"minutes": minutes, "greedy": greedy} for minutes, greedy in course]
+
+
+def test_reach_and_fall_on_a_hand_table():
+    # greedy 0.14, 0.64, 0.82 (first ≥ 0.8, at 3.0 min), 0.86 (best so far), 0.74, 0.80:
+    # falls below the running best from 3.0 min on: 0, 0, 0.86 − 0.74 = 0.12, 0.06 → largest 0.12
+    run = stability.reach_and_fall(_points([(0, 0.14), (2.1, 0.64), (3.0, 0.82), (4.2, 0.86), (5.1, 0.74), (6.0, 0.80)]), 0.8)
+    assert run["reach_minutes"] == 3.0 and run["best"] == 0.86
+    assert run["largest_fall"] == pytest.approx(0.12)
+    assert stability.verdict(run, 0.10, 3.7) == {"holds": False, "in_time": True}
+    # 0.84 (first ≥ 0.8, at 4.0 min), then 0.74: a fall of exactly 0.10, allowed (the bound is inclusive)
+    run = stability.reach_and_fall(_points([(0, 0.1), (4.0, 0.84), (5.0, 0.74)]), 0.8)
+    assert run["largest_fall"] == pytest.approx(0.10)
+    assert stability.verdict(run, 0.10, 3.7) == {"holds": True, "in_time": False}
+    assert stability.verdict(run, 0.10, None)["in_time"] is None
+
+
+def test_a_run_that_never_reaches_the_threshold_neither_holds_nor_is_in_time():
+    run = stability.reach_and_fall(_points([(0, 0.14), (3.0, 0.78), (6.0, 0.30)]), 0.8)
+    assert run == {"reach_minutes": None, "largest_fall": None, "best": 0.78}
+    assert stability.verdict(run, 0.10, 3.7) == {"holds": False, "in_time": False}
