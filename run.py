@@ -220,6 +220,8 @@ class Config:
     """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
     prefix_sharing: bool = True
     """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
+    merged_generation: bool = False
+    """hf backend: decode each agent's turn on a copy of the base with its adapter merged in (W + ΔW), no LoRA products per step; the PPO numbers are recomputed by the training model as always (charts/rollout_logprob_gap shows the sampling's rounding)"""
     dist_timeout_minutes: float = 30.0
     """torchrun: a collective that waits longer than this raises an error instead of hanging"""
 
@@ -517,6 +519,8 @@ def check_machine(cfg: Config, need) -> None:
     except ValueError as error:
         need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
     need(not cfg.vllm_sleep or cfg.backend == "vllm", "vllm_sleep", "the option puts a vLLM engine to sleep: add --backend vllm")
+    need(not cfg.merged_generation or cfg.backend == "hf", "merged_generation",
+         "merges adapters for the hf backend's decoding; vLLM applies its LoRA itself: drop the option")
     need(not cfg.vllm_sleep or torch.cuda.is_available(), "vllm_sleep", "vLLM's sleep mode needs a GPU (CUDA): drop the option here")
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))

@@ -42,6 +42,8 @@ def test_help_documents_every_option(capsys):
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--critic_warmup_iterations", "2"],
      "--critic_warmup_iterations"),
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
+    (["--lr_schedule", "step"], "--lr_schedule"),
+    (["--backend", "vllm", "--merged_generation"], "--merged_generation"),
     (["--advantage", "group", "--group_size", "4", "--credit", "step_discount", "--credit_discount", "0"], "--credit"),
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):

@@ -1,0 +1,95 @@
+"""Merged generation (--merged_generation, generation.MergedHFGenerator): each agent's adapter folded
+into a scratch copy of the base, W + ΔW, for decoding. The actions and the sampled tokens'
+log-probs must be those of the adapter path (float32: within float rounding), for every agent and
+for the bare base; a synced update must reach the copy; the training model must stay untouched;
+and a training run must log the plain run's metrics."""
+import json
+
+import pytest
+import torch
+
+import agents
+import generation
+import marft
+import run
+from envs import make_arithmetic_problems
+from flex_pomdp import load_organisation, unrolled_messages
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture()
+def chain_model(tiny_model_dir):
+    """The tiny Llama with the chain's two adapters, each with its own nonzero LoRA weights, and the
+    solver's real prompts for four problems."""
+    base, tokenizer = agents.load_base_model(str(tiny_model_dir))
+    org = load_organisation("chain")
+    torch.manual_seed(4)
+    model = agents.attach_adapters(base, list(org.order), agents.lora_config(4, 8, TARGETS))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    problems = make_arithmetic_problems("train", seed=1)[:4]
+    messages = [unrolled_messages(org, org.order[0], p.problem, {}) for p in problems]
+    return model, tokenizer, org, agents.tokenize_prompts(tokenizer, messages, 1024)[0]
+
+
+def _generate(generator, prompts, adapter, temperature):
+    torch.manual_seed(11)
+    return generator.generate(prompts, adapter, generation.Sampling(temperature, 1.0, 8))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_merged_generation_gives_the_adapter_paths_actions_and_log_probs(chain_model, temperature):
+    model, tokenizer, org, prompts = chain_model
+    plain = generation.HFGenerator(model, tokenizer, batch_size=3)
+    merged = generation.MergedHFGenerator(model, tokenizer, batch_size=3)
+    for adapter in [*org.order, None, org.order[0]]:  # each agent, the bare base, and back (a fresh merge each switch)
+        want, got = _generate(plain, prompts, adapter, temperature), _generate(merged, prompts, adapter, temperature)
+        assert got.token_ids == want.token_ids, adapter
+        for row, (a, b) in enumerate(zip(got.logprobs, want.logprobs)):
+            assert a == pytest.approx(b, rel=1e-4, abs=1e-5), (adapter, row)
+    # the two agents' adapters really differ here, so the test could tell them apart
+    assert _generate(plain, prompts, org.order[0], 1.0).logprobs != _generate(plain, prompts, org.order[1], 1.0).logprobs
+
+
+def test_an_update_reaches_the_merged_copy_after_sync_and_the_training_model_is_untouched(chain_model):
+    model, tokenizer, org, prompts = chain_model
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    grad_flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    merged = generation.MergedHFGenerator(model, tokenizer, batch_size=4)
+    role = org.order[1]
+    _generate(merged, prompts, role, 1.0)
+    for name, p in model.named_parameters():  # merging wrote only into the copy
+        assert torch.equal(p, before[name]) and p.requires_grad == grad_flags[name], name
+    with torch.no_grad():  # an "update" of the solver's adapter
+        for name, p in model.named_parameters():
+            if "lora_B" in name and f".{role}." in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    merged.sync(model)
+    want = _generate(generation.HFGenerator(model, tokenizer, batch_size=4), prompts, role, 1.0)
+    got = _generate(merged, prompts, role, 1.0)
+    assert got.token_ids == want.token_ids
+    for a, b in zip(got.logprobs, want.logprobs):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+
+
+def test_training_iterations_with_and_without_merged_generation_log_the_same_metrics(tiny_model_dir, tmp_path):
+    """Two iterations of the chain on the tiny model, critic + GAE: the same sampled tokens, so every
+    PPO number (rewards, losses, KL, values) and the held-out accuracy agree to float rounding."""
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", "chain",
+              "--format_penalty", "0.5", "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5",
+              "--eval_problems", "2", "--eval_samples", "1", "--threads", "1", "--output_dir", str(tmp_path)]
+    for name, flag in (("plain", "--no-merged_generation"), ("merged", "--merged_generation")):
+        marft.train(run.parse_args(common + [flag, "--run_name", name]))
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("plain", "merged")}
+    assert len(rows["plain"]) == len(rows["merged"]) == 3
+    for plain, merged in zip(rows["plain"], rows["merged"]):
+        keys = {k for k in plain if not k.startswith(("time/", "perf/"))}
+        assert keys == {k for k in merged if not k.startswith(("time/", "perf/"))}
+        for key in keys:
+            tolerance = 1e-4 if key == "charts/rollout_logprob_gap" else 1e-6  # the gap is rounding itself
+            assert merged[key] == pytest.approx(plain[key], rel=1e-4, abs=tolerance, nan_ok=True), key
+    assert rows["plain"][-1]["losses/value_loss"] > 0
