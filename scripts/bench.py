@@ -11,8 +11,9 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations, with prefix sharing (the default) and without
-                (`--no-prefix_sharing`), one run after the other: `prefix_sharing_speedup` is the
-                ratio of their iteration times; the evaluation is reported apart.
+                (`--no-prefix_sharing`) and with `--merged_generation`, one run after the other:
+                `prefix_sharing_speedup` and `merged_generation_speedup` are ratios of their
+                iteration times; the evaluation is reported apart.
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
                 (`--agents single | chain | chain4`) at the same number of problems per iteration,
                 with the default options (no flag); the ratio 4-agent / 1-agent, the base model's
@@ -240,6 +241,10 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
             phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows), "peak_rss_mib": plain_peak}
             phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
                                                      / phase_table["iteration_seconds_without_eval"])
+            merged_rows, merged_peak = run_marft(out, "phases-merged-generation", args + ["--merged_generation"], threads)
+            phase_table["with_merged_generation"] = {**phase_seconds(merged_rows), "peak_rss_mib": merged_peak}
+            phase_table["merged_generation_speedup"] = (phase_table["iteration_seconds_without_eval"]
+                                                        / phase_table["with_merged_generation"]["iteration_seconds_without_eval"])
     if "memory" in skip:
         return phase_table, {}
     memory["default"]["ratio_4_to_1"] = memory["default"]["4_agents"]["peak_rss_mib"] / memory["default"]["1_agents"]["peak_rss_mib"]
@@ -468,16 +473,20 @@ def backends_lines(b: dict) -> list[str]:
 
 def phases_lines(p: dict) -> list[str]:
     """The phases section of the report (markdown lines)."""
-    off = p["without_prefix_sharing"]
+    variants = [p["without_prefix_sharing"]] + ([p["with_merged_generation"]] if "with_merged_generation" in p else [])
+    heads = ["without prefix sharing", "with --merged_generation"][:len(variants)]
     lines = [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
-             f"| without prefix sharing |", "| --- | --- | --- |"]
-    lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | {off[f'{name}_seconds']:.1f} |"
-              for name in PHASES if name != "eval"]
-    lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** "
-              f"| **{off['iteration_seconds_without_eval']:.1f}** |", "",
+             f"| {' | '.join(heads)} |", "| --- | --- |" + " --- |" * len(variants)]
+    lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | "
+              + " | ".join(f"{v[f'{name}_seconds']:.1f}" for v in variants) + " |" for name in PHASES if name != "eval"]
+    lines += [f"| **iteration (without eval)** | **{p['iteration_seconds_without_eval']:.1f}** | "
+              + " | ".join(f"**{v['iteration_seconds_without_eval']:.1f}**" for v in variants) + " |", "",
               f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
-              f"(`prefix_sharing_speedup`; both runs in this report, one after the other).", ""]
-    return lines
+              f"(`prefix_sharing_speedup`; the runs of this report, one after the other)."]
+    if "merged_generation_speedup" in p:
+        lines[-1] += (f" `--merged_generation` makes it **{p['merged_generation_speedup']:.2f}×** faster "
+                      f"(`merged_generation_speedup`; the rollout phase is what it changes).")
+    return lines + [""]
 
 
 def memory_lines(mem: dict) -> list[str]:

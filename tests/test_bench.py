@@ -49,6 +49,8 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"],
+               report["phases"]["merged_generation_speedup"],
+               report["phases"]["with_merged_generation"]["iteration_seconds_without_eval"],
                report["memory"]["default"]["ratio_4_to_1"]]
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -58,6 +60,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text
+    assert "with --merged_generation" in text
     # --render_only rebuilds the same table from bench.json alone.
     (tmp_path / "bench.md").unlink()
     bench.main(["--render_only", "--out", str(tmp_path)])
