@@ -126,12 +126,20 @@ def main() -> None:
             run |= verdict(run, args.max_fall, args.reach_minutes if config == "single-l3" else None)
             report["runs"][name] = run
             print(f"stability: {name}: reach {run['reach_minutes']}, fall {run['largest_fall']}, holds {run['holds']}", flush=True)
+            write_report(report, out)  # after every run: a benchmark cut short keeps what it measured
+    print(markdown(report), flush=True)
+
+
+def write_report(report: dict, out: Path) -> None:
+    """summary.json and summary.md, with per configuration the counts over the seeds run so far."""
+    by_config: dict[str, list[dict]] = {}
+    for name, run in report["runs"].items():
+        by_config.setdefault(name.rsplit("-seed", 1)[0], []).append(run)
     report["configs"] = {config: {"seeds": len(runs), "holds": sum(r["holds"] for r in runs),
                                   "in_time": None if runs[0]["in_time"] is None else sum(bool(r["in_time"]) for r in runs)}
-                         for config in configs for runs in [[report["runs"][f"{config}-seed{s}"] for s in seeds]]}
+                         for config, runs in by_config.items()}
     (out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(report))
-    print(markdown(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+"""Generation with the adapter applied per step (HFGenerator) against the merged copy
+(MergedHFGenerator, --merged_generation), side by side in one process: seconds and tokens/s of
+one agent's turn for a batch of the default task's planner prompts, each measured `--repeats`
+times alternately after a warm-up. `--model random:models/<x>.json` measures a shape without its
+weights (as the GPU check does). Prints one line per measurement and the median ratio."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import agents  # noqa: E402
+import generation  # noqa: E402
+from envs import make_arithmetic_problems  # noqa: E402
+from flex_pomdp import load_organisation, unrolled_messages  # noqa: E402
+from run import Config  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=Config.model)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--base_dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = Config()
+    base, tokenizer = agents.load_base_model(args.model, getattr(torch, args.base_dtype), args.device)
+    model = agents.attach_adapters(base, ["policy_planner"], agents.lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
+    with torch.no_grad():  # a trained-looking adapter: nonzero B
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    org = load_organisation("chain")
+    problems = make_arithmetic_problems("train", seed=1)[: args.prompts]
+    prompts = agents.tokenize_prompts(tokenizer, [unrolled_messages(org, "planner", p.problem, {}) for p in problems], 1024)[0]
+    sampling = generation.Sampling(1.0, 1.0, args.new_tokens)
+    generators = {"adapter": generation.HFGenerator(model, tokenizer, 64),
+                  "merged": generation.MergedHFGenerator(model, tokenizer, 64)}
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    seconds: dict[str, list[float]] = {name: [] for name in generators}
+    for repeat in range(args.repeats + 1):
+        for name, generator in generators.items():
+            torch.manual_seed(repeat)
+            sync()
+            start = time.perf_counter()
+            actions = generator.generate(prompts, "policy_planner", sampling)
+            sync()
+            elapsed = time.perf_counter() - start
+            tokens = sum(map(len, actions.token_ids))
+            if repeat > 0:  # the first round warms up
+                seconds[name].append(elapsed / max(tokens, 1))
+                print(f"{name}: {elapsed:.2f} s, {tokens} tokens, {tokens / elapsed:.0f} tokens/s", flush=True)
+    ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds["merged"])
+    print(f"merged generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
+          f"{args.model}, {args.base_dtype})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
