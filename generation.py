@@ -201,7 +201,8 @@ class MergedHFGenerator:
             return
         for lora, plain in self.pairs:
             base = lora.get_base_layer().weight
-            plain.weight.copy_(base if adapter is None else base + lora.get_delta_weight(adapter).to(base.dtype))
+            # summed in float32 and rounded once into the copy's dtype (bf16 base: one rounding, not two)
+            plain.weight.copy_(base if adapter is None else base.float() + lora.get_delta_weight(adapter).float())
         self.merged = adapter
 
     def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:

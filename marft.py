@@ -381,6 +381,9 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     agent_adv = (advantages[samples] if cfg.advantage == "group"
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))  # [n, L]
     weight = happo_weight[torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]].unsqueeze(-1)  # M, [n, 1]
+    if cfg.filter_groups:  # DAPO's dynamic sampling without the resampling: only episodes that disagree with their group
+        signal = (agent_adv != 0).any(dim=-1)  # [n]: the sample's group had signal (its Â is not all 0)
+        samples, agent_adv, weight = samples[signal], agent_adv[signal], weight[signal]
     objective = lambda rows, new: agent_objective(new, old, samples[rows], agent_adv[rows], weight[rows], cfg)
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
@@ -402,6 +405,7 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     keys = ("policy_loss", "approx_kl", "clip_fraction", "entropy") + (("kl_to_reference",) if cfg.kl_coef > 0 else ())
     stats = {f"losses/{key}/{label}": mean(history[key]) for key in keys}
     stats[f"losses/early_stopped/{label}"] = float(stopped)
+    stats[f"losses/update_samples/{label}"] = float(len(samples))
     stats[f"losses/nonfinite_steps/{label}"] = stop_if_diverged(len(history["nonfinite_steps"]), label, cfg)
     return stats
 

@@ -170,6 +170,8 @@ class Config:
     """entropy bonus coefficient"""
     kl_coef: float = 0.0
     """coefficient of KL(π ‖ π_ref) to the base model (adapters disabled); 0 skips the reference pass"""
+    filter_groups: bool = False
+    """--advantage group: leave the samples of groups without signal (every return equal, Â = 0) out of the update, so no optimiser step rests on them (DAPO's dynamic sampling, without its resampling); their KL and entropy terms go with them"""
     target_kl: float = 0.1
     """stop an agent's epochs when the approximate KL of a minibatch exceeds this (0 disables)"""
     max_grad_norm: float = 1.0
@@ -456,6 +458,8 @@ def check_choices(cfg: Config, need) -> None:
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
     need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
     need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
+    need(not cfg.filter_groups or cfg.advantage == "group", "filter_groups",
+         "filters the groups of --advantage group (critic advantages have no groups): add --advantage group or drop it")
     need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",

@@ -204,6 +204,31 @@ def test_a_nonfinite_loss_skips_its_step_is_counted_and_repeated_ones_stop_the_r
     assert all(torch.isfinite(p).all() for p in params)
 
 
+def test_filter_groups_leaves_the_samples_without_signal_out_of_the_update(tiny_agents):
+    """--filter_groups: of the solver's samples 1, 3, 5 with group advantages 1, 0, 2, sample 3 (its
+    group had no signal) takes no optimiser step: 2 steps of one sample instead of 3; with no
+    signal at all, no step is taken and the adapter does not move (Adam's momentum would move it)."""
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    base = dict(advantage="group", group_size=2, credit="shared", minibatch_size=1, ppo_epochs=1, target_kl=0.0)
+    old = tables_under(model, pad, rollout, "policy_solver", run.Config(**base))
+    params = agents.adapter_parameters(model, "policy_solver")
+    def update(advantages, **options):
+        optimiser = torch.optim.Adam(params, lr=0.05)
+        stats = marft.update_agent(model, pad, rollout, old, torch.tensor(advantages), torch.ones(2, 2), torch.tensor([1, 3, 5]),
+                                   "solver", "policy_solver", run.Config(**base, **options), optimiser,
+                                   torch.Generator().manual_seed(0))
+        return stats, (optimiser.state_dict()["state"][0]["step"] if optimiser.state else 0)
+    signal = [[0.0], [1.0], [0.0], [0.0], [0.0], [2.0]]
+    assert update(signal)[1] == 3  # unfiltered: one step per sample
+    stats, steps = update(signal, filter_groups=True)
+    assert steps == 2 and stats["losses/update_samples/solver"] == 2.0
+    before = [p.detach().clone() for p in params]
+    stats, steps = update([[0.0]] * 6, filter_groups=True)
+    assert steps == 0 and stats["losses/update_samples/solver"] == 0.0 and math.isnan(stats["losses/policy_loss/solver"])
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+
+
 @pytest.mark.parametrize("lengths, groups, budget, expected", [
     # per agent, its rows in order; rows × longest ≤ budget (3 × 20 = 60 fits, 2 × 50 does not)
     ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, [[[0, 2, 3]], [[1], [4]]]),

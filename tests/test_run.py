@@ -43,6 +43,7 @@ def test_help_documents_every_option(capsys):
      "--critic_warmup_iterations"),
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
     (["--lr_schedule", "step"], "--lr_schedule"),
+    (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
     (["--backend", "vllm", "--merged_generation"], "--merged_generation"),
     (["--advantage", "group", "--group_size", "4", "--credit", "step_discount", "--credit_discount", "0"], "--credit"),
 ])
