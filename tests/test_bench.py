@@ -49,8 +49,6 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"],
-               report["phases"]["merged_generation_speedup"],
-               report["phases"]["with_merged_generation"]["iteration_seconds_without_eval"],
                report["memory"]["default"]["ratio_4_to_1"]]
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -60,7 +58,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text
-    assert "with --merged_generation" in text
+    assert "merged_generation_speedup" not in report["phases"]  # quick mode leaves that run out
     # --render_only rebuilds the same table from bench.json alone.
     (tmp_path / "bench.md").unlink()
     bench.main(["--render_only", "--out", str(tmp_path)])
@@ -202,3 +200,15 @@ def test_a_run_that_never_reaches_the_threshold_neither_holds_nor_is_in_time():
     run = stability.reach_and_fall(_points([(0, 0.14), (3.0, 0.78), (6.0, 0.30)]), 0.8)
     assert run == {"reach_minutes": None, "largest_fall": None, "best": 0.78}
     assert stability.verdict(run, 0.10, 3.7) == {"holds": False, "in_time": False}
+
+
+def test_the_phases_table_shows_the_merged_generation_run_when_there_is_one():
+    phase = {f"{name}_seconds": 1.0 for name in bench.PHASES} | {"iteration_seconds_without_eval": 50.0, "iterations": 2}
+    report = {"problems_per_iteration": 16, **phase, "without_prefix_sharing": {**phase, "iteration_seconds_without_eval": 100.0},
+              "prefix_sharing_speedup": 2.0}
+    old_report = "\n".join(bench.phases_lines(report))  # a report from before the merged run: two columns
+    assert "with --merged_generation" not in old_report and "**2.00×**" in old_report
+    report |= {"with_merged_generation": {**phase, "iteration_seconds_without_eval": 40.0}, "merged_generation_speedup": 1.25}
+    text = "\n".join(bench.phases_lines(report))
+    assert "| seconds | without prefix sharing | with --merged_generation |" in text
+    assert "| **iteration (without eval)** | **50.0** | **100.0** | **40.0** |" in text and "**1.25×**" in text
