@@ -45,3 +45,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def assert_runs_log_alike(plain_dir: Path, other_dir: Path, lines: int, loose: tuple[str, ...] = ()) -> list[dict]:
+    """Two runs of the same options but one exact-in-principle switch: the same number of
+    metrics.jsonl lines and keys (time/ and perf/ aside), every value equal to float rounding
+    (rel 1e-4, abs 1e-6; abs 1e-4 for the keys in `loose`). Returns the plain run's rows."""
+    import json
+
+    read = lambda folder: [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    plain_rows, other_rows = read(plain_dir), read(other_dir)
+    assert len(plain_rows) == len(other_rows) == lines
+    for plain, other in zip(plain_rows, other_rows):
+        keys = {k for k in plain if not k.startswith(("time/", "perf/"))}
+        assert keys == {k for k in other if not k.startswith(("time/", "perf/"))}
+        for key in keys:
+            assert other[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-4 if key in loose else 1e-6, nan_ok=True), key
+    return plain_rows

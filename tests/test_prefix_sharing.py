@@ -2,7 +2,6 @@
 run once and its keys/values reused. Every number must be the plain pass's, within float rounding:
 log-probs, entropies, values and the gradients that reach the LoRA weights through the prefix,
 on the three agents of chain3 at both levels, in generation, and over whole training iterations."""
-import json
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import critic
 import generation
 import marft
 import run
+from conftest import assert_runs_log_alike
 from envs import make_arithmetic_problems
 from flex_pomdp import load_organisation, unrolled_messages
 
@@ -228,12 +228,5 @@ def test_training_iterations_with_and_without_prefix_sharing_log_the_same_metric
               "--eval_samples", "1", "--threads", "1", "--output_dir", str(tmp_path)]
     for name, flag in (("plain", "--no-prefix_sharing"), ("shared", "--prefix_sharing")):
         marft.train(run.parse_args(common + [flag, "--run_name", name]))
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("plain", "shared")}
-    assert len(rows["plain"]) == len(rows["shared"]) == 3
-    for plain, shared in zip(rows["plain"], rows["shared"]):
-        keys = {k for k in plain if not k.startswith(("time/", "perf/"))}
-        assert keys == {k for k in shared if not k.startswith(("time/", "perf/"))}
-        for key in keys:
-            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6, nan_ok=True), key
-    assert rows["plain"][-1]["losses/value_loss"] > 0 and rows["plain"][-1]["losses/policy_loss/verifier"] != 0
+    plain = assert_runs_log_alike(tmp_path / "plain", tmp_path / "shared", lines=3)
+    assert plain[-1]["losses/value_loss"] > 0 and plain[-1]["losses/policy_loss/verifier"] != 0
