@@ -52,7 +52,8 @@ Deviations from the paper and choices it leaves open (each a named option of run
   the action, and not normalised again per agent. The return is the agent's own placed reward at
   the step, then the team's rewards of the later steps (ppo.group_returns), so an action is judged
   by what follows it for the team, not by whether an orchestrator calls its agent again. The
-  agent-by-agent update and M are unchanged.
+  agent-by-agent update and M are unchanged. `group_baseline batch` compares each return with
+  every episode of the iteration instead (REINFORCE++'s global baseline).
 - A D that changes with t (`--agents orchestrated`, or a profile's `orchestrator`): each step is
   the sequence of actions an orchestrator agent decides as it goes (flex_pomdp's docstring), of
   K_t actions. Tables are indexed by (episode, step, k-th action of the step) instead of
@@ -318,7 +319,8 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
         agent_rewards, agent_acted = per_agent_mean(rollout, rewards[where], len(org.order))  # [B, T, N]
         # G^i_t = r^i_t + Σ_{t' > t} γ^(t'−t) R_t': its own reward, then the team's later rewards.
         advantages, zero_signal = ppo.group_advantages(agent_rewards, rollout.team_reward, agent_acted,
-                                                       torch.arange(len(rollout.solved)) // cfg.group_size,
+                                                       ppo.baseline_groups(len(rollout.solved), cfg.group_size,
+                                                                           cfg.group_baseline),
                                                        cfg.gamma, cfg.group_std)  # [B, T, N]
         # Every decision of an action (each token at the token level) gets its agent's Â.
         return (advantages[rollout.episode, rollout.step, rollout.agent_index].unsqueeze(-1) * old.mask, None,

@@ -69,6 +69,7 @@ import torch
 CREDIT_OPTIONS = ("last", "equal", "shared", "step_discount")
 ADVANTAGE_OPTIONS = ("gae", "group")
 LR_SCHEDULES = ("constant", "linear", "cosine")
+GROUP_BASELINES = ("group", "batch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,6 +281,15 @@ def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float
         returns[:, t] = rewards[:, t] + gamma * team_return.unsqueeze(-1)
         team_return = team_reward[:, t].to(rewards.dtype) + gamma * team_return
     return returns
+
+
+def baseline_groups(episodes: int, group_size: int, baseline: str) -> torch.Tensor:
+    """The comparison group of each of an iteration's episodes, [B]: episode b is in problem b // G's
+    group (`group`: GRPO), or every episode in one (`batch`: REINFORCE++'s global baseline,
+    Hu 2025), so `group_advantages` compares a return with the whole iteration's at that step."""
+    if baseline == "batch":
+        return torch.zeros(episodes, dtype=torch.long)
+    return torch.arange(episodes) // group_size
 
 
 def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: torch.Tensor, group: torch.Tensor,

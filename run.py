@@ -134,6 +134,8 @@ class Config:
     """G: episodes of each problem per iteration (an iteration plays batch_size problems × G); --advantage group needs G ≥ 2"""
     group_std: bool = True
     """group: divide by the group's standard deviation (--no-group_std only subtracts the group mean)"""
+    group_baseline: str = "group"
+    """group: what each return is compared with: group (the other episodes of its problem, GRPO) | batch (every episode of the iteration at that step, REINFORCE++'s global baseline: a problem whose episodes are all right still pushes toward them, all wrong away; G = 1 allowed)"""
     level: str = "action"
     """action: one decision per response (action-level MARFT) | token: one decision per token"""
     gamma: float = 1.0
@@ -460,6 +462,9 @@ def check_choices(cfg: Config, need) -> None:
     need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
     need(not cfg.filter_groups or cfg.advantage == "group", "filter_groups",
          "filters the groups of --advantage group (critic advantages have no groups): add --advantage group or drop it")
+    need(cfg.group_baseline in ppo.GROUP_BASELINES, "group_baseline", f"choose one of {', '.join(ppo.GROUP_BASELINES)}")
+    need(cfg.group_baseline == "group" or cfg.advantage == "group", "group_baseline",
+         "is the baseline of --advantage group (the critic is GAE's baseline): add --advantage group or drop it")
     need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
@@ -485,8 +490,8 @@ def check_team(cfg: Config, need) -> None:
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
     if cfg.advantage == "group":
-        need(cfg.group_size >= 2, "group_size", "--advantage group compares each episode with the other episodes of its "
-                                                "problem: give --group_size 2 or more (4 to 8 is usual)")
+        need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size", "--advantage group compares each episode with the other episodes of its "
+                                                "problem: give --group_size 2 or more (4 to 8 is usual), or --group_baseline batch")
         # `last` (or step_discount with d = 0) pays the earlier agents of a step nothing (with an
         # orchestrator, whose finish ends the step, the executors): without per-role terms of their
         # own, their returns are all 0 and carry no signal.

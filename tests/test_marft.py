@@ -372,6 +372,20 @@ def test_group_advantages_add_the_role_terms_and_reach_every_token_of_the_action
         assert advantages.shape[1] == 4 and (advantages[3] == -0.5).all()
 
 
+def test_a_batch_baseline_pays_a_problem_solved_every_time(tiny_agents):
+    model, pad = tiny_agents
+    # Two problems × G = 2, one agent: problem A right twice (returns 1, 1), problem B once (1, 0).
+    # Group baseline: A's episodes agree (Â = 0), B's get ±0.5. Batch baseline (mean 0.75): 0.25 for
+    # every right answer, A's included, and −0.75 for the wrong one.
+    rollout = one_step_rollout([[1, 50]] * 4, [[100, 2], [100, 2], [200, 2], [300, 2]], agent_index=[0] * 4,
+                               episode=[0, 1, 2, 3], team_reward=[1.0, 1.0, 1.0, 0.0], role_reward=[0.0] * 4)
+    for baseline, expected in (("group", [0.0, 0.0, 0.5, -0.5]), ("batch", [0.25, 0.25, 0.25, -0.75])):
+        cfg = run.Config(agents="single", advantage="group", group_size=2, group_std=False, group_baseline=baseline)
+        old = tables_under(model, pad, rollout, "policy_solver", cfg)
+        advantages, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
+        torch.testing.assert_close(advantages[:, 0], torch.tensor(expected))
+
+
 def test_one_agent_with_group_advantages_takes_the_grpo_objective(tiny_agents):
     """Single agent, G = 4 samples of one problem, no M: the loss is −J of GRPO, J = 1/Σ|o_i| Σ_i Σ_t
     [min(ρ_it Â_i, clip(ρ_it, 1 ± ε) Â_i) − β KL_it], Â_i = (R_i − mean R) / (std R + ε'), KL_it the

@@ -177,6 +177,21 @@ def test_group_advantages_two_problems_of_four_episodes_with_ties_and_an_all_equ
     close(adv[:, 0, 0], [0.25, -0.75, 0.25, 0.25, 0.0, 0.0, 0.0, 0.0])
 
 
+def test_a_batch_baseline_compares_every_return_with_the_whole_iteration():
+    # The table above with --group_baseline batch: the 8 returns 1, 0, 1, 1, 0.5 ×4 form one group,
+    # mean 5 / 8 = 0.625; Σ(G − mean)² = 3·0.375² + 0.625² + 4·0.125² = 0.875, sample std √(0.875 / 7) = √0.125.
+    # Problem B's episodes, silent within their own group, now get (0.5 − 0.625) / std each.
+    rewards = t([[[1.0]], [[0.0]], [[1.0]], [[1.0]], [[0.5]], [[0.5]], [[0.5]], [[0.5]]])  # [B=8, T=1, N=1]
+    assert ppo.baseline_groups(8, 4, "group").tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert ppo.baseline_groups(8, 4, "batch").tolist() == [0] * 8
+    assert ppo.baseline_groups(3, 1, "batch").tolist() == [0, 0, 0]  # G = 1: still one group of 3
+    adv, silent = ppo.group_advantages(rewards, rewards[:, :, 0], torch.ones(8, 1), ppo.baseline_groups(8, 4, "batch"),
+                                       gamma=1.0, scale_by_std=True)
+    std = 0.125 ** 0.5 + 1e-4
+    close(adv[:, 0, 0], [0.375 / std, -0.625 / std, 0.375 / std, 0.375 / std] + [-0.125 / std] * 4)
+    assert silent == 0.0
+
+
 def test_group_advantages_compare_each_agents_return_among_the_episodes_that_played_the_step():
     # One problem, G = 2, H = 2, two agents, step_discount d = 0.5 (the first agent gets half), γ = 0.5.
     # Episode 0 is right at step 0 and ends; episode 1 is wrong at step 0, right at step 1.

@@ -44,6 +44,8 @@ def test_help_documents_every_option(capsys):
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
     (["--lr_schedule", "step"], "--lr_schedule"),
     (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
+    (["--group_baseline", "batch"], "--group_baseline"),  # critic + GAE by default: the critic is the baseline
+    (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--group_baseline", "global"], "--group_baseline"),
     (["--backend", "vllm", "--merged_generation"], "--merged_generation"),
     (["--advantage", "group", "--group_size", "4", "--credit", "step_discount", "--credit_discount", "0"], "--credit"),
 ])
@@ -51,6 +53,11 @@ def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
         run.parse_args(argv)
     assert str(err.value).startswith(option)
+
+
+def test_a_batch_baseline_allows_one_episode_per_problem():
+    cfg = run.parse_args(["--advantage", "group", "--group_baseline", "batch", "--group_size", "1", "--credit", "shared"])
+    assert (cfg.group_size, cfg.group_baseline) == (1, "batch")
 
 
 def test_vllm_under_torchrun_takes_one_engine_per_rank(monkeypatch):
