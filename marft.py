@@ -667,8 +667,9 @@ def build(cfg: Config):
     critic_adapters = critic_lib.critic_adapter_names(org.learners, cfg.critic_per_agent) if cfg.advantage == "gae" else []
     model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
     value_heads = critic_lib.make_value_heads(model.get_base_model().config.hidden_size, critic_adapters).to(model.device)
-    optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
-    optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
+    betas = (cfg.adam_beta1, 0.999)  # 0.999: torch's default β2
+    optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr, betas=betas) for a in policy_adapters}
+    optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr, betas=betas)
                        for a in critic_adapters})
     return org, model, tokenizer, value_heads, optimisers
 

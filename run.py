@@ -156,6 +156,8 @@ class Config:
     """learning rate of every policy adapter (Adam)"""
     critic_lr: float = 1e-3
     """learning rate of the critic adapter and value head (Adam)"""
+    adam_beta1: float = 0.9
+    """β1 of every Adam (policies and critic; Kingma & Ba 2015, torch's default 0.9): the momentum that carries each step's direction into the next ones; 0 makes a step follow its own gradient alone (RMSprop with bias correction)"""
     lr_schedule: str = "constant"
     """how --lr and --critic_lr move over the --iterations: constant | linear (to 0 at the last, the HF Trainer default) | cosine (half a cosine, to 0)"""
     ppo_epochs: int = 1
@@ -465,6 +467,7 @@ def check_choices(cfg: Config, need) -> None:
     need(cfg.group_baseline in ppo.GROUP_BASELINES, "group_baseline", f"choose one of {', '.join(ppo.GROUP_BASELINES)}")
     need(cfg.group_baseline == "group" or cfg.advantage == "group", "group_baseline",
          "is the baseline of --advantage group (the critic is GAE's baseline): add --advantage group or drop it")
+    need(0 <= cfg.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
     need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",

@@ -44,6 +44,7 @@ def test_help_documents_every_option(capsys):
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
     (["--lr_schedule", "step"], "--lr_schedule"),
     (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
+    (["--adam_beta1", "1"], "--adam_beta1"),
     (["--group_baseline", "batch"], "--group_baseline"),  # critic + GAE by default: the critic is the baseline
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--group_baseline", "global"], "--group_baseline"),
     (["--backend", "vllm", "--merged_generation"], "--merged_generation"),
