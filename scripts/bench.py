@@ -13,7 +13,9 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 averaged over its iterations, with prefix sharing (the default) and without
                 (`--no-prefix_sharing`) and with `--merged_generation`, one run after the other:
                 `prefix_sharing_speedup` and `merged_generation_speedup` are ratios of their
-                iteration times; the evaluation is reported apart.
+                iteration times; the evaluation is reported apart. `floor_ratio`: the default
+                run's iteration time over its floor, the matrix products it executes at this
+                machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options).
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
                 (`--agents single | chain | chain4`) at the same number of problems per iteration,
                 with the default options (no flag); the ratio 4-agent / 1-agent, the base model's
@@ -243,6 +245,8 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
             phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows), "peak_rss_mib": plain_peak}
             phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
                                                      / phase_table["iteration_seconds_without_eval"])
+            phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], threads)
+            phase_table["floor_ratio"] = phase_table["iteration_seconds_without_eval"] / phase_table["floor"]["floor_seconds"]
             if sizes["merged_generation_run"]:
                 merged_rows, merged_peak = run_marft(out, "phases-merged-generation", args + ["--merged_generation"], threads)
                 phase_table["with_merged_generation"] = {**phase_seconds(merged_rows), "peak_rss_mib": merged_peak}
@@ -257,6 +261,28 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
     memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
     memory["prompt_tokens_by_agent_position"] = prompt_lengths_by_position(tokenizer)
     return phase_table, memory
+
+
+def iteration_floor(out: Path, phase_args: list[str], iterations: int, threads: int) -> dict:
+    """The phase run's floor (scripts/profile_iteration.py): the same options and seed, one more
+    iteration, the last under the profiler; its matrix FLOPs per token at this machine's GEMM rate
+    over the tokens of the phase run's iterations (the same problems: the same seed), and the
+    profiled iteration's seconds by op family."""
+    options = [a for i, a in enumerate(phase_args) if a != "--iterations" and phase_args[i - 1 : i] != ["--iterations"]]
+    folder = out / "profile"
+    command = [sys.executable, str(ROOT / "scripts" / "profile_iteration.py"), "--iterations", str(iterations + 1),
+               "--out", str(folder), "--", *options, "--threads", str(threads)]
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}  # as run_marft
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"profile_iteration.py {' '.join(command[2:])} failed:\n{result.stderr[-3000:]}")
+    profile = json.loads((folder / "profile.json").read_text())
+    shutil.rmtree(folder / "runs", ignore_errors=True)
+    families = {f: sum(p["families"][f] for p in profile["phases"].values()) for f in next(iter(profile["phases"].values()))["families"]}
+    return {"floor_seconds": sum(profile["floor_seconds_by_iteration"][:iterations]) / iterations,
+            "gemm_gflops_per_second": profile["gemm_gflops_per_second"],
+            "matmul_mflop_per_token": profile["matmul_flops_per_token"] / 1e6,
+            "profiled_seconds": sum(p["seconds"] for p in profile["phases"].values()), "profiled_seconds_by_family": families}
 
 
 def prompt_lengths_by_position(tokenizer) -> list[float]:
@@ -486,6 +512,13 @@ def phases_lines(p: dict) -> list[str]:
               + " | ".join(f"**{v['iteration_seconds_without_eval']:.1f}**" for v in variants) + " |", "",
               f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
               f"(`prefix_sharing_speedup`; the runs of this report, one after the other)."]
+    if "floor" in p:  # reports from before the floor have none
+        f, shares = p["floor"], p["floor"]["profiled_seconds_by_family"]
+        lines[-1] += (f" Its floor, the matrix products it executes at this machine's GEMM rate "
+                      f"({f['gemm_gflops_per_second']:.0f} GFLOP/s, {f['matmul_mflop_per_token']:.0f} MFLOP per token; "
+                      f"scripts/profile_iteration.py), is {f['floor_seconds']:.1f} s: the iteration takes "
+                      f"**{p['floor_ratio']:.1f}× its floor** (`floor_ratio`). The profiled iteration's seconds by op family: "
+                      + ", ".join(f"{name} {seconds / f['profiled_seconds']:.0%}" for name, seconds in shares.items()) + ".")
     if "merged_generation_speedup" in p:
         lines[-1] += (f" `--merged_generation` makes it **{p['merged_generation_speedup']:.2f}×** faster "
                       f"(`merged_generation_speedup`; the rollout phase is what it changes).")

@@ -48,7 +48,8 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert set(bench.SECTIONS) <= set(report)
     numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
-               report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"],
+               report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"], report["phases"]["floor_ratio"],
+               report["phases"]["floor"]["floor_seconds"],
                report["memory"]["default"]["ratio_4_to_1"]]
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -57,7 +58,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert all(r["peak_rss_mib"] > 0 and r["seconds_per_iteration"] > 0 for r in report["learning"]["runs"].values())
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
-    assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text
+    assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
     assert "merged_generation_speedup" not in report["phases"]  # quick mode leaves that run out
     # --render_only rebuilds the same table from bench.json alone.
     (tmp_path / "bench.md").unlink()
@@ -212,3 +213,73 @@ def test_the_phases_table_shows_the_merged_generation_run_when_there_is_one():
     text = "\n".join(bench.phases_lines(report))
     assert "| seconds | without prefix sharing | with --merged_generation |" in text
     assert "| **iteration (without eval)** | **50.0** | **100.0** | **40.0** |" in text and "**1.25×**" in text
+    assert "floor" not in text  # a report from before the floor
+    # The floor sentence: 50 s against a floor of 12.5 s is 4×; the families as shares of the profiled seconds.
+    report |= {"floor": {"floor_seconds": 12.5, "gemm_gflops_per_second": 190.0, "matmul_mflop_per_token": 1750.0,
+                         "profiled_seconds": 60.0, "profiled_seconds_by_family": {"matrix products": 30.0, "python & other": 30.0}},
+               "floor_ratio": 4.0}
+    text = "\n".join(bench.phases_lines(report))
+    assert "is 12.5 s: the iteration takes **4.0× its floor**" in text and "matrix products 50%, python & other 50%" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/profile_iteration.py: op families, the phase table of a profile, the floor and its ratio
+# ---------------------------------------------------------------------------------------------
+
+_profile_spec = importlib.util.spec_from_file_location("profile_iteration", ROOT / "scripts" / "profile_iteration.py")
+profile_iteration = importlib.util.module_from_spec(_profile_spec)
+_profile_spec.loader.exec_module(profile_iteration)
+
+
+def test_op_families_by_name():
+    table = {"aten::addmm": "matrix products", "aten::mm": "matrix products", "aten::linear": "matrix products",
+             "aten::_scaled_dot_product_flash_attention_for_cpu": "attention", "MmBackward0": "autograd engine",
+             "autograd::engine::evaluate_function: MmBackward0": "autograd engine", "aten::copy_": "copies & layout",
+             "aten::cat": "copies & layout", "aten::silu": "elementwise", "aten::log_softmax": "elementwise",
+             "## tokenise ##": "python & other"}
+    assert {name: profile_iteration.family(name, False) for name in table} == table
+    assert profile_iteration.family("aten::mm", True) == "optimiser"  # everything under Adam's step
+
+
+def test_the_phase_table_nests_events_by_time_and_counts_self_times_and_matmul_flops():
+    E = lambda name, start, end, flops=0, thread=1: profile_iteration.Event(name, start * 10**9, (end - start) * 10**9, thread, flops)
+    events = [
+        E("aten::mm", 0, 3),  # before any phase: left out
+        E("phase:rollout", 10, 20),  # 10 s: 1.9 s its own (python & other)
+        E("aten::linear", 10, 15.1), E("aten::addmm", 10.1, 15.1, flops=10**9),  # linear's own 0.1 s, addmm 5 s
+        E("aten::copy_", 16, 17),
+        E("Optimizer.step#Adam.step", 17, 18), E("aten::mul", 17.1, 17.5, flops=7),  # all optimiser; mul's FLOPs not counted
+        E("aten::mm", 18, 19, flops=5),  # the last second of the phase but one
+        E("aten::silu", 12, 13, thread=2),  # another thread, outside every phase there: left out
+        E("phase:values", 30, 31), E("aten::_scaled_dot_product_flash_attention_for_cpu", 30, 30.5),
+    ]
+    table = profile_iteration.phase_table(events)
+    assert set(table) == {"rollout", "values"}
+    row = table["rollout"]
+    assert row["seconds"] == pytest.approx(10.0) and row["matmul_flops"] == 10**9 + 5
+    assert row["families"] == pytest.approx({"matrix products": 0.1 + 5.0 + 1.0, "copies & layout": 1.0, "optimiser": 1.0,
+                                             "python & other": 10 - 5.1 - 1 - 1 - 1, "attention": 0.0, "elementwise": 0.0,
+                                             "autograd engine": 0.0})
+    assert row["ops"] == pytest.approx({"(the phase itself)": 1.9, "aten::linear": 0.1, "aten::addmm": 5.0, "aten::copy_": 1.0,
+                                        "Optimizer.step#Adam.step": 1.0 - 0.4, "aten::mul": 0.4, "aten::mm": 1.0})
+    assert table["values"]["families"]["attention"] == pytest.approx(0.5)
+    assert table["values"]["families"]["python & other"] == pytest.approx(0.5)
+
+
+def test_floor_and_ratio_on_a_hand_table():
+    # 3 iterations, the last profiled: 3e9 matrix FLOPs over its 300 tokens = 1e7 per token. At 1e9
+    # FLOP/s the unprofiled iterations' floors are 100 · 1e7 / 1e9 = 1 s and 200 · 1e7 / 1e9 = 2 s;
+    # they took 6 s and 8 s. The warm one (the second) sets the ratio: 8 / 2 = 4.
+    measured = {"phases": {"rollout": {"matmul_flops": 2e9}, "policy_update": {"matmul_flops": 1e9}},
+                "timings": [{"rollout": 5.0, "policy_update": 1.0}, {"rollout": 6.0, "policy_update": 2.0},
+                            {"rollout": 50.0, "policy_update": 50.0}],
+                "tokens": [100, 200, 300]}
+    result = profile_iteration.report(measured, 1e9)
+    assert result["matmul_flops_per_token"] == pytest.approx(1e7)
+    assert result["profiled_floor_seconds"] == pytest.approx(3.0)
+    assert result["seconds_by_iteration"] == pytest.approx([6.0, 8.0])
+    assert result["floor_seconds_by_iteration"] == pytest.approx([1.0, 2.0])
+    assert result["floor_ratio"] == pytest.approx(4.0)
+    # two iterations: the one unprofiled iteration is all there is to time
+    two = profile_iteration.report({**measured, "timings": measured["timings"][1:], "tokens": [200, 300]}, 1e9)
+    assert two["floor_ratio"] == pytest.approx(8.0 / 2.0)

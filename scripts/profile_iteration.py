@@ -1,0 +1,271 @@
+"""Where an iteration's time goes: one marft.py iteration under torch.profiler, per phase and op family, against its floor.
+
+    python scripts/profile_iteration.py [--out DIR] [--iterations 3] -- [marft.py options]
+
+Runs `marft.train` in this process with the marft.py options after `--` (default: the default job's,
+16 problems per iteration) for `--iterations` iterations and profiles only the last one: the first
+warms allocators and caches up, the ones between are timed without the profiler. The held-out set is
+cut to one problem (the evaluation is not a phase of the table).
+
+Per phase (marft.PhaseTimer's: rollout, values, advantages, policy_update, critic_update,
+adapter_sync), the profiled seconds split by op family, each op counted by its own (self) time:
+
+    matrix products   aten::mm / addmm / bmm / baddbmm / matmul / linear (the base's and LoRA's projections)
+    attention         scaled dot-product attention and its backward
+    elementwise       every other aten op that computes: norms, activations, softmax, sums, sampling
+    copies & layout   copies, casts, cat/stack, indexing, views, allocations
+    autograd engine   the backward nodes' own bookkeeping (their aten ops count in their families)
+    optimiser         Adam's step, everything under it
+    python & other    the phase's time inside no op: Python, tokenising, grading, the profiler itself
+
+The floor of an iteration: the matrix products it executes (the profiler's FLOP count of mm, addmm,
+bmm and baddbmm: padding included, attention's products not) at this machine's GEMM rate (the best
+of `--gemm_repeats` products of the model's MLP shape, [512, d_model] × [d_model, d_ff], in the base
+dtype at the run's threads). FLOPs per token (prompt + response tokens of every action) come from the
+profiled iteration; `floor_ratio` is the unprofiled iterations' seconds (adapter sync included,
+evaluation not) over that rate × their tokens: how many times its floor an iteration takes.
+Writes <out>/profile.json and <out>/profile.md. A performance figure: run it on an idle machine. The
+profiler holds every op of the iteration with its shapes: about 14 GB of memory for the default job.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import marft  # noqa: E402
+import run as run_lib  # noqa: E402
+
+PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync")
+FAMILIES = ("matrix products", "attention", "elementwise", "copies & layout", "autograd engine", "optimiser", "python & other")
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+TOP_OPS = 12  # ops listed by self time under the table
+COUNTED_FLOPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}  # aten::matmul / linear call these
+LAYOUT = {"aten::" + name for name in (
+    "copy_", "_to_copy", "to", "contiguous", "clone", "cat", "stack", "index", "index_select", "gather", "scatter",
+    "scatter_", "slice", "view", "transpose", "t", "reshape", "_reshape_alias", "_unsafe_view", "expand", "expand_as",
+    "permute", "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+    "fill_", "zero_", "narrow", "select", "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "as_strided",
+    "embedding", "index_put_", "_index_put_impl_", "masked_fill", "masked_fill_", "unbind", "resize_", "new_zeros",
+    "new_empty", "new_empty_strided", "pad", "constant_pad_nd", "repeat", "flip", "detach", "detach_", "alias",
+    "lift_fresh", "item", "_local_scalar_dense", "set_", "tensor", "arange", "unfold", "view_as", "flatten",
+    "type_as", "masked_select", "nonzero", "where", "repeat_interleave", "roll", "tril", "triu", "contiguous")}
+
+
+def family(name: str, under_optimiser: bool) -> str:
+    """The op family of a profiled event, by its name (the table in the module docstring)."""
+    if under_optimiser:
+        return "optimiser"
+    if "attention" in name.lower():
+        return "attention"
+    if name in MATMUL:
+        return "matrix products"
+    if "Backward" in name or name.startswith("autograd::") or "AccumulateGrad" in name:
+        return "autograd engine"
+    if name in LAYOUT:
+        return "copies & layout"
+    if name.startswith("aten::"):
+        return "elementwise"
+    return "python & other"
+
+
+class Event(NamedTuple):
+    """One profiled op or annotation on one thread (times in nanoseconds, as the profiler gives them)."""
+
+    name: str
+    start: int
+    duration: int
+    thread: int
+    flops: int
+
+
+def phase_table(events: list[Event]) -> dict:
+    """Per phase (an annotation phase:<phase>): its profiled seconds, the seconds of each op family
+    (each event's self time: its duration less its children's, the children being the events that
+    start within it on its thread; the phase's own self time counts as python & other) and the
+    FLOPs of its matrix products. Events outside every phase are left out."""
+    out: dict[str, dict] = {}
+
+    def close(event: Event, children_ns: int, phase: str | None, under_optimiser: bool, is_phase: bool) -> None:
+        if phase is None:
+            return
+        row = out.setdefault(phase, {"seconds": 0.0, "families": dict.fromkeys(FAMILIES, 0.0), "matmul_flops": 0, "ops": {}})
+        self_seconds = (event.duration - children_ns) / 1e9
+        row["families"]["python & other" if is_phase else family(event.name, under_optimiser)] += self_seconds
+        name = "(the phase itself)" if is_phase else event.name
+        row["ops"][name] = row["ops"].get(name, 0.0) + self_seconds
+        row["seconds"] += event.duration / 1e9 if is_phase else 0.0
+        row["matmul_flops"] += event.flops if event.name in COUNTED_FLOPS else 0
+
+    by_thread: dict[int, list[Event]] = {}
+    for event in events:
+        by_thread.setdefault(event.thread, []).append(event)
+    for thread_events in by_thread.values():
+        thread_events.sort(key=lambda e: (e.start, -e.duration))  # a parent before the children it contains
+        stack: list[list] = []  # open events: [event, children's ns, phase, under the optimiser, is a phase]
+        for event in thread_events:
+            while stack and stack[-1][0].start + stack[-1][0].duration <= event.start:
+                close(*stack.pop())
+            parent = stack[-1] if stack else None
+            if parent:
+                parent[1] += event.duration
+            is_phase = event.name.startswith("phase:") and event.name[6:] in PHASES and (parent is None or parent[2] is None)
+            phase = event.name[6:] if is_phase else (parent[2] if parent else None)
+            under = bool(parent and parent[3]) or event.name.startswith("Optimizer.step")
+            stack.append([event, 0, phase, under, is_phase])
+        while stack:
+            close(*stack.pop())
+    return out
+
+
+def gemm_flops_per_second(hidden: int, intermediate: int, dtype: torch.dtype, repeats: int) -> float:
+    """This machine's matrix-product rate on the model's MLP shape: the best of `repeats` products."""
+    a, b = torch.randn(512, hidden, dtype=dtype), torch.randn(hidden, intermediate, dtype=dtype)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 512 * hidden * intermediate / best
+
+
+def profile(cfg, iterations: int) -> dict:
+    """Train `iterations` iterations with the last under the profiler; returns the phase table,
+    the unprofiled iterations' seconds and tokens, and the model's shape."""
+    seen = {"iterations": 0, "timings": [], "tokens": []}
+    original_build = marft.build
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True)
+    original_call, original_init, original_metrics = marft.PhaseTimer.__call__, marft.PhaseTimer.__init__, marft.iteration_metrics
+
+    @contextlib.contextmanager
+    def labelled_phase(timer, phase):
+        with torch.profiler.record_function(f"phase:{phase}"), original_call(timer, phase):
+            yield
+
+    def build(cfg):  # the model's MLP shape and base dtype, for the GEMM rate
+        built = original_build(cfg)
+        config, weight = built[1].get_base_model().config, next(built[1].get_base_model().parameters())
+        seen["shape"] = {"hidden": config.hidden_size, "intermediate": config.intermediate_size, "dtype": weight.dtype}
+        return built
+
+    def init(timer, *args, **kwargs):
+        seen["iterations"] += 1
+        if seen["iterations"] == iterations:
+            profiler.start()
+        original_init(timer, *args, **kwargs)
+
+    def metrics(org, rollout, old, returns, cfg, timer):
+        if seen["iterations"] == iterations:
+            profiler.stop()
+        seen["timings"].append({phase: timer.seconds.get(phase, 0.0) for phase in PHASES})
+        seen["tokens"].append(sum(map(len, rollout.prompt_ids)) + sum(map(len, rollout.response_ids)))
+        return original_metrics(org, rollout, old, returns, cfg, timer)
+
+    patched = {"build": build, "iteration_metrics": metrics}
+    originals = {"build": original_build, "iteration_metrics": original_metrics}
+    marft.PhaseTimer.__call__, marft.PhaseTimer.__init__ = labelled_phase, init
+    vars(marft).update(patched)
+    try:
+        marft.train(cfg)
+    finally:
+        marft.PhaseTimer.__call__, marft.PhaseTimer.__init__ = original_call, original_init
+        vars(marft).update(originals)
+    events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.flops())
+              for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
+    return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"]}
+
+
+def report(measured: dict, gemm_rate: float) -> dict:
+    """The floor and its ratio (module docstring) from `profile`'s measurements: the FLOPs per token of
+    the profiled (last) iteration, each earlier iteration's floor at that rate over its own tokens,
+    and the warm unprofiled iterations' (all but the first, where there are two or more) seconds
+    over their floors."""
+    flops = sum(p["matmul_flops"] for p in measured["phases"].values())
+    flops_per_token = flops / measured["tokens"][-1]
+    seconds = [sum(t.values()) for t in measured["timings"][:-1]]  # the unprofiled iterations
+    floors = [flops_per_token * tokens / gemm_rate for tokens in measured["tokens"][:-1]]
+    warm = slice(1, None) if len(seconds) > 1 else slice(None)
+    return {**measured, "gemm_gflops_per_second": gemm_rate / 1e9, "matmul_gflop": flops / 1e9,
+            "matmul_flops_per_token": flops_per_token, "profiled_floor_seconds": flops / gemm_rate,
+            "seconds_by_iteration": seconds, "floor_seconds_by_iteration": floors,
+            "warm_seconds_per_iteration": sum(seconds[warm]) / len(seconds[warm]),
+            "warm_floor_seconds_per_iteration": sum(floors[warm]) / len(floors[warm]),
+            "floor_ratio": sum(seconds[warm]) / sum(floors[warm])}
+
+
+def markdown(result: dict) -> str:
+    phases = [p for p in PHASES if p in result["phases"]]
+    lines = [f"Measured at commit {result['commit']}: `python scripts/profile_iteration.py {result['command']}`, "
+             f"{result['threads']} threads; the profiled iteration (the last of {len(result['timings'])}), seconds by op "
+             "family (self time):", "",
+             "| phase | profiled s | unprofiled s | " + " | ".join(FAMILIES) + " | matmul GFLOP | at the GEMM rate, s |",
+             "| --- | ---: | ---: | " + " ---: |" * len(FAMILIES) + " ---: | ---: |"]
+    timed = result["timings"][1:-1] or result["timings"][:-1]  # the warm unprofiled iterations (report)
+    for phase in phases:
+        p = result["phases"][phase]
+        unprofiled = sum(t[phase] for t in timed) / max(len(timed), 1)
+        lines.append(f"| {phase.replace('_', ' ')} | {p['seconds']:.2f} | {unprofiled:.2f} | "
+                     + " | ".join(f"{p['families'][f]:.2f}" for f in FAMILIES)
+                     + f" | {p['matmul_flops'] / 1e9:.1f} | {p['matmul_flops'] / 1e9 / result['gemm_gflops_per_second']:.2f} |")
+    total = {f: sum(result["phases"][p]["families"][f] for p in phases) for f in FAMILIES}
+    lines.append(f"| **iteration** | **{sum(result['phases'][p]['seconds'] for p in phases):.2f}** | "
+                 f"**{result['warm_seconds_per_iteration']:.2f}** | " + " | ".join(f"**{total[f]:.2f}**" for f in FAMILIES)
+                 + f" | **{result['matmul_gflop']:.1f}** | **{result['profiled_floor_seconds']:.2f}** |")
+    ops: dict[str, float] = {}
+    for phase in phases:
+        for name, seconds in result["phases"][phase].get("ops", {}).items():
+            ops[name] = ops.get(name, 0.0) + seconds
+    top = sorted(ops.items(), key=lambda item: -item[1])[:TOP_OPS]
+    lines += ["", f"The {TOP_OPS} ops with the most self time in the profiled iteration: "
+              + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in top) + "."]
+    lines += ["", f"GEMM rate {result['gemm_gflops_per_second']:.1f} GFLOP/s; {result['tokens'][-1]} tokens (prompt + "
+              f"response of every action) in the profiled iteration, {result['matmul_flops_per_token'] / 1e6:.1f} MFLOP of "
+              f"matrix products per token. The warm unprofiled iterations: {result['warm_seconds_per_iteration']:.1f} s "
+              f"each against a floor of {result['warm_floor_seconds_per_iteration']:.1f} s: "
+              f"**{result['floor_ratio']:.1f}× the floor** (`floor_ratio`)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    own, marft_argv = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", default=str(ROOT / "results" / "speed" / "profile"), help="report folder")
+    parser.add_argument("--iterations", type=int, default=3, help="iterations to train; the last is profiled (at least 2)")
+    parser.add_argument("--gemm_repeats", type=int, default=20, help="matrix products timed for the GEMM rate (the best counts)")
+    args = parser.parse_args(own)
+    if args.iterations < 2:
+        raise SystemExit(f"--iterations {args.iterations}: at least 2 (the last is profiled, the others timed without the profiler)")
+    if any(a == "--iterations" or a.startswith("--iterations=") for a in marft_argv):
+        raise SystemExit("profile_iteration.py: give --iterations before `--` (the script's own), not among marft.py's options")
+    out = Path(args.out)
+    shutil.rmtree(out / "runs" / "profiled", ignore_errors=True)  # the profiled run is scratch: a new one every time
+    cfg = run_lib.parse_args(["--iterations", str(args.iterations), "--eval_problems", "1", "--eval_samples", "1",
+                              "--no-eval_greedy", "--eval_interval", "0", "--output_dir", str(out / "runs"),
+                              "--run_name", "profiled", *marft_argv])
+    measured = profile(cfg, args.iterations)
+    shape = measured.pop("shape")
+    result = report(measured, gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats))
+    result |= {"command": " ".join(argv), "threads": torch.get_num_threads(), "model": cfg.model,
+               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "profile.md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
