@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import agents  # noqa: E402
 import marft  # noqa: E402
 import run as run_lib  # noqa: E402
 
@@ -255,6 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = run_lib.parse_args(["--iterations", str(args.iterations), "--eval_problems", "1", "--eval_samples", "1",
                               "--no-eval_greedy", "--eval_interval", "0", "--output_dir", str(out / "runs"),
                               "--run_name", "profiled", *marft_argv])
+    if agents.resolve_device(cfg.device).startswith("cuda"):
+        raise SystemExit("profile_iteration.py profiles the CPU (op times, the CPU's GEMM rate): give --device cpu after `--`")
     measured = profile(cfg, args.iterations)
     shape = measured.pop("shape")
     result = report(measured, gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats))
