@@ -493,8 +493,9 @@ def check_team(cfg: Config, need) -> None:
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
     if cfg.advantage == "group":
-        need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size", "--advantage group compares each episode with the other episodes of its "
-                                                "problem: give --group_size 2 or more (4 to 8 is usual), or --group_baseline batch")
+        need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size",
+             "--advantage group compares each episode with the other episodes of its problem: give --group_size 2 or "
+             "more (4 to 8 is usual), or --group_baseline batch")
         # `last` (or step_discount with d = 0) pays the earlier agents of a step nothing (with an
         # orchestrator, whose finish ends the step, the executors): without per-role terms of their
         # own, their returns are all 0 and carry no signal.

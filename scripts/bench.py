@@ -278,11 +278,10 @@ def iteration_floor(out: Path, phase_args: list[str], iterations: int, threads: 
         raise SystemExit(f"profile_iteration.py {' '.join(command[2:])} failed:\n{result.stderr[-3000:]}")
     profile = json.loads((folder / "profile.json").read_text())
     shutil.rmtree(folder / "runs", ignore_errors=True)
-    families = {f: sum(p["families"][f] for p in profile["phases"].values()) for f in next(iter(profile["phases"].values()))["families"]}
     return {"floor_seconds": sum(profile["floor_seconds_by_iteration"][:iterations]) / iterations,
             "gemm_gflops_per_second": profile["gemm_gflops_per_second"],
             "matmul_mflop_per_token": profile["matmul_flops_per_token"] / 1e6,
-            "profiled_seconds": sum(p["seconds"] for p in profile["phases"].values()), "profiled_seconds_by_family": families}
+            **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")}}
 
 
 def prompt_lengths_by_position(tokenizer) -> list[float]:

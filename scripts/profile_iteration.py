@@ -22,8 +22,9 @@ The floor of an iteration: the matrix products it executes (the profiler's FLOP 
 bmm and baddbmm: padding included, attention's products not) at this machine's GEMM rate (the best
 of `--gemm_repeats` products of the model's MLP shape, [512, d_model] × [d_model, d_ff], in the base
 dtype at the run's threads). FLOPs per token (prompt + response tokens of every action) come from the
-profiled iteration; `floor_ratio` is the unprofiled iterations' seconds (adapter sync included,
-evaluation not) over that rate × their tokens: how many times its floor an iteration takes.
+profiled iteration; `floor_ratio` is the warm unprofiled iterations' seconds (all but the first;
+adapter sync included, evaluation not) over that rate × their tokens: how many times its floor an
+iteration takes.
 Writes <out>/profile.json and <out>/profile.md. A performance figure: run it on an idle machine. The
 profiler holds every op of the iteration with its shapes: about 14 GB of memory for the default job.
 """
@@ -61,7 +62,7 @@ LAYOUT = {"aten::" + name for name in (
     "embedding", "index_put_", "_index_put_impl_", "masked_fill", "masked_fill_", "unbind", "resize_", "new_zeros",
     "new_empty", "new_empty_strided", "pad", "constant_pad_nd", "repeat", "flip", "detach", "detach_", "alias",
     "lift_fresh", "item", "_local_scalar_dense", "set_", "tensor", "arange", "unfold", "view_as", "flatten",
-    "type_as", "masked_select", "nonzero", "where", "repeat_interleave", "roll", "tril", "triu", "contiguous")}
+    "type_as", "masked_select", "nonzero", "where", "repeat_interleave", "roll", "tril", "triu")}
 
 
 def family(name: str, under_optimiser: bool) -> str:
@@ -198,7 +199,11 @@ def report(measured: dict, gemm_rate: float) -> dict:
     seconds = [sum(t.values()) for t in measured["timings"][:-1]]  # the unprofiled iterations
     floors = [flops_per_token * tokens / gemm_rate for tokens in measured["tokens"][:-1]]
     warm = slice(1, None) if len(seconds) > 1 else slice(None)
+    warm_timings = measured["timings"][:-1][warm]
     return {**measured, "gemm_gflops_per_second": gemm_rate / 1e9, "matmul_gflop": flops / 1e9,
+            "profiled_seconds": sum(p["seconds"] for p in measured["phases"].values()),
+            "profiled_seconds_by_family": {f: sum(p["families"][f] for p in measured["phases"].values()) for f in FAMILIES},
+            "warm_seconds_by_phase": {phase: sum(t[phase] for t in warm_timings) / len(warm_timings) for phase in warm_timings[0]},
             "matmul_flops_per_token": flops_per_token, "profiled_floor_seconds": flops / gemm_rate,
             "seconds_by_iteration": seconds, "floor_seconds_by_iteration": floors,
             "warm_seconds_per_iteration": sum(seconds[warm]) / len(seconds[warm]),
@@ -213,15 +218,13 @@ def markdown(result: dict) -> str:
              "family (self time):", "",
              "| phase | profiled s | unprofiled s | " + " | ".join(FAMILIES) + " | matmul GFLOP | at the GEMM rate, s |",
              "| --- | ---: | ---: | " + " ---: |" * len(FAMILIES) + " ---: | ---: |"]
-    timed = result["timings"][1:-1] or result["timings"][:-1]  # the warm unprofiled iterations (report)
     for phase in phases:
         p = result["phases"][phase]
-        unprofiled = sum(t[phase] for t in timed) / max(len(timed), 1)
-        lines.append(f"| {phase.replace('_', ' ')} | {p['seconds']:.2f} | {unprofiled:.2f} | "
+        lines.append(f"| {phase.replace('_', ' ')} | {p['seconds']:.2f} | {result['warm_seconds_by_phase'][phase]:.2f} | "
                      + " | ".join(f"{p['families'][f]:.2f}" for f in FAMILIES)
                      + f" | {p['matmul_flops'] / 1e9:.1f} | {p['matmul_flops'] / 1e9 / result['gemm_gflops_per_second']:.2f} |")
-    total = {f: sum(result["phases"][p]["families"][f] for p in phases) for f in FAMILIES}
-    lines.append(f"| **iteration** | **{sum(result['phases'][p]['seconds'] for p in phases):.2f}** | "
+    total = result["profiled_seconds_by_family"]
+    lines.append(f"| **iteration** | **{result['profiled_seconds']:.2f}** | "
                  f"**{result['warm_seconds_per_iteration']:.2f}** | " + " | ".join(f"**{total[f]:.2f}**" for f in FAMILIES)
                  + f" | **{result['matmul_gflop']:.1f}** | **{result['profiled_floor_seconds']:.2f}** |")
     ops: dict[str, float] = {}

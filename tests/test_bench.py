@@ -270,7 +270,8 @@ def test_floor_and_ratio_on_a_hand_table():
     # 3 iterations, the last profiled: 3e9 matrix FLOPs over its 300 tokens = 1e7 per token. At 1e9
     # FLOP/s the unprofiled iterations' floors are 100 · 1e7 / 1e9 = 1 s and 200 · 1e7 / 1e9 = 2 s;
     # they took 6 s and 8 s. The warm one (the second) sets the ratio: 8 / 2 = 4.
-    measured = {"phases": {"rollout": {"matmul_flops": 2e9}, "policy_update": {"matmul_flops": 1e9}},
+    no_families = {"seconds": 0.0, "families": dict.fromkeys(profile_iteration.FAMILIES, 0.0)}
+    measured = {"phases": {"rollout": {**no_families, "matmul_flops": 2e9}, "policy_update": {**no_families, "matmul_flops": 1e9}},
                 "timings": [{"rollout": 5.0, "policy_update": 1.0}, {"rollout": 6.0, "policy_update": 2.0},
                             {"rollout": 50.0, "policy_update": 50.0}],
                 "tokens": [100, 200, 300]}
