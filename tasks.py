@@ -30,7 +30,8 @@ The registry `TASKS` maps names to Tasks. The built-in tasks are registered belo
     code   --data code (generated), humaneval or an MBPP-format file; CodeEnv runs the graded
            agents' programs against the unit tests in the sandbox (metrics: program/<outcome>)
     word   word problems whose arithmetic is beyond the 135M model (envs/word_problems.py), held
-           out by operands and by template; organisations calculator_team (the default: caller →
+           out by operands and by template, stepping stones for the two-step story in training;
+           organisations calculator_team (the default: caller →
            calculator → answerer), single, orchestrated_calculator, chain; graded like math
            (metrics: accuracy/<template>, tools/call_rate/<template>, `word_metrics`)
     word_mixed  the word problems alternating with small arithmetic (one-digit products,
@@ -62,7 +63,7 @@ import distributed
 from envs import CodeEnv, Environment, Grader, MathEnv, Problem, load_problems, make_arithmetic_problems, make_code_problems
 from envs import sandbox
 from envs.code_problems import is_mbpp_row
-from envs.word_problems import HELD_OUT_TEMPLATES, TEMPLATE_NAMES, make_word_problems
+from envs.word_problems import HELD_OUT_TEMPLATES, STONE_NAMES, TEMPLATE_NAMES, make_word_problems
 from flex_pomdp import (BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, load_organisation, make_anonymous,
                         organisation_from_dict)
 
@@ -411,13 +412,14 @@ def problem_kind(level: str) -> str:
 
 def word_metrics(infos: list[dict]) -> dict[str, float]:
     """Per kind of problem (problem_kind; grouped: the word problems of the trained templates, of the
-    held-out ones, all of them; the small ones), over the steps played: accuracy/<kind>, and tools/call_rate/<kind>, the
+    held-out ones, the stepping stones (training only), all of them; the small ones), over the steps played: accuracy/<kind>, and tools/call_rate/<kind>, the
     steps in which a tool was called."""
     groups: dict[str, list[dict]] = {}
     for info in infos:
         kind = problem_kind(info["level"])
         if kind in TEMPLATE_NAMES:
-            names = [kind, "word", "new_templates" if kind in HELD_OUT_TEMPLATES else "trained_templates"]
+            group = "new_templates" if kind in HELD_OUT_TEMPLATES else "stepping_stones" if kind in STONE_NAMES else "trained_templates"
+            names = [kind, "word", group]
         else:
             names = [kind, "small"]
         for name in names:

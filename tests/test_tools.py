@@ -326,7 +326,7 @@ def test_the_word_tasks_hold_out_operands_and_templates_and_take_no_data_option(
     cfg = run_lib.parse_args(["--task", "word"])
     assert cfg.agents == "calculator_team"
     train, held_out = tasks.task_problems(tasks.task_of(cfg), cfg)
-    assert {p.level for p in train} == {"boxes", "floors", "stamps", "tickets"}
+    assert {p.level for p in train} == {"boxes", "floors", "stamps", "tickets", "stamps_given", "stamps_spelled"}
     assert {p.level for p in held_out} == {"boxes", "rows", "floors", "stamps", "tickets", "crates"}
     assert not {p.problem for p in train} & {p.problem for p in held_out}
     mixed = run_lib.parse_args(["--task", "word_mixed"])
@@ -341,13 +341,14 @@ def test_word_metrics_by_kind_worked_by_hand():
     import tasks
     info = lambda level, correct, calls: {"level": level, "correct": correct, "tools": {"calls": calls}}
     infos = [info("boxes", True, 1), info("boxes", False, 1), info("crates", False, 0), info("Level 2", True, 0),
-             info("Level 3", True, 1)]
+             info("Level 3", True, 1), info("stamps_given", True, 1)]
     metrics = tasks.word_metrics(infos)
     assert metrics["accuracy/boxes"] == 0.5 and metrics["accuracy/crates"] == 0.0
     assert metrics["accuracy/trained_templates"] == 0.5 and metrics["accuracy/new_templates"] == 0.0
-    assert metrics["accuracy/word"] == pytest.approx(1 / 3) and metrics["accuracy/small"] == 1.0
+    assert metrics["accuracy/stepping_stones"] == 1.0  # a stone is a word problem, not one of the trained templates
+    assert metrics["accuracy/word"] == pytest.approx(2 / 4) and metrics["accuracy/small"] == 1.0
     assert metrics["tools/call_rate/small_products"] == 0.0 and metrics["tools/call_rate/small_sums"] == 1.0
-    assert metrics["tools/call_rate/word"] == pytest.approx(2 / 3) and metrics["tools/call_rate/small"] == 0.5
+    assert metrics["tools/call_rate/word"] == pytest.approx(3 / 4) and metrics["tools/call_rate/small"] == 0.5
 
 
 def test_the_calculator_organisations():
