@@ -12,15 +12,16 @@ Held out two ways:
     by template    HELD_OUT_TEMPLATES appear only in "test": whether writing the expression,
                    learned on the other templates, carries over to a new story
 
-Stepping stones (STEPPING_STONES, only in "train"): the two-step training story `stamps` with its
-first step written into the story, once bare ("then got 25*12 more stamps") and once after the
-story's own words ("bought 25 packs of 12 stamps, that is 25*12 new stamps"). The untrained caller
-solves no sampled `stamps` episode, so RL has nothing to reinforce; it copies a written-out step
-often enough to learn `a+b*c` on the stones, and what it learns there carries to the bare story
-(docs/tools.md, "Stepping stones"). The stones take turns with the bare story in its share of the
-training rows, so every other story is drawn as often as without them (with their own share,
-more sums in a batch pushed the caller to write `+` for products too). The held-out split has
-no stones: it measures the bare stories.
+Stepping stones (STEPPING_STONES, only in "train"): the two-step training story `stamps` broken
+into smaller stories: its first step alone ("Tom bought 25 packs of 12 stamps. How many stamps did
+he buy?", a product), and the whole story with its first step written out, once bare ("then got
+25*12 more stamps") and once after the story's own words ("bought 25 packs of 12 stamps, that is
+25*12 new stamps"). The untrained caller solves no sampled `stamps` episode, so RL has nothing to
+reinforce; it copies a written-out step often enough to learn `a+b*c` on the stones, and what it
+learns there carries to the bare story (docs/tools.md, "Stepping stones"). Each stone is drawn as
+often as a story; the first-step stone, a product, keeps products and sums in about the proportion
+of the stories alone (with only the two sum-shaped stones, the caller learned to write `+` for
+products too). The held-out split has no stones: it measures the bare stories.
 
 `make_word_problems(split, seed, count)` gives `count` problems per template of the split.
 """
@@ -59,16 +60,16 @@ TEMPLATES = (
     Template("crates", "A shop receives {b} crates of {a} apples and sells {c} apples. How many apples are left?",
              (THREE_DIGITS, TWO_DIGITS, THREE_DIGITS), lambda a, b, c: a * b - c, "{a}*{b}-{c}"),
 )
-STEPPING_STONES = {  # story name → its stones, which share its training rows
-    "stamps": (
-        Template("stamps_given", "Tom had {a} stamps and then got {b}*{c} more stamps. How many stamps does he have now?",
-                 (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: a + b * c, "{a}+{b}*{c}"),
-        Template("stamps_spelled", "Tom had {a} stamps and bought {b} packs of {c} stamps, that is {b}*{c} new stamps. "
-                 "How many stamps does he have now?", (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: a + b * c,
-                 "{a}+{b}*{c}"),
-    ),
-}
-STONE_NAMES = tuple(stone.name for stones in STEPPING_STONES.values() for stone in stones)  # only in "train"
+STEPPING_STONES = (  # the smaller stories of the two-step story "stamps"
+    Template("stamps_packs", "Tom bought {b} packs of {c} stamps. How many stamps did he buy?",
+             (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: b * c, "{b}*{c}"),
+    Template("stamps_given", "Tom had {a} stamps and then got {b}*{c} more stamps. How many stamps does he have now?",
+             (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: a + b * c, "{a}+{b}*{c}"),
+    Template("stamps_spelled", "Tom had {a} stamps and bought {b} packs of {c} stamps, that is {b}*{c} new stamps. "
+             "How many stamps does he have now?", (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: a + b * c,
+             "{a}+{b}*{c}"),
+)
+STONE_NAMES = tuple(stone.name for stone in STEPPING_STONES)  # only in "train"
 TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES) + STONE_NAMES
 HELD_OUT_TEMPLATES = ("rows", "crates")  # only in "test": one product, one two-step story
 TEST_FRACTION = 0.25
@@ -91,25 +92,18 @@ def word_problem(template: Template, operands: tuple[int, ...]) -> Problem:
 
 
 def make_word_problems(split: str, seed: int = 0, count: int = 50) -> list[Problem]:
-    """`count` problems of every template of `split` ("train": all but HELD_OUT_TEMPLATES; "test":
-    all), interleaved one template at a time. In "train" a story with STEPPING_STONES takes turns
-    with them in its `count` rows (story, stone 1, stone 2, story, …). Operands are drawn from the
-    seed until enough tuples of the split are found for the template; a tuple is drawn at most once
-    per template."""
+    """`count` problems of every template of `split` ("train": all but HELD_OUT_TEMPLATES, then the
+    STEPPING_STONES; "test": every template, no stone), interleaved one template at a time."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    by_template = []
-    for template in TEMPLATES:
-        if split == "train" and template.name in HELD_OUT_TEMPLATES:
-            continue
-        stones = STEPPING_STONES.get(template.name, ()) if split == "train" else ()
-        turns = zip(*(draw(t, split, seed, count) for t in (template, *stones)))
-        by_template.append([row for turn in turns for row in turn][:count])
+    templates = TEMPLATES if split == "test" else [t for t in TEMPLATES if t.name not in HELD_OUT_TEMPLATES] + list(STEPPING_STONES)
+    by_template = [draw(template, split, seed, count) for template in templates]
     return [row for turn in zip(*by_template) for row in turn]
 
 
 def draw(template: Template, split: str, seed: int, count: int) -> list[Problem]:
-    """`count` problems of one template whose operand tuples belong to `split`, drawn from the seed."""
+    """`count` problems of one template whose operand tuples belong to `split`, drawn from the seed
+    until `count` tuples of the split are found; a tuple is drawn at most once."""
     rng, seen, rows = random.Random(f"word-seed{seed}-{template.name}"), set(), []
     while len(rows) < count:
         operands = tuple(rng.choice(where) for where in template.operands)

@@ -326,7 +326,7 @@ def test_the_word_tasks_hold_out_operands_and_templates_and_take_no_data_option(
     cfg = run_lib.parse_args(["--task", "word"])
     assert cfg.agents == "calculator_team"
     train, held_out = tasks.task_problems(tasks.task_of(cfg), cfg)
-    assert {p.level for p in train} == {"boxes", "floors", "stamps", "tickets", "stamps_given", "stamps_spelled"}
+    assert {p.level for p in train} == {"boxes", "floors", "stamps", "tickets", "stamps_packs", "stamps_given", "stamps_spelled"}
     assert {p.level for p in held_out} == {"boxes", "rows", "floors", "stamps", "tickets", "crates"}
     assert not {p.problem for p in train} & {p.problem for p in held_out}
     mixed = run_lib.parse_args(["--task", "word_mixed"])

@@ -28,27 +28,24 @@ def numbers(problem):
 
 def test_no_held_out_problem_shares_its_numbers_with_a_training_problem():
     train, test = wp.make_word_problems("train", seed=3), wp.make_word_problems("test", seed=3)
-    assert len(train) == 50 * 4 and len(test) == 50 * 6  # 4 training templates (stones within stamps' 50), 6 held out
+    assert len(train) == 50 * 7 and len(test) == 50 * 6  # 4 training templates and 3 stones; 6 held out
     assert not {numbers(p) for p in train} & {numbers(p) for p in test}  # nor the same numbers in another order
     assert wp.held_out((412, 305, 199)) == wp.held_out((199, 412, 305))
     assert {p.level for p in test} - {p.level for p in train} == set(wp.HELD_OUT_TEMPLATES)
     assert {p.level for p in train} - {p.level for p in test} == set(wp.STONE_NAMES)  # stones only in training
 
 
-def test_a_stepping_stone_is_the_two_step_story_with_its_first_step_written_out():
-    stones = wp.STEPPING_STONES["stamps"]
-    for stone in stones:
-        problem = wp.word_problem(stone, (361, 25, 12))
-        assert "25*12" in problem.problem and "361" in problem.problem
-        assert problem.answer == "661" and extract_boxed(problem.solution) == "661"  # 361 + 300, as stamps
-    stamps = next(t for t in wp.TEMPLATES if t.name == "stamps")
-    spelled = wp.word_problem(stones[1], (361, 25, 12)).problem
-    assert spelled.startswith("Tom had 361 stamps and bought 25 packs of 12 stamps, that is")  # the story's own words first
-    assert stamps.text.format(a=361, b=25, c=12).startswith("Tom had 361 stamps and bought 25 packs of 12 stamps.")
+def test_the_stepping_stones_are_the_two_step_story_in_smaller_steps():
+    by_name = {stone.name: stone for stone in wp.STEPPING_STONES}
+    story = lambda name: wp.word_problem(by_name[name], (361, 25, 12))
+    assert story("stamps_packs").answer == "300" and "361" not in story("stamps_packs").problem  # the first step alone
+    for name in ("stamps_given", "stamps_spelled"):  # the whole story, its first step written out
+        assert "25*12" in story(name).problem and "361" in story(name).problem
+        assert story(name).answer == "661" and extract_boxed(story(name).solution) == "661"  # 361 + 300, as stamps
+    assert story("stamps_spelled").problem.startswith("Tom had 361 stamps and bought 25 packs of 12 stamps, that is")
     levels = [p.level for p in wp.make_word_problems("train", seed=3, count=30)]
-    assert levels[:12] == ["boxes", "floors", "stamps", "tickets", "boxes", "floors", "stamps_given", "tickets",
-                           "boxes", "floors", "stamps_spelled", "tickets"]  # the stones take turns in stamps' rows
-    assert [levels.count(name) for name in ("boxes", "stamps", "stamps_given", "stamps_spelled")] == [30, 10, 10, 10]
+    assert levels[:7] == ["boxes", "floors", "stamps", "tickets", "stamps_packs", "stamps_given", "stamps_spelled"]
+    assert all(levels.count(name) == 30 for name in set(levels))  # a stone is drawn as often as a story
 
 
 def test_the_split_is_a_function_of_the_operands_and_the_seed_picks_the_rows():
