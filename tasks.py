@@ -31,8 +31,8 @@ The registry `TASKS` maps names to Tasks. The built-in tasks are registered belo
            agents' programs against the unit tests in the sandbox (metrics: program/<outcome>)
     word   word problems whose arithmetic is beyond the 135M model (envs/word_problems.py), held
            out by operands and by template, stepping stones for the two-step story in training;
-           organisations calculator_team (the default: caller →
-           calculator → answerer), single, orchestrated_calculator, chain; graded like math
+           organisations calculator_team (the default: caller → calculator → answerer), single,
+           orchestrated_calculator, chain; graded like math
            (metrics: accuracy/<template>, tools/call_rate/<template>, `word_metrics`)
     word_mixed  the word problems alternating with small arithmetic (one-digit products,
            two-digit + one-digit sums: kinds small_products, small_sums); default organisation orchestrated_calculator,
@@ -412,8 +412,8 @@ def problem_kind(level: str) -> str:
 
 def word_metrics(infos: list[dict]) -> dict[str, float]:
     """Per kind of problem (problem_kind; grouped: the word problems of the trained templates, of the
-    held-out ones, the stepping stones (training only), all of them; the small ones), over the steps played: accuracy/<kind>, and tools/call_rate/<kind>, the
-    steps in which a tool was called."""
+    held-out ones, the stepping stones (training only), all of them; the small ones), over the steps
+    played: accuracy/<kind>, and tools/call_rate/<kind>, the steps in which a tool was called."""
     groups: dict[str, list[dict]] = {}
     for info in infos:
         kind = problem_kind(info["level"])

@@ -33,6 +33,8 @@ def test_no_held_out_problem_shares_its_numbers_with_a_training_problem():
     assert wp.held_out((412, 305, 199)) == wp.held_out((199, 412, 305))
     assert {p.level for p in test} - {p.level for p in train} == set(wp.HELD_OUT_TEMPLATES)
     assert {p.level for p in train} - {p.level for p in test} == set(wp.STONE_NAMES)  # stones only in training
+    assert all(int(p.answer) >= 0 for p in train + test)
+    assert len({p.problem for p in train}) == len(train)  # no problem twice
 
 
 def test_the_stepping_stones_are_the_two_step_story_in_smaller_steps():
