@@ -212,6 +212,8 @@ class Config:
     """run folder to continue from its last checkpoint (its config.json is used; --iterations may extend it)"""
     config: str = ""
     """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it (reproduces a run in one command)"""
+    init_from: str = ""
+    """start the policy adapters from another run's checkpoint, RUN or RUN:iter_NNNNNN (default: its latest): each agent whose adapter that run saved under the same name (policy_<role>) starts from it, the others as the base; critic and optimisers start fresh"""
     keep_checkpoints: int = 2
     """how many checkpoints to keep"""
     threads: int = 0
@@ -426,6 +428,8 @@ def validate(cfg: Config) -> None:
     check_machine(cfg, need)
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
+    if cfg.init_from and not Path(cfg.init_from.partition(":")[0]).is_dir():
+        raise SystemExit(f"--init_from={cfg.init_from!r}: no such run folder (give RUN or RUN:iter_NNNNNN)")
 
 
 def requirement(cfg: Config):
@@ -744,6 +748,21 @@ def load_adapters(folder: Path, model, adapters: list[str]) -> None:
         agents_lib.load_adapter_weights(model, folder / "adapters", adapters)
     except ValueError as err:
         raise SystemExit(f"checkpoint {folder}: {err}") from None
+
+
+def init_policy_adapters(source: str, model, adapters: list[str]) -> list[str]:
+    """--init_from RUN[:CHECKPOINT]: load the checkpoint's weights into those of `adapters` (this
+    run's policy adapters) that it saved under the same name; returns their names. Stops, naming
+    what the checkpoint holds, when it shares none with this run."""
+    run_dir, _, name = source.partition(":")
+    folder = checkpoint_folder(Path(run_dir), name or None, "--init_from")
+    saved = sorted(p.name for p in (folder / "adapters").iterdir() if (p / "adapter_model.safetensors").is_file())
+    shared = [adapter for adapter in adapters if adapter in saved]
+    if not shared:
+        raise SystemExit(f"--init_from {source}: checkpoint {folder} holds {saved}, none of this run's policy adapters "
+                         f"{adapters}; adapters are matched by role name (policy_<role>, or policy with --shared_adapter)")
+    load_adapters(folder, model, shared)
+    return shared
 
 
 def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:

@@ -172,6 +172,35 @@ def test_checkpoints_are_atomic_rotated_and_a_missing_adapter_is_named(tiny_mode
         run.load_checkpoint(tmp_path, model, heads, optimisers)
 
 
+def test_init_from_starts_the_agents_of_the_same_role_from_another_runs_checkpoint(tiny_model_dir, tmp_path):
+    """--init_from: the planner → solver chain's solver adapter starts the lone solver (single); the
+    critic stays as built; a checkpoint sharing no role with the run, or a missing one, is named."""
+    _, chain, _, chain_heads, chain_opts = marft.build(tiny_config(tiny_model_dir))
+    perturb(chain, chain_heads)
+    trained = snapshot(chain, chain_heads)
+    run.save_checkpoint(tmp_path, 2, chain, chain_heads, chain_opts, elapsed=1.0, keep=2)
+    perturb(chain, chain_heads)  # iteration 3 differs from iteration 2
+    run.save_checkpoint(tmp_path, 3, chain, chain_heads, chain_opts, elapsed=2.0, keep=2)
+
+    _, single, _, single_heads, _ = marft.build(tiny_config(tiny_model_dir, agents="single"))
+    built = snapshot(single, single_heads)
+    assert run.init_policy_adapters(f"{tmp_path}:iter_000002", single, ["policy_solver"]) == ["policy_solver"]
+    loaded = snapshot(single, single_heads)
+    solver = [n for n in loaded if ".policy_solver." in n]
+    assert solver and all(torch.equal(loaded[n], trained[n]) for n in solver)
+    assert all(torch.equal(loaded[n], built[n]) for n in loaded if n not in solver)  # the critic as built
+    assert all(p.requires_grad for n, p in single.named_parameters() if n in solver)
+    run.init_policy_adapters(str(tmp_path), single, ["policy_solver"])  # no checkpoint named: the latest
+    assert not all(torch.equal(snapshot(single, single_heads)[n], trained[n]) for n in solver)
+
+    with pytest.raises(SystemExit, match=r"holds \['critic', 'policy_planner', 'policy_solver'\], none of"):
+        run.init_policy_adapters(str(tmp_path), single, ["policy_checker"])
+    with pytest.raises(SystemExit, match="checkpoint 'iter_000009' not found"):
+        run.init_policy_adapters(f"{tmp_path}:iter_000009", single, ["policy_solver"])
+    with pytest.raises(SystemExit, match="^--init_from=.*no such run folder"):
+        run.parse_args(["--init_from", str(tmp_path / "elsewhere")])
+
+
 def test_roles_named_like_adapters_get_their_own_adapters(tiny_model_dir, tmp_path):
     """Policy and critic adapters live in separate namespaces: roles called critic, critic_x or
     default (peft's own adapter name) build, train and round-trip through a checkpoint."""
