@@ -284,6 +284,12 @@ def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Paramete
     return params
 
 
+def saved_adapter_names(folder: Path) -> list[str]:
+    """The adapters saved in `folder` (peft format: `folder/<adapter>/adapter_model.safetensors`), sorted."""
+    folder = Path(folder)
+    return sorted(p.name for p in folder.iterdir() if (p / "adapter_model.safetensors").is_file()) if folder.is_dir() else []
+
+
 def load_adapter_weights(model: PeftModel, folder: Path, adapters: list[str]) -> None:
     """Load saved LoRA weights (peft format, `folder/<adapter>/adapter_model.safetensors`) into
     the model's existing adapters of the same names; they stay trainable.
@@ -294,8 +300,7 @@ def load_adapter_weights(model: PeftModel, folder: Path, adapters: list[str]) ->
     for adapter in adapters:
         weights = folder / adapter / "adapter_model.safetensors"
         if not weights.is_file():
-            saved = sorted(p.name for p in folder.iterdir() if (p / "adapter_model.safetensors").is_file()) if folder.is_dir() else []
-            raise ValueError(f"no adapter {adapter!r} (no {weights}); it holds {saved}. The run's config.json "
+            raise ValueError(f"no adapter {adapter!r} (no {weights}); it holds {saved_adapter_names(folder)}. The run's config.json "
                              "(agents, shared_adapter) does not match this checkpoint.")
         saved_tensors = load_file(weights)
         built = len(adapter_parameters(model, adapter))

@@ -220,11 +220,12 @@ def set_up(cfg: Config) -> Job:
                    "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
                                                   "charts/rollout_logprob_gap is large by design." if cfg.backend == "vllm"
                                                   else ""), flush=True)
+    policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     start = run.restore(model, value_heads, optimisers)
     if cfg.init_from and start == 0:  # a resumed run's checkpoint already holds what --init_from gave it
-        loaded = run_lib.init_policy_adapters(cfg.init_from, model, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter))
+        loaded = run_lib.init_policy_adapters(cfg.init_from, model, policy_adapters)
         print_main(f"[init_from] {', '.join(loaded)} from {cfg.init_from}; every other adapter starts as the base", flush=True)
-    backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter),
+    backend = generation.make_backend(cfg, model, tokenizer, policy_adapters,
                                       fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
     return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
                generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), start)

@@ -10,6 +10,7 @@ point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
     Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
     save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
     load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
+    init_policy_adapters   --init_from: a new run's agents start from another run's checkpoint, by role
     return_freed_memory    freed tensor memory goes back to the OS (peak RSS follows the memory in use)
 
 Checkpoint layout (one folder per kept iteration):
@@ -756,7 +757,7 @@ def init_policy_adapters(source: str, model, adapters: list[str]) -> list[str]:
     what the checkpoint holds, when it shares none with this run."""
     run_dir, _, name = source.partition(":")
     folder = checkpoint_folder(Path(run_dir), name or None, "--init_from")
-    saved = sorted(p.name for p in (folder / "adapters").iterdir() if (p / "adapter_model.safetensors").is_file())
+    saved = agents_lib.saved_adapter_names(folder / "adapters")
     shared = [adapter for adapter in adapters if adapter in saved]
     if not shared:
         raise SystemExit(f"--init_from {source}: checkpoint {folder} holds {saved}, none of this run's policy adapters "
