@@ -438,7 +438,7 @@ CODE = register(Task("code", load_code, code_env, default_organisation="coder", 
 _WORD_ORGANISATIONS = ("calculator_team", "single", "orchestrated_calculator", "chain")
 # At T = 1 the untrained calculator team solves too few sampled episodes to learn from: held-out
 # pass@1 0.04 against 0.18 at T = 0.7 (`python evaluate.py --task word --samples 2 --limit 48
-# --no-greedy [--temperature 1.0]`: results/tools/eval-base-word-T*.json); a caller's turn is short.
+# --no-greedy [--temperature 1.0]`, fb080eb: results/tools/eval-base-word-T*.json); a caller's turn is short.
 _WORD_OPTIONS = {"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48}
 WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
