@@ -10,7 +10,7 @@ point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
     Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
     save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
     load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
-    init_policy_adapters   --init_from: a new run's agents start from another run's checkpoint, by role
+    init_policy_adapters   --init_from: a new run's agents start from other runs' checkpoints, by role
     return_freed_memory    freed tensor memory goes back to the OS (peak RSS follows the memory in use)
 
 Checkpoint layout (one folder per kept iteration):
@@ -214,7 +214,7 @@ class Config:
     config: str = ""
     """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it (reproduces a run in one command)"""
     init_from: str = ""
-    """start the policy adapters from another run's checkpoint, RUN or RUN:iter_NNNNNN (default: its latest): each agent whose adapter that run saved under the same name (policy_<role>) starts from it, the others as the base; critic and optimisers start fresh"""
+    """start the policy adapters from other runs' checkpoints, RUN or RUN:iter_NNNNNN (default: its latest), several separated by commas: each agent whose adapter a run saved under the same name (policy_<role>) starts from the first such run, the others as the base; critic and optimisers start fresh"""
     keep_checkpoints: int = 2
     """how many checkpoints to keep"""
     threads: int = 0
@@ -429,8 +429,10 @@ def validate(cfg: Config) -> None:
     check_machine(cfg, need)
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
-    if cfg.init_from and not Path(cfg.init_from.partition(":")[0]).is_dir():
-        raise SystemExit(f"--init_from={cfg.init_from!r}: no such run folder (give RUN or RUN:iter_NNNNNN)")
+    for source in cfg.init_from.split(",") if cfg.init_from else []:
+        if not Path(source.partition(":")[0]).is_dir():
+            raise SystemExit(f"--init_from={cfg.init_from!r}: no such run folder {source.partition(':')[0]!r} "
+                             "(give RUN or RUN:iter_NNNNNN, several separated by commas)")
 
 
 def requirement(cfg: Config):
@@ -751,19 +753,24 @@ def load_adapters(folder: Path, model, adapters: list[str]) -> None:
         raise SystemExit(f"checkpoint {folder}: {err}") from None
 
 
-def init_policy_adapters(source: str, model, adapters: list[str]) -> list[str]:
-    """--init_from RUN[:CHECKPOINT]: load the checkpoint's weights into those of `adapters` (this
-    run's policy adapters) that it saved under the same name; returns their names. Stops, naming
-    what the checkpoint holds, when it shares none with this run."""
-    run_dir, _, name = source.partition(":")
-    folder = checkpoint_folder(Path(run_dir), name or None, "--init_from")
-    saved = agents_lib.saved_adapter_names(folder / "adapters")
-    shared = [adapter for adapter in adapters if adapter in saved]
-    if not shared:
-        raise SystemExit(f"--init_from {source}: checkpoint {folder} holds {saved}, none of this run's policy adapters "
-                         f"{adapters}; adapters are matched by role name (policy_<role>, or policy with --shared_adapter)")
-    load_adapters(folder, model, shared)
-    return shared
+def init_policy_adapters(sources: str, model, adapters: list[str]) -> list[str]:
+    """--init_from RUN[:CHECKPOINT][,RUN[:CHECKPOINT]...]: load each checkpoint's weights into those
+    of `adapters` (this run's policy adapters) that it saved under the same name, the first source
+    naming an adapter winning; returns the names loaded. Stops, naming what the checkpoint holds,
+    when a source gives none of the adapters not loaded yet."""
+    loaded: list[str] = []
+    for source in sources.split(","):
+        run_dir, _, name = source.partition(":")
+        folder = checkpoint_folder(Path(run_dir), name or None, "--init_from")
+        saved = agents_lib.saved_adapter_names(folder / "adapters")
+        shared = [adapter for adapter in adapters if adapter in saved and adapter not in loaded]
+        if not shared:
+            raise SystemExit(f"--init_from {source}: checkpoint {folder} holds {saved}, none of this run's policy adapters "
+                             f"{[a for a in adapters if a not in loaded]} (not loaded from an earlier source); adapters are "
+                             f"matched by role name (policy_<role>, or policy with --shared_adapter)")
+        load_adapters(folder, model, shared)
+        loaded += shared
+    return loaded
 
 
 def load_checkpoint(run_dir: Path, model, value_heads, optimisers) -> dict:

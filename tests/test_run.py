@@ -200,6 +200,23 @@ def test_init_from_starts_the_agents_of_the_same_role_from_another_runs_checkpoi
     with pytest.raises(SystemExit, match="^--init_from=.*no such run folder"):
         run.parse_args(["--init_from", str(tmp_path / "elsewhere")])
 
+    # Several sources, the first that saved an adapter giving it: the solver from a lone-solver run,
+    # the planner from the chain's iteration 2 (whose solver is not loaded again).
+    perturb(single, single_heads)
+    lone = snapshot(single, single_heads)
+    run.save_checkpoint(tmp_path / "lone", 1, single, single_heads, {}, elapsed=1.0, keep=2)
+    _, fresh_chain, _, fresh_heads, _ = marft.build(tiny_config(tiny_model_dir))
+    assert run.init_policy_adapters(f"{tmp_path / 'lone'},{tmp_path}:iter_000002", fresh_chain,
+                                    ["policy_planner", "policy_solver"]) == ["policy_solver", "policy_planner"]
+    both = snapshot(fresh_chain, fresh_heads)
+    assert solver and all(torch.equal(both[n], lone[n]) for n in solver)
+    planner = [n for n in both if ".policy_planner." in n]
+    assert planner and all(torch.equal(both[n], trained[n]) for n in planner)
+    with pytest.raises(SystemExit, match=r"none of this run's policy adapters \[\] \(not loaded from an earlier source\)"):
+        run.init_policy_adapters(f"{tmp_path}:iter_000002,{tmp_path / 'lone'}", fresh_chain, ["policy_planner", "policy_solver"])
+    with pytest.raises(SystemExit, match="^--init_from=.*no such run folder '.*elsewhere'"):
+        run.parse_args(["--init_from", f"{tmp_path},{tmp_path / 'elsewhere'}"])
+
 
 def test_roles_named_like_adapters_get_their_own_adapters(tiny_model_dir, tmp_path):
     """Policy and critic adapters live in separate namespaces: roles called critic, critic_x or
