@@ -368,10 +368,11 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
         samples = torch.tensor(sample_list)
         stats |= update_agent(model, pad, rollout, old, advantages, happo_weight, samples, label, adapter, cfg,
                               optimisers[adapter], rng)
+        if m == len(plan) - 1:  # the last agent's ratio would weight no one: its pass is skipped
+            break
         new_logprob = logprobs_after_update(model, pad, rollout, old, samples, adapter, cfg)  # [n, L]
         stats[f"losses/kl_after_update/{label}"] = ppo.approx_kl(new_logprob, old.logprob[samples], old.mask[samples]).item()
-        if m < len(plan) - 1:  # the last agent's ratio would weight no one
-            happo_weight = happo_weight_after_update(rollout, old, samples, new_logprob, happo_weight, cfg)
+        happo_weight = happo_weight_after_update(rollout, old, samples, new_logprob, happo_weight, cfg)
     stats["losses/happo_weight_mean"] = ppo.masked_mean(happo_weight, rollout.step_mask).item()
     return stats
 

@@ -168,6 +168,7 @@ def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_
     per_token = [ratio[s] ** (1 / len(rollout.response_ids[s])) for s in ratio]
     k3 = sum(r - 1 - math.log(r) for r in per_token) / 3
     assert stats["losses/kl_after_update/planner"] == pytest.approx(k3, rel=1e-3)
+    assert "losses/kl_after_update/solver" not in stats  # the last agent's ratio weights no one: no M pass
 
 
 def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
