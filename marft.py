@@ -280,7 +280,7 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
     chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch of this rank
     batches = []  # (role, samples) of every forward batch
     for n, role in enumerate(org.order):
-        idx = rollout.agent_samples(n)
+        idx = length_order(rollout, rollout.agent_samples(n), cfg.sort_by_length)
         batches += [(role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
     for role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
         policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
@@ -491,7 +491,8 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
                           cfg: Config) -> torch.Tensor:
     """log π^{i_m}_new per decision of the agent's samples under its updated adapter, [n, L] like old.logprob."""
     new_logprob = torch.zeros(len(samples), old.logprob.shape[1])
-    for chunk in distributed.shard(torch.arange(len(samples)).split(cfg.forward_batch_size)):  # every G-th batch per rank
+    positions = torch.tensor(length_order(rollout, samples.tolist(), cfg.sort_by_length, positions=True), dtype=torch.long)
+    for chunk in distributed.shard(positions.split(cfg.forward_batch_size)):  # every G-th batch per rank
         logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg).logprob
         new_logprob[chunk, : logprob.shape[1]] = logprob
     return distributed.sum_(new_logprob)
@@ -518,11 +519,21 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
     return ppo.update_happo_weight(happo_weight, log_ratio_grid, acted, cfg.happo_ratio_clip or None)
 
 
+def length_order(rollout: Rollout, samples: list[int], sort: bool, positions: bool = False) -> list[int]:
+    """--sort_by_length: the samples ordered by prompt + response tokens (ties as given), so that a
+    pass over consecutive ones pads little; off: as given. positions=True: their positions 0 … n−1
+    in that order instead of the samples themselves."""
+    order = sorted(range(len(samples)), key=lambda i: len(rollout.prompt_ids[samples[i]]) + len(rollout.response_ids[samples[i]]))
+    order = order if sort else list(range(len(samples)))
+    return order if positions else [samples[i] for i in order]
+
+
 def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int], token_budget: int,
-                  share_prefix: bool) -> list[list[torch.Tensor]]:
+                  share_prefix: bool, sort: bool = False) -> list[list[torch.Tensor]]:
     """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
     the agent of each row) → for each agent, in order of its first row, its micro-batches of
-    positions, in order. A micro-batch of k rows costs the prompt prefix all the agent's rows of
+    positions, in order (sort: each agent's rows by length first, ties as given: rows of like
+    length share a micro-batch, so fewer positions are padding). A micro-batch of k rows costs the prompt prefix all the agent's rows of
     the minibatch share once (`agents.shared_prefix_length`; 0 without prefix sharing; `agent_prefix`
     runs it once for all of them and its activations live while they do), plus k × (its longest
     row − the prefix), and stays within `token_budget`. A row over the budget makes a micro-batch of
@@ -533,6 +544,8 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
         by_group.setdefault(group, []).append(position)
     out = []
     for positions in by_group.values():
+        if sort:
+            positions = sorted(positions, key=lambda p: lengths[p])
         shared = agents_lib.shared_prefix_length([prompts[p] for p in positions]) if share_prefix else 0
         agent_micro_batches, current = [], []
         for position in positions:
@@ -551,7 +564,8 @@ def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config, re
     samples = batch.tolist()
     prompts, responses = rollout.sequences(samples, reader)
     return micro_batches(prompts, [len(p) + len(r) for p, r in zip(prompts, responses)],
-                         [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
+                         [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing,
+                         cfg.sort_by_length)
 
 
 def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config,

@@ -223,10 +223,12 @@ class Config:
     """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:k; under torchrun auto and cuda give rank r cuda:LOCAL_RANK"""
     generation_batch_size: int = 64
     """prompts per generate() call"""
-    forward_batch_size: int = 16
+    forward_batch_size: int = 8
     """sequences per no-grad forward pass (log-probs, values)"""
     micro_batch_tokens: int = 384
     """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
+    sort_by_length: bool = True
+    """order each agent's rows by length (prompt + response tokens) before they are cut into no-grad forward batches and gradient micro-batches, so that rows of like length share a pass and less of it is padding; off: the rollout's order (the same numbers up to float rounding)"""
     prefix_sharing: bool = True
     """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
     merged_generation: bool = False

@@ -11,9 +11,10 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations, with prefix sharing (the default) and without
-                (`--no-prefix_sharing`) and with `--merged_generation`, one run after the other:
-                `prefix_sharing_speedup` and `merged_generation_speedup` are ratios of their
-                iteration times; the evaluation is reported apart. `floor_ratio`: the default
+                (`--no-prefix_sharing`), with `--merged_generation` and without the rows sorted by
+                length (`--no-sort_by_length`), one run after the other: `prefix_sharing_speedup`,
+                `merged_generation_speedup` and `sort_by_length_speedup` are ratios of their
+                iteration times (each > 1 when the default's choice is the faster); the evaluation is reported apart. `floor_ratio`: the default
                 run's iteration time over its floor, the matrix products it executes at this
                 machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options).
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
@@ -82,13 +83,13 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            merged_generation_run=True, eval_problems=4, learning_minutes=10.0,
+            phase_variants=("merged_generation", "sort_by_length"), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
                            "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
-# prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the merged-generation
-# phase run is left out (tests/test_merged_generation.py trains with it).
-QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, merged_generation_run=False,
+# prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the phase run's
+# variants but the one without prefix sharing are left out (tests train with each option on and off).
+QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_variants=(),
              eval_problems=1, learning_minutes=0.1,
              learning_runs=("chain-group",), learning_seeds=(1,))
 
@@ -228,6 +229,14 @@ def phase_seconds(rows: list[dict]) -> dict:
     return table
 
 
+# The phase run's variants, each the default chain run with one option changed: the report's key of
+# its phase table, the option, the name of its speedup (how many times faster the option makes the
+# iteration: the default over the variant for an option that is off by default, the variant over
+# the default for one that is on).
+PHASE_VARIANTS = {"merged_generation": ("with_merged_generation", "--merged_generation", "merged_generation_speedup"),
+                  "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup")}
+
+
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
     """One short run per organisation with the default options: peak memory; the chain run also
     gives the seconds per phase, and a chain run without prefix sharing the comparison."""
@@ -247,11 +256,12 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
                                                      / phase_table["iteration_seconds_without_eval"])
             phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], threads)
             phase_table["floor_ratio"] = phase_table["iteration_seconds_without_eval"] / phase_table["floor"]["floor_seconds"]
-            if sizes["merged_generation_run"]:
-                merged_rows, merged_peak = run_marft(out, "phases-merged-generation", args + ["--merged_generation"], threads)
-                phase_table["with_merged_generation"] = {**phase_seconds(merged_rows), "peak_rss_mib": merged_peak}
-                phase_table["merged_generation_speedup"] = (phase_table["iteration_seconds_without_eval"]
-                                                            / phase_table["with_merged_generation"]["iteration_seconds_without_eval"])
+            for variant in sizes["phase_variants"]:
+                key, option, speedup = PHASE_VARIANTS[variant]
+                variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + [option], threads)
+                phase_table[key] = {**phase_seconds(variant_rows), "peak_rss_mib": variant_peak}
+                seconds = phase_table["iteration_seconds_without_eval"], phase_table[key]["iteration_seconds_without_eval"]
+                phase_table[speedup] = seconds[1] / seconds[0] if option.startswith("--no-") else seconds[0] / seconds[1]
     if "memory" in skip:
         return phase_table, {}
     memory["default"]["ratio_4_to_1"] = memory["default"]["4_agents"]["peak_rss_mib"] / memory["default"]["1_agents"]["peak_rss_mib"]
@@ -501,8 +511,9 @@ def backends_lines(b: dict) -> list[str]:
 
 def phases_lines(p: dict) -> list[str]:
     """The phases section of the report (markdown lines)."""
-    variants = [p["without_prefix_sharing"]] + ([p["with_merged_generation"]] if "with_merged_generation" in p else [])
-    heads = ["without prefix sharing", "with --merged_generation"][:len(variants)]
+    columns = [("without_prefix_sharing", "without prefix sharing")] + [
+        (key, f"with {option}") for key, option, _ in PHASE_VARIANTS.values() if key in p]
+    variants, heads = [p[key] for key, _ in columns], [head for _, head in columns]
     lines = [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
              f"| {' | '.join(heads)} |", "| --- | --- |" + " --- |" * len(variants)]
     lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | "
@@ -521,6 +532,9 @@ def phases_lines(p: dict) -> list[str]:
     if "merged_generation_speedup" in p:
         lines[-1] += (f" `--merged_generation` makes it **{p['merged_generation_speedup']:.2f}×** faster "
                       f"(`merged_generation_speedup`; the rollout phase is what it changes).")
+    if "sort_by_length_speedup" in p:
+        lines[-1] += (f" Sorting each agent's rows by length before the passes (`--sort_by_length`, the default) makes "
+                      f"it **{p['sort_by_length_speedup']:.2f}×** faster (`sort_by_length_speedup`; every phase but the rollout).")
     return lines + [""]
 
 

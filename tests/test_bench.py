@@ -203,7 +203,7 @@ def test_a_run_that_never_reaches_the_threshold_neither_holds_nor_is_in_time():
     assert stability.verdict(run, 0.10, 3.7) == {"holds": False, "in_time": False}
 
 
-def test_the_phases_table_shows_the_merged_generation_run_when_there_is_one():
+def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     phase = {f"{name}_seconds": 1.0 for name in bench.PHASES} | {"iteration_seconds_without_eval": 50.0, "iterations": 2}
     report = {"problems_per_iteration": 16, **phase, "without_prefix_sharing": {**phase, "iteration_seconds_without_eval": 100.0},
               "prefix_sharing_speedup": 2.0}
@@ -220,6 +220,11 @@ def test_the_phases_table_shows_the_merged_generation_run_when_there_is_one():
                "floor_ratio": 4.0}
     text = "\n".join(bench.phases_lines(report))
     assert "is 12.5 s: the iteration takes **4.0× its floor**" in text and "matrix products 50%, python & other 50%" in text
+    # The run without the rows sorted by length: a fourth column, its speedup the variant's seconds over the default's.
+    report |= {"without_sort_by_length": {**phase, "iteration_seconds_without_eval": 60.0}, "sort_by_length_speedup": 1.2}
+    text = "\n".join(bench.phases_lines(report))
+    assert "| without prefix sharing | with --merged_generation | with --no-sort_by_length |" in text
+    assert "| **50.0** | **100.0** | **40.0** | **60.0** |" in text and "makes it **1.20×** faster (`sort_by_length_speedup`" in text
 
 
 # ---------------------------------------------------------------------------------------------

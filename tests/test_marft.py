@@ -230,16 +230,49 @@ def test_filter_groups_leaves_the_samples_without_signal_out_of_the_update(tiny_
     assert all(torch.equal(p, q) for p, q in zip(params, before))
 
 
-@pytest.mark.parametrize("lengths, groups, budget, expected", [
+@pytest.mark.parametrize("lengths, groups, budget, sort, expected", [
     # per agent, its rows in order; rows × longest ≤ budget (3 × 20 = 60 fits, 2 × 50 does not)
-    ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, [[[0, 2, 3]], [[1], [4]]]),
-    ([100, 5, 5], [0, 0, 0], 60, [[[0], [1, 2]]]),  # a row over the budget is a micro-batch of its own
-    ([10, 10, 10, 10], [0, 0, 0, 0], 10_000, [[[0, 1, 2, 3]]]),  # a minibatch within the budget: one pass
+    ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, False, [[[0, 2, 3]], [[1], [4]]]),
+    ([100, 5, 5], [0, 0, 0], 60, False, [[[0], [1, 2]]]),  # a row over the budget is a micro-batch of its own
+    ([10, 10, 10, 10], [0, 0, 0, 0], 10_000, False, [[[0, 1, 2, 3]]]),  # a minibatch within the budget: one pass
+    # --sort_by_length: short rows with short ones. As drawn, [0, 1] and [2, 3] pad to 2 × 50 each
+    # (200 positions for 120 tokens); sorted, [0, 2] costs 2 × 10 and [1, 3] 2 × 50 (120: no padding).
+    ([10, 50, 10, 50], [0, 0, 0, 0], 100, False, [[[0, 1], [2, 3]]]),
+    ([10, 50, 10, 50], [0, 0, 0, 0], 100, True, [[[0, 2], [1, 3]]]),
+    ([100, 5, 5], [0, 0, 0], 60, True, [[[1, 2], [0]]]),
+    ([30, 10, 20, 50, 20], [1, 0, 1, 0, 1], 60, True, [[[2, 4], [0]], [[1], [3]]]),  # agents in order of first row, ties as drawn; 3 × 30 > 60
 ])
-def test_micro_batches_by_hand(lengths, groups, budget, expected):
+def test_micro_batches_by_hand(lengths, groups, budget, sort, expected):
     prompts = [[7] * (length - 1) for length in lengths]  # responses of 1 token; no prefix sharing here
-    as_lists = [[m.tolist() for m in agent] for agent in marft.micro_batches(prompts, lengths, groups, budget, share_prefix=False)]
+    as_lists = [[m.tolist() for m in agent] for agent in marft.micro_batches(prompts, lengths, groups, budget, share_prefix=False,
+                                                                              sort=sort)]
     assert as_lists == expected
+
+
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_sorting_rows_by_length_keeps_the_old_policy_tables_and_the_m_pass(tiny_agents, level):
+    """--sort_by_length changes only which rows share a no-grad pass: the old log-probs, values and
+    masks and the log-probs after an update equal the rollout-order passes' within 1e-5."""
+    model, pad = tiny_agents
+    model.add_adapter("critic", agents.lora_config(4, 8.0, TARGETS))
+    perturb_adapter(model, "policy_solver")
+    heads = critic.make_value_heads(model.config.hidden_size, ["critic"])
+    with torch.no_grad():
+        heads["critic"].weight.normal_(0, 1.0)  # a value head starts at 0
+    rollout, org = hand_made_rollout(), load_organisation("chain")
+    samples = torch.tensor(rollout.agent_samples(1))  # lengths 4, 4, 10: sorted, sample 5 moves last
+    assert marft.length_order(rollout, [5, 1, 3], True) == [1, 3, 5]
+    assert marft.length_order(rollout, [5, 1, 3], True, positions=True) == [1, 2, 0]
+    assert marft.length_order(rollout, [5, 1, 3], False) == [5, 1, 3]
+    tables = {}
+    for sort in (False, True):
+        cfg = run.Config(level=level, forward_batch_size=2, sort_by_length=sort)
+        old = marft.old_policy_and_values(model, heads, pad, org, rollout, cfg)
+        after = marft.logprobs_after_update(model, pad, rollout, old, torch.tensor([5, 1, 3]), "policy_solver", cfg)
+        tables[sort] = (old.logprob, old.values, old.mask, old.token_mask, after)
+    for plain, sorted_ in zip(tables[False], tables[True]):
+        torch.testing.assert_close(sorted_, plain, rtol=1e-5, atol=1e-5)
+    assert tables[True][1].abs().sum() > 0 and tables[True][4].abs().sum() > 0  # real numbers, not zeros
 
 
 def test_the_prefix_an_agents_rows_share_counts_once_in_each_micro_batch():
