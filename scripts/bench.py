@@ -650,9 +650,11 @@ def main(argv: list[str] | None = None) -> dict:
     if not {"phases", "memory"} <= skip:
         t0 = time.perf_counter()
         print("bench: phases + memory …", flush=True)
-        report["phases"], report["memory"] = phases_and_memory(sizes, args.threads, out, skip)
-        report.setdefault("section_dates", {}).update({name: date.today().isoformat() for name in ("phases", "memory")
-                                                       if name not in skip})
+        measured = dict(zip(("phases", "memory"), phases_and_memory(sizes, args.threads, out, skip)))
+        for name in ("phases", "memory"):
+            if name not in skip:  # a skipped one keeps what --merge brought from the earlier report
+                report[name] = measured[name]
+                report.setdefault("section_dates", {})[name] = date.today().isoformat()
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started

@@ -289,3 +289,14 @@ def test_floor_and_ratio_on_a_hand_table():
     # two iterations: the one unprofiled iteration is all there is to time
     two = profile_iteration.report({**measured, "timings": measured["timings"][1:], "tokens": [200, 300]}, 1e9)
     assert two["floor_ratio"] == pytest.approx(8.0 / 2.0)
+
+
+def test_merging_a_phases_run_keeps_the_earlier_memory_section(tmp_path, monkeypatch):
+    """`--skip …,memory --merge`: the phases are measured again, the earlier report's memory stays."""
+    earlier = json.loads((ROOT / "results" / "bench.json").read_text())
+    (tmp_path / "bench.json").write_text(json.dumps(earlier))
+    phases = dict(earlier["phases"], iteration_seconds_without_eval=12.5)
+    monkeypatch.setattr(bench, "phases_and_memory", lambda sizes, threads, out, skip: (phases, {}))
+    report = bench.main(["--skip", "throughput,backends,memory,learning", "--merge", "--out", str(tmp_path)])
+    assert report["memory"] == earlier["memory"] and report["phases"]["iteration_seconds_without_eval"] == 12.5
+    assert report["section_dates"]["memory"] == earlier["section_dates"]["memory"]
