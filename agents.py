@@ -57,6 +57,11 @@ from typing import NamedTuple
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from peft.tuners.lora.layer import Linear as LoraLinear
+try:
+    from peft.tuners.lora.layer import LoraVariant
+except ImportError:  # a peft before per-adapter variants: --fused_lora leaves peft's forward (fuse_lora_updates)
+    LoraVariant = object
 from safetensors.torch import load_file
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -238,6 +243,8 @@ def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer
     torch.manual_seed(cfg.seed)  # LoRA A matrices
     model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
     model.to(device)  # the adapters (made on the CPU by peft when the base is elsewhere)
+    if cfg.fused_lora:
+        fuse_lora_updates(model)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model, tokenizer
@@ -274,6 +281,53 @@ def attach_adapters(base_model: torch.nn.Module, adapter_names: list[str], confi
             param.data = param.data.float()
             param.requires_grad_(True)
     return model
+
+
+class _ScaledLowRankUpdate(LoraVariant):
+    """Plain LoRA, h = W x + B (s · A x), in fewer passes over the activations than peft's own
+    forward, which computes B A x at the projection's full width [.., out], then multiplies it by
+    s and adds it to W x (two elementwise passes of that width). Here s multiplies the rank-r
+    product A x [.., r], and the product with B adds itself onto W x inside one matrix product
+    (addmm). The same function; only the rounding of its float operations moves. Merging (peft's
+    `merge`) is plain LoRA's W + s B A."""
+
+    @staticmethod
+    def init(module, adapter_name: str) -> None:
+        pass
+
+    @staticmethod
+    def merge_safe(module, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
+        return orig_weight + module.get_delta_weight(active_adapter).to(orig_weight.dtype)
+
+    @staticmethod
+    def merge_unsafe(module, active_adapter: str, orig_weight: torch.Tensor) -> None:
+        orig_weight.data += module.get_delta_weight(active_adapter).to(orig_weight.dtype)
+
+    @staticmethod
+    def unmerge(module, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
+        return orig_weight - module.get_delta_weight(active_adapter).to(orig_weight.dtype)
+
+    @staticmethod
+    def forward(module, active_adapter: str, x: torch.Tensor, result: torch.Tensor, **kwargs) -> torch.Tensor:
+        lora_a, lora_b = module.lora_A[active_adapter], module.lora_B[active_adapter]
+        low_rank = lora_a(module.lora_dropout[active_adapter](x)) * module.scaling[active_adapter]  # s · A x, [.., r]
+        if result.dtype != low_rank.dtype or lora_b.bias is not None:  # a bf16 base under float32 adapters
+            return result + lora_b(low_rank)
+        out = torch.addmm(result.reshape(-1, result.shape[-1]), low_rank.reshape(-1, low_rank.shape[-1]), lora_b.weight.t())
+        return out.view(result.shape)  # W x + B (s · A x), [.., out]
+
+
+def fuse_lora_updates(model: PeftModel) -> int:
+    """--fused_lora: every adapted linear layer computes each of its adapters with
+    `_ScaledLowRankUpdate` (peft's per-adapter variant hook); returns how many (layer, adapter)
+    pairs. Layers of a peft without that hook keep its own forward."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, LoraLinear) and isinstance(getattr(module, "lora_variant", None), dict):
+            for adapter in module.lora_A:
+                module.lora_variant.setdefault(adapter, _ScaledLowRankUpdate())
+                count += 1
+    return count
 
 
 def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:

@@ -11,9 +11,10 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations, with prefix sharing (the default) and without
-                (`--no-prefix_sharing`), with `--merged_generation` and without the rows sorted by
-                length (`--no-sort_by_length`), one run after the other: `prefix_sharing_speedup`,
-                `merged_generation_speedup` and `sort_by_length_speedup` are ratios of their
+                (`--no-prefix_sharing`), with `--merged_generation`, without the rows sorted by
+                length (`--no-sort_by_length`) and with peft's own LoRA forward (`--no-fused_lora`),
+                one run after the other: `prefix_sharing_speedup`, `merged_generation_speedup`,
+                `sort_by_length_speedup` and `fused_lora_speedup` are ratios of their
                 iteration times (each > 1 when the default's choice is the faster); the evaluation is reported apart. `floor_ratio`: the default
                 run's iteration time over its floor, the matrix products it executes at this
                 machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options).
@@ -83,7 +84,7 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            phase_variants=("merged_generation", "sort_by_length"), eval_problems=4, learning_minutes=10.0,
+            phase_variants=("merged_generation", "sort_by_length", "fused_lora"), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
                            "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
@@ -234,7 +235,8 @@ def phase_seconds(rows: list[dict]) -> dict:
 # iteration: the default over the variant for an option that is off by default, the variant over
 # the default for one that is on).
 PHASE_VARIANTS = {"merged_generation": ("with_merged_generation", "--merged_generation", "merged_generation_speedup"),
-                  "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup")}
+                  "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup"),
+                  "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup")}
 
 
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
@@ -535,6 +537,9 @@ def phases_lines(p: dict) -> list[str]:
     if "sort_by_length_speedup" in p:
         lines[-1] += (f" Sorting each agent's rows by length before the passes (`--sort_by_length`, the default) makes "
                       f"it **{p['sort_by_length_speedup']:.2f}×** faster (`sort_by_length_speedup`; every phase but the rollout).")
+    if "fused_lora_speedup" in p:
+        lines[-1] += (f" The fused LoRA update (`--fused_lora`, the default: the scaling on the rank-r product, the sum inside "
+                      f"the matrix product) makes it **{p['fused_lora_speedup']:.2f}×** faster (`fused_lora_speedup`).")
     return lines + [""]
 
 

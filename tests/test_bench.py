@@ -225,6 +225,9 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     text = "\n".join(bench.phases_lines(report))
     assert "| without prefix sharing | with --merged_generation | with --no-sort_by_length |" in text
     assert "| **50.0** | **100.0** | **40.0** | **60.0** |" in text and "makes it **1.20×** faster (`sort_by_length_speedup`" in text
+    report |= {"without_fused_lora": {**phase, "iteration_seconds_without_eval": 55.0}, "fused_lora_speedup": 1.1}
+    text = "\n".join(bench.phases_lines(report))
+    assert "| with --no-sort_by_length | with --no-fused_lora |" in text and "**1.10×** faster (`fused_lora_speedup`)" in text
 
 
 # ---------------------------------------------------------------------------------------------
