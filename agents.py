@@ -36,6 +36,11 @@ distributed.py: cuda:LOCAL_RANK under torchrun); the adapters stay float32.
 The reference policy for the optional KL term is the base model with adapters disabled (peft
 `disable_adapter()`): no extra model copy.
 
+Each adapted projection computes h = W x + s · B A x (peft LoRA). With `--fused_lora` (on,
+`fuse_lora_updates`) the scaling s multiplies the rank-r product A x and B's product adds itself
+onto W x in one matrix product, instead of peft's two elementwise passes at the projection's
+full width; the same function up to float rounding.
+
 Prefix sharing (`forward_responses`, generation.generate; Config `prefix_sharing`, on by default): about
 three quarters of an agent's prompt is its fixed instructions and worked example, identical in
 every prompt of a batch. That prefix is run once per pass ([1, P] tokens) and its keys/values

@@ -89,7 +89,7 @@ FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens,
                            "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the phase run's
-# variants but the one without prefix sharing are left out (tests train with each option on and off).
+# variants but the one without prefix sharing are left out (tests compare each option's numbers on and off).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_variants=(),
              eval_problems=1, learning_minutes=0.1,
              learning_runs=("chain-group",), learning_seeds=(1,))
