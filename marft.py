@@ -523,8 +523,8 @@ def length_order(rollout: Rollout, samples: list[int], sort: bool, positions: bo
     """--sort_by_length: the samples ordered by prompt + response tokens (ties as given), so that a
     pass over consecutive ones pads little; off: as given. positions=True: their positions 0 … n−1
     in that order instead of the samples themselves."""
-    order = sorted(range(len(samples)), key=lambda i: len(rollout.prompt_ids[samples[i]]) + len(rollout.response_ids[samples[i]]))
-    order = order if sort else list(range(len(samples)))
+    length = lambda i: len(rollout.prompt_ids[samples[i]]) + len(rollout.response_ids[samples[i]])
+    order = sorted(range(len(samples)), key=length) if sort else list(range(len(samples)))
     return order if positions else [samples[i] for i in order]
 
 
