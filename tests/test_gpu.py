@@ -119,3 +119,30 @@ def test_nccl_collectives_take_cpu_tables_and_give_them_back_on_the_cpu(one_rank
     assert distributed.sum_(on_gpu) is on_gpu and on_gpu.device.type == "cuda"
     assert distributed.all_ranks(True) and not distributed.all_ranks(False)
     assert distributed.max_int(5) == 5
+
+
+@pytest.mark.parametrize("base_dtype, bound", [("float32", 1e-4), ("bfloat16", 0.0)])
+def test_fused_lora_update_gives_peft_s_numbers_on_cuda_kernels(tmp_path, base_dtype, bound):
+    """--fused_lora on CUDA's matrix kernels: log-probs, values and every LoRA gradient of the same
+    weights with peft's own forward and then with the fused update (addmm) agree within `bound`
+    (float32 base: rounding only; bfloat16 base: the fused layer takes the plain sum, peft's numbers)."""
+    cfg = config(tmp_path, "--base_dtype", base_dtype, "--no-fused_lora")
+    org, model, tokenizer, heads, _ = marft.build(cfg)
+    nudge_adapter(model, "policy_solver")
+    nudge_adapter(model, "critic", seed=1)
+    prompts = chat_prompts(tokenizer)
+    responses = [[10 + k, 20 + k, 30 + k][: 1 + k % 3] for k in range(len(prompts))]
+    out = {}
+    for fused in (False, True):
+        if fused:
+            assert agents.fuse_lora_updates(model) > 0
+        model.zero_grad(set_to_none=True)
+        policy = agents.policy_logprobs(model, prompts, responses, "policy_solver", 2, "token", "sum", 1.0)
+        values = critic.decision_values(model, heads, "critic", prompts, responses, 2, "token")
+        (policy.logprob.sum() + values.sum()).backward()
+        grads = torch.cat([p.grad.flatten() for adapter in ("policy_solver", "critic")
+                           for p in agents.adapter_parameters(model, adapter) if p.grad is not None])
+        out[fused] = (policy.logprob.detach(), values.detach(), grads.cpu())
+    assert out[False][2].abs().sum() > 0
+    for plain, fused in zip(out[False], out[True]):
+        torch.testing.assert_close(fused, plain, rtol=bound, atol=bound)
