@@ -696,11 +696,12 @@ def build(cfg: Config):
 def schedule_learning_rates(optimisers: dict, iteration: int, cfg: Config) -> dict:
     """Set every optimiser's learning rate for this iteration (--lr_schedule; `ppo.scheduled_lr`),
     from the rate it was built with (kept as param_group["initial_lr"], so a resumed run agrees)."""
+    horizon = cfg.lr_decay_iterations or cfg.iterations
     for optimiser in optimisers.values():
         for group in optimiser.param_groups:
             group.setdefault("initial_lr", group["lr"])
-            group["lr"] = ppo.scheduled_lr(group["initial_lr"], iteration, cfg.iterations, cfg.lr_schedule)
-    return {"charts/lr": ppo.scheduled_lr(cfg.lr, iteration, cfg.iterations, cfg.lr_schedule)}
+            group["lr"] = ppo.scheduled_lr(group["initial_lr"], iteration, horizon, cfg.lr_schedule, cfg.lr_final_ratio)
+    return {"charts/lr": ppo.scheduled_lr(cfg.lr, iteration, horizon, cfg.lr_schedule, cfg.lr_final_ratio)}
 
 
 def seed_iteration(seed: int, iteration: int) -> torch.Generator:

@@ -458,20 +458,21 @@ def agents_to_train(
     return [order[(iteration // agent_iteration_interval) % len(order)]]
 
 
-def scheduled_lr(lr: float, iteration: int, iterations: int, schedule: str) -> float:
-    """The learning rate of iteration t = `iteration` (0-based) of T = `iterations`:
+def scheduled_lr(lr: float, iteration: int, iterations: int, schedule: str, final_ratio: float = 0.0) -> float:
+    """The learning rate of iteration t = `iteration` (0-based) of a decay over T = `iterations`,
+    to a floor ρη (ρ = `final_ratio`, 0 by default), where it stays after T:
 
         constant   η_t = η
-        linear     η_t = η · (1 − t / T)                      (to 0 at T, no warm-up: the HF Trainer default)
-        cosine     η_t = η · (1 + cos(π t / T)) / 2
+        linear     η_t = η · (ρ + (1 − ρ)(1 − p))             p = min(t / T, 1); ρ = 0: the HF Trainer default
+        cosine     η_t = η · (ρ + (1 − ρ)(1 + cos(π p)) / 2)  (ρ: Megatron's and verl's min_lr_ratio)
     """
     progress = min(max(iteration / iterations, 0.0), 1.0)
     if schedule == "constant":
         return lr
     if schedule == "linear":
-        return lr * (1.0 - progress)
+        return lr * (final_ratio + (1.0 - final_ratio) * (1.0 - progress))
     if schedule == "cosine":
-        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return lr * (final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
     raise ValueError(f"lr_schedule={schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
 
 

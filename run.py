@@ -161,6 +161,10 @@ class Config:
     """β1 of every Adam (policies and critic; Kingma & Ba 2015, torch's default 0.9): the momentum that carries each step's direction into the next ones; 0 makes a step follow its own gradient alone (RMSprop with bias correction)"""
     lr_schedule: str = "constant"
     """how --lr and --critic_lr move over the --iterations: constant | linear (to 0 at the last, the HF Trainer default) | cosine (half a cosine, to 0)"""
+    lr_decay_iterations: int = 0
+    """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
+    lr_final_ratio: float = 0.0
+    """the floor --lr_schedule decays to, as a fraction of the starting rate (0: to zero)"""
     ppo_epochs: int = 1
     """passes over an agent's samples per iteration"""
     minibatch_size: int = 8
@@ -480,6 +484,11 @@ def check_choices(cfg: Config, need) -> None:
          "is the baseline of --advantage group (the critic is GAE's baseline): add --advantage group or drop it")
     need(0 <= cfg.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
     need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
+    need(cfg.lr_decay_iterations >= 0, "lr_decay_iterations", "use a count of iterations, or 0 for --iterations")
+    need(0.0 <= cfg.lr_final_ratio <= 1.0, "lr_final_ratio", "use a fraction of --lr between 0 and 1")
+    need(cfg.lr_schedule != "constant" or (cfg.lr_decay_iterations == 0 and cfg.lr_final_ratio == 0.0),
+         "lr_final_ratio" if cfg.lr_final_ratio else "lr_decay_iterations",
+         "--lr_decay_iterations and --lr_final_ratio shape a decay: add --lr_schedule linear or cosine")
     need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
     need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
          "trains one agent's adapter at a time; with --shared_adapter all agents have one adapter: use 0")

@@ -332,6 +332,14 @@ def test_learning_rate_schedules_on_a_hand_table():
     close(t(rates("cosine")), [0.1, 0.0853553, 0.05, 0.0146447, 0.0])
     with pytest.raises(ValueError, match="choose one of constant, linear, cosine"):
         ppo.scheduled_lr(0.1, 0, 4, "step")
+    # With a floor ρ = 0.2 the same decays end at 0.02 and stay there past T (t = 0..6):
+    #   linear: η(0.2 + 0.8(1 − t/4))             = 0.1, 0.08, 0.06, 0.04, 0.02, 0.02, 0.02
+    #   cosine: η(0.2 + 0.8(1 + cos(πt/4))/2)     = 0.1, 0.1·(0.2 + 0.8·0.853553) = 0.0882843, 0.06,
+    #                                               0.1·(0.2 + 0.8·0.146447) = 0.0317157, 0.02, 0.02, 0.02
+    floored = lambda schedule: [ppo.scheduled_lr(0.1, t, 4, schedule, 0.2) for t in range(7)]
+    close(t(floored("constant")), [0.1] * 7)
+    close(t(floored("linear")), [0.1, 0.08, 0.06, 0.04, 0.02, 0.02, 0.02])
+    close(t(floored("cosine")), [0.1, 0.0882843, 0.06, 0.0317157, 0.02, 0.02, 0.02])
 
 
 def test_clipped_surrogate_with_happo_weight():

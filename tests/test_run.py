@@ -43,6 +43,8 @@ def test_help_documents_every_option(capsys):
      "--critic_warmup_iterations"),
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
     (["--lr_schedule", "step"], "--lr_schedule"),
+    (["--lr_final_ratio", "0.1"], "--lr_final_ratio"),  # a floor without a decay to reach it
+    (["--lr_schedule", "cosine", "--lr_final_ratio", "1.5"], "--lr_final_ratio"),
     (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
     (["--adam_beta1", "1"], "--adam_beta1"),
     (["--group_baseline", "batch"], "--group_baseline"),  # critic + GAE by default: the critic is the baseline
@@ -268,11 +270,12 @@ def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_
     common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", str(profile),
               "--advantage", "group", "--group_size", "2", "--batch_size", "2", "--horizon", "2", "--max_new_tokens", "4",
               "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--threads", "1", "--output_dir", str(tmp_path),
-              "--lr_schedule", "linear"]
+              "--lr_schedule", "linear", "--lr_decay_iterations", "4", "--lr_final_ratio", "0.5"]
     marft.train(run.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
     rows = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
-    assert [r["charts/lr"] for r in rows[1:]] == [2e-4, 1e-4]  # linear: η · (1 − t/2) at t = 0, 1; resumed below
+    # linear over 4 iterations to half the rate: η (0.5 + 0.5 (1 − t/4)) = 2e-4, 1.75e-4 at t = 0, 1; resumed below
+    assert [r["charts/lr"] for r in rows[1:]] == pytest.approx([2e-4, 1.75e-4], rel=1e-12)
     assert all("losses/value_loss" not in r and "losses/explained_variance" not in r for r in rows)
     assert all(0 <= r["charts/zero_signal_groups"] <= 1 and r["charts/role_reward/planner"] > 0 for r in rows[1:])
     killed = tmp_path / "killed"  # as a kill -9 after iteration 2's metrics line, before its checkpoint
