@@ -359,8 +359,9 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
     else:
         order = ppo.agent_update_order(org.learners, cfg.update_order, rng)
         to_train = ppo.agents_to_train(order, org.learners, iteration, cfg.agent_iteration_interval)
+        frozen = set(cfg.frozen_agents.split(","))  # --frozen_agents: a fixed π^i, its ratio 1 in every M
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
-                for role in to_train]
+                for role in to_train if role not in frozen]
         plan = [entry for entry in plan if entry[2]]  # an executor no episode called has nothing to learn from
     stats: dict[str, float] = {}
     happo_weight = torch.ones_like(rollout.step_mask)  # M [B, T]: one factor per joint action, starts at 1

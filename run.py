@@ -195,6 +195,8 @@ class Config:
     """agent-by-agent update order: random (a permutation per iteration) | topological (σ)"""
     agent_iteration_interval: int = 0
     """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo); 0: all agents"""
+    frozen_agents: str = ""
+    """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: it acts as trained, a fixed π^i like a tool's, while the others learn around it"""
     happo_ratio_clip: float = 2.0
     """bound c: each updated agent's per-action ratio enters M clipped to [1/c, c] (0: unbounded)"""
     critic_warmup_iterations: int = 0
@@ -512,6 +514,11 @@ def check_team(cfg: Config, need) -> None:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
+    frozen = [role for role in cfg.frozen_agents.split(",") if role]
+    need(all(role in org.learners for role in frozen), "frozen_agents",
+         f"name learning agents of the organisation: {', '.join(org.learners)}")
+    need(len(set(frozen)) < len(org.learners), "frozen_agents", "leave at least one agent to train")
+    need(not (frozen and cfg.shared_adapter), "frozen_agents", "with --shared_adapter every role moves one adapter: drop one of the two")
     if cfg.advantage == "group":
         need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size",
              "--advantage group compares each episode with the other episodes of its problem: give --group_size 2 or "

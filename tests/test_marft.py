@@ -171,6 +171,30 @@ def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_
     assert "losses/kl_after_update/solver" not in stats  # the last agent's ratio weights no one: no M pass
 
 
+def test_a_frozen_agent_takes_no_step_and_leaves_the_next_agent_m_equal_to_one(tiny_agents, monkeypatch):
+    """--frozen_agents planner: the planner's adapter takes no optimiser step and its log-probs stay
+    as they were; the solver is updated with M = 1 (a fixed π^planner has ratio 1)."""
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(update_order="topological", minibatch_size=8, lr=0.05, target_kl=0.0, frozen_agents="planner")
+    old = tables_under(model, pad, rollout, "policy_planner", cfg)
+    planner_before = [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)]
+    weights_seen = {}
+    real_update_agent = marft.update_agent
+    def spy(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest):
+        weights_seen[label] = happo_weight.clone()
+        return real_update_agent(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest)
+    monkeypatch.setattr(marft, "update_agent", spy)
+    optimisers = {a: torch.optim.Adam(agents.adapter_parameters(model, a), lr=cfg.lr) for a in ("policy_planner", "policy_solver")}
+    advantages = torch.tensor([[1.0], [0.5], [-1.0], [2.0], [0.5], [-0.5]])
+    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, advantages, cfg, optimisers, 0,
+                                torch.Generator().manual_seed(0))
+    assert list(weights_seen) == ["solver"] and torch.equal(weights_seen["solver"], torch.ones(2, 2))
+    assert not optimisers["policy_planner"].state and optimisers["policy_solver"].state_dict()["state"][0]["step"] == 1
+    assert [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)] == planner_before
+    assert "losses/policy_loss/solver" in stats and not any(key.endswith("/planner") for key in stats)
+
+
 def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
     model, pad = tiny_agents
     rollout = hand_made_rollout()

@@ -43,6 +43,8 @@ def test_help_documents_every_option(capsys):
      "--critic_warmup_iterations"),
     (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
     (["--lr_schedule", "step"], "--lr_schedule"),
+    (["--frozen_agents", "critic"], "--frozen_agents"),  # not a learning agent of the chain
+    (["--frozen_agents", "planner,solver"], "--frozen_agents"),  # nobody left to train
     (["--lr_final_ratio", "0.1"], "--lr_final_ratio"),  # a floor without a decay to reach it
     (["--lr_schedule", "cosine", "--lr_final_ratio", "1.5"], "--lr_final_ratio"),
     (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
