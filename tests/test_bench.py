@@ -197,6 +197,20 @@ def test_reach_and_fall_on_a_hand_table():
     assert stability.verdict(run, 0.10, None)["in_time"] is None
 
 
+def test_the_holding_recipe_is_one_step_on_a_batch_baseline_with_the_rate_decayed_to_a_tenth():
+    """single-l3-hold as docs/learning-per-minute.md describes it: 16 problems × 1 episode in one
+    optimiser step against the batch's baseline, and η = 2e-4 by half a cosine to 2e-5 at iteration
+    24 (1.1e-4 halfway: 2e-4 · (0.1 + 0.9 · 0.5)), where it stays."""
+    import ppo
+    import run as run_lib
+
+    cfg = run_lib.parse_args(stability.CONFIGS["single-l3-hold"] + ["--iterations", "1000"])
+    assert (cfg.agents, cfg.advantage, cfg.group_baseline, cfg.batch_size, cfg.group_size, cfg.minibatch_size) == \
+        ("single", "group", "batch", 16, 1, 16)
+    rates = [ppo.scheduled_lr(cfg.lr, t, cfg.lr_decay_iterations, cfg.lr_schedule, cfg.lr_final_ratio) for t in (0, 12, 24, 500)]
+    assert rates == pytest.approx([2e-4, 1.1e-4, 2e-5, 2e-5])
+
+
 def test_a_run_that_never_reaches_the_threshold_neither_holds_nor_is_in_time():
     run = stability.reach_and_fall(_points([(0, 0.14), (3.0, 0.78), (6.0, 0.30)]), 0.8)
     assert run == {"reach_minutes": None, "largest_fall": None, "best": 0.78}
