@@ -160,7 +160,7 @@ class Config:
     adam_beta1: float = 0.9
     """β1 of every Adam (policies and critic; Kingma & Ba 2015, torch's default 0.9): the momentum that carries each step's direction into the next ones; 0 makes a step follow its own gradient alone (RMSprop with bias correction)"""
     lr_schedule: str = "constant"
-    """how --lr and --critic_lr move over the --iterations: constant | linear (to 0 at the last, the HF Trainer default) | cosine (half a cosine, to 0)"""
+    """how --lr and --critic_lr move over the --iterations (or --lr_decay_iterations), to 0 (or --lr_final_ratio): constant | linear (the HF Trainer default) | cosine (half a cosine)"""
     lr_decay_iterations: int = 0
     """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
     lr_final_ratio: float = 0.0
