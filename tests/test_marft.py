@@ -138,16 +138,9 @@ def test_kl_early_stop_comes_before_the_optimiser_step(tiny_agents):
     assert stats["losses/early_stopped/solver"] == 1.0 and stats["losses/approx_kl/solver"] < 1e-12
 
 
-def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_it(tiny_agents, monkeypatch):
-    """Order planner → solver: the solver's surrogate gets the M that the planner's ratio, recomputed
-    after the planner's own update, made; the KL after each update is logged."""
-    model, pad = tiny_agents
-    rollout = hand_made_rollout()
-    cfg = run.Config(update_order="topological", happo_ratio_clip=0.0, minibatch_size=8, lr=0.05, target_kl=0.0)
-    old = tables_under(model, pad, rollout, "policy_planner", cfg)
-    solver = rollout.agent_samples(1)
-    old.logprob[solver] = tables_under(model, pad, rollout, "policy_solver", cfg).logprob[solver]
-    planner_before = {s: plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)}
+def update_chain_watching_m(model, pad, rollout, old, cfg, monkeypatch):
+    """One `update_agents` of the chain on hand advantages, with Adam per policy adapter; returns its
+    stats, the M each agent's update received (by label) and the optimisers."""
     weights_seen = {}
     real_update_agent = marft.update_agent
     def spy(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest):
@@ -158,6 +151,20 @@ def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_
     advantages = torch.tensor([[1.0], [0.5], [-1.0], [2.0], [0.5], [-0.5]])
     stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, advantages, cfg, optimisers, 0,
                                 torch.Generator().manual_seed(0))
+    return stats, weights_seen, optimisers
+
+
+def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_it(tiny_agents, monkeypatch):
+    """Order planner → solver: the solver's surrogate gets the M that the planner's ratio, recomputed
+    after the planner's own update, made; the KL after each update is logged."""
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(update_order="topological", happo_ratio_clip=0.0, minibatch_size=8, lr=0.05, target_kl=0.0)
+    old = tables_under(model, pad, rollout, "policy_planner", cfg)
+    solver = rollout.agent_samples(1)
+    old.logprob[solver] = tables_under(model, pad, rollout, "policy_solver", cfg).logprob[solver]
+    planner_before = {s: plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)}
+    stats, weights_seen, optimisers = update_chain_watching_m(model, pad, rollout, old, cfg, monkeypatch)
     assert torch.equal(weights_seen["planner"], torch.ones(2, 2))
     ratio = {s: math.exp(plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) - planner_before[s])
              for s in rollout.agent_samples(0)}  # samples 0, 2, 4: (0, 0), (0, 1), (1, 0)
@@ -179,16 +186,7 @@ def test_a_frozen_agent_takes_no_step_and_leaves_the_next_agent_m_equal_to_one(t
     cfg = run.Config(update_order="topological", minibatch_size=8, lr=0.05, target_kl=0.0, frozen_agents="planner")
     old = tables_under(model, pad, rollout, "policy_planner", cfg)
     planner_before = [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)]
-    weights_seen = {}
-    real_update_agent = marft.update_agent
-    def spy(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest):
-        weights_seen[label] = happo_weight.clone()
-        return real_update_agent(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest)
-    monkeypatch.setattr(marft, "update_agent", spy)
-    optimisers = {a: torch.optim.Adam(agents.adapter_parameters(model, a), lr=cfg.lr) for a in ("policy_planner", "policy_solver")}
-    advantages = torch.tensor([[1.0], [0.5], [-1.0], [2.0], [0.5], [-0.5]])
-    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, advantages, cfg, optimisers, 0,
-                                torch.Generator().manual_seed(0))
+    stats, weights_seen, optimisers = update_chain_watching_m(model, pad, rollout, old, cfg, monkeypatch)
     assert list(weights_seen) == ["solver"] and torch.equal(weights_seen["solver"], torch.ones(2, 2))
     assert not optimisers["policy_planner"].state and optimisers["policy_solver"].state_dict()["state"][0]["step"] == 1
     assert [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)] == planner_before
