@@ -357,11 +357,13 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
     if cfg.shared_adapter:
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
-        order = ppo.agent_update_order(org.learners, cfg.update_order, rng)
-        to_train = ppo.agents_to_train(order, org.learners, iteration, cfg.agent_iteration_interval)
-        frozen = set(cfg.frozen_agents.split(","))  # --frozen_agents: a fixed π^i, its ratio 1 in every M
+        # --frozen_agents: a fixed π^i, its ratio 1 in every M; the round-robin turns go to the others
+        frozen = set(cfg.frozen_agents.split(","))
+        learners = tuple(role for role in org.learners if role not in frozen)
+        order = ppo.agent_update_order(learners, cfg.update_order, rng)
+        to_train = ppo.agents_to_train(order, learners, iteration, cfg.agent_iteration_interval)
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
-                for role in to_train if role not in frozen]
+                for role in to_train]
         plan = [entry for entry in plan if entry[2]]  # an executor no episode called has nothing to learn from
     stats: dict[str, float] = {}
     happo_weight = torch.ones_like(rollout.step_mask)  # M [B, T]: one factor per joint action, starts at 1

@@ -194,7 +194,7 @@ class Config:
     update_order: str = "random"
     """agent-by-agent update order: random (a permutation per iteration) | topological (σ)"""
     agent_iteration_interval: int = 0
-    """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo); 0: all agents"""
+    """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo; N counts the agents not in --frozen_agents); 0: all agents"""
     frozen_agents: str = ""
     """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: it acts as trained, a fixed π^i like a tool's, while the others learn around it"""
     happo_ratio_clip: float = 2.0

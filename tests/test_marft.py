@@ -178,12 +178,16 @@ def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_
     assert "losses/kl_after_update/solver" not in stats  # the last agent's ratio weights no one: no M pass
 
 
-def test_a_frozen_agent_takes_no_step_and_leaves_the_next_agent_m_equal_to_one(tiny_agents, monkeypatch):
+@pytest.mark.parametrize("agent_iteration_interval", [0, 1])
+def test_a_frozen_agent_takes_no_step_and_leaves_the_next_agent_m_equal_to_one(tiny_agents, monkeypatch, agent_iteration_interval):
     """--frozen_agents planner: the planner's adapter takes no optimiser step and its log-probs stay
-    as they were; the solver is updated with M = 1 (a fixed π^planner has ratio 1)."""
+    as they were; the solver is updated with M = 1 (a fixed π^planner has ratio 1). With
+    --agent_iteration_interval 1, iteration 0's round-robin turn (σ's first agent, the planner) goes
+    to the first agent that learns, the solver, rather than to no one."""
     model, pad = tiny_agents
     rollout = hand_made_rollout()
-    cfg = run.Config(update_order="topological", minibatch_size=8, lr=0.05, target_kl=0.0, frozen_agents="planner")
+    cfg = run.Config(update_order="topological", minibatch_size=8, lr=0.05, target_kl=0.0, frozen_agents="planner",
+                     agent_iteration_interval=agent_iteration_interval)
     old = tables_under(model, pad, rollout, "policy_planner", cfg)
     planner_before = [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)]
     stats, weights_seen, optimisers = update_chain_watching_m(model, pad, rollout, old, cfg, monkeypatch)
