@@ -265,11 +265,15 @@ class OldPolicy:
 
 
 def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config,
-                      prefix: agents_lib.SharedPrefix | None = None) -> agents_lib.PolicyLogProbs:
+                      prefix: agents_lib.SharedPrefix | None = None, temperature: float | None = None) -> agents_lib.PolicyLogProbs:
     """log π per decision, entropy, mask [n, L'] and token log-probs [n, K'] of the samples under
-    `adapter` (`prefix`: their prompts' shared prefix, run already)."""
+    `adapter` (`prefix`: their prompts' shared prefix, run already) at `temperature` (default: the
+    temperature of the role whose policy the adapter is, --role_temperatures, else --temperature)."""
+    if temperature is None:
+        temperature = next((t for role, t in run_lib.role_temperatures(cfg).items()
+                            if adapter == agents_lib.policy_adapter_name(role, cfg.shared_adapter)), cfg.temperature)
     prompts, responses = rollout.sequences(samples)
-    return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, cfg.temperature,
+    return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, temperature,
                                       cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0, prefix=prefix)
 
 
@@ -288,7 +292,8 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
         values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
                                              *rollout.sequences(chunk, reader="critic"), pad, cfg.level, cfg.prefix_sharing)
                   if cfg.advantage == "gae" else torch.zeros_like(policy.logprob))
-        ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg).token_logprob if cfg.kl_coef > 0
+        ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg, temperature=run_lib.role_temperature(cfg, role)).token_logprob
+               if cfg.kl_coef > 0
                else torch.zeros_like(policy.token_logprob))
         chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
     S = len(rollout.prompt_ids)

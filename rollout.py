@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -75,7 +75,7 @@ from envs import Grader, Problem, extract_boxed
 from envs.grader import CORRECT
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
-from run import Config
+from run import Config, role_temperatures
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
 GenerateActions = Callable[[list[list[int]], "str | None", generation.Sampling], generation.Actions]
@@ -188,6 +188,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     envs = [tasks.make_env(task, p, cfg, context) for p in problems]
     observations = [env.reset() for env in envs]
     out = empty_rollout(B, T, orchestrated=bool(org.orchestrator))
+    temperatures = role_temperatures(cfg)
 
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
         """a ~ π^role(· | ô) for each episode b, ô from the step's transcript so far: [(sample s, text)]
@@ -203,7 +204,9 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                                                      tokenizer, cfg)
         truncated += critic_truncated
         started = time.perf_counter()
-        actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), sampling)
+        # --role_temperatures: this agent's own T (a greedy evaluation stays greedy)
+        own = sampling if sampling.temperature == 0 or role not in temperatures else replace(sampling, temperature=temperatures[role])
+        actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), own)
         out.generation_seconds += time.perf_counter() - started
         out.truncated_prompts += truncated
         texts = tokenizer.batch_decode(actions.token_ids, skip_special_tokens=True)

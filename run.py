@@ -197,6 +197,8 @@ class Config:
     """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo; N counts the agents not in --frozen_agents); 0: all agents"""
     frozen_agents: str = ""
     """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: it acts as trained, a fixed π^i like a tool's, while the others learn around it"""
+    role_temperatures: str = ""
+    """ROLE=T,… : these roles sample at T instead of --temperature (their π^i is logits / T, in the rollout and in the PPO ratio), e.g. orchestrator=1.0,caller=0 to let an orchestrator explore its calls while frozen executors act greedily; T = 0 (greedy) only for a role in --frozen_agents"""
     happo_ratio_clip: float = 2.0
     """bound c: each updated agent's per-action ratio enters M clipped to [1/c, c] (0: unbounded)"""
     critic_warmup_iterations: int = 0
@@ -502,6 +504,23 @@ def check_choices(cfg: Config, need) -> None:
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
 
 
+def role_temperatures(cfg: Config) -> dict[str, float]:
+    """--role_temperatures as {role: T}; the roles it leaves out sample at --temperature."""
+    return {role: float(value) for role, _, value in (entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry)}
+
+
+def role_temperature(cfg: Config, role: str) -> float:
+    """The temperature at which `role` samples and its log-probs are computed: π^role = softmax(logits / T)."""
+    return role_temperatures(cfg).get(role, cfg.temperature)
+
+
+def _is_finite_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def check_team(cfg: Config, need) -> None:
     """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
@@ -519,6 +538,15 @@ def check_team(cfg: Config, need) -> None:
          f"name learning agents of the organisation: {', '.join(org.learners)}")
     need(len(set(frozen)) < len(org.learners), "frozen_agents", "leave at least one agent to train")
     need(not (frozen and cfg.shared_adapter), "frozen_agents", "with --shared_adapter every role moves one adapter: drop one of the two")
+    entries = [entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry]
+    need(all(equals and _is_finite_number(value) and float(value) >= 0 for _, equals, value in entries), "role_temperatures",
+         "give ROLE=T pairs, comma-separated, each T a number ≥ 0: e.g. orchestrator=1.0,caller=0")
+    need(all(role in org.learners for role, _, _ in entries), "role_temperatures",
+         f"name learning agents of the organisation: {', '.join(org.learners)}")
+    need(all(float(value) > 0 or role in frozen for role, _, value in entries), "role_temperatures",
+         "T = 0 (greedy) only for a role in --frozen_agents: a learning agent must sample for its PPO ratio")
+    need(not (entries and cfg.shared_adapter), "role_temperatures",
+         "with --shared_adapter one adapter plays every role at --temperature: drop one of the two")
     if cfg.advantage == "group":
         need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size",
              "--advantage group compares each episode with the other episodes of its problem: give --group_size 2 or "

@@ -1,4 +1,5 @@
 """marft.py: data plumbing, the phases of the algorithm box, and whole runs (resume; the learning run is tests/test_learning.py)."""
+import dataclasses
 import json
 import math
 import shutil
@@ -195,6 +196,29 @@ def test_a_frozen_agent_takes_no_step_and_leaves_the_next_agent_m_equal_to_one(t
     assert not optimisers["policy_planner"].state and optimisers["policy_solver"].state_dict()["state"][0]["step"] == 1
     assert [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)] == planner_before
     assert "losses/policy_loss/solver" in stats and not any(key.endswith("/planner") for key in stats)
+
+
+def test_each_role_s_log_probs_are_taken_at_its_own_temperature(tiny_agents):
+    """--role_temperatures solver=2.0 (the rest at --temperature 0.5): the solver's PPO log-probs are
+    Σ_k log softmax(logits / 2)[w_k] and the planner's Σ_k log softmax(logits / 0.5)[w_k], each by a
+    plain forward pass; the old policy's table holds the same numbers."""
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    cfg = run.Config(temperature=0.5, role_temperatures="solver=2.0", normalisation="sum")
+
+    def at(adapter, T, s):
+        prompt, response = rollout.prompt_ids[s], rollout.response_ids[s]
+        with agents.active_adapter(model, adapter), torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0].double() / T
+        return sum(torch.log_softmax(logits, -1)[len(prompt) - 1 + k, w].item() for k, w in enumerate(response))
+
+    for adapter, T, samples in (("policy_planner", 0.5, [0, 2, 4]), ("policy_solver", 2.0, [1, 3, 5])):
+        got = marft.decision_logprobs(model, pad, rollout, samples, adapter, cfg).logprob[:, 0]
+        torch.testing.assert_close(got, torch.tensor([at(adapter, T, s) for s in samples], dtype=got.dtype), rtol=1e-5, atol=1e-5)
+    old = marft.old_policy_and_values(model, None, pad, load_organisation("chain"), rollout,
+                                      dataclasses.replace(cfg, advantage="group"))
+    assert old.logprob[1, 0].item() == pytest.approx(at("policy_solver", 2.0, 1), abs=1e-5)
+    assert old.logprob[0, 0].item() == pytest.approx(at("policy_planner", 0.5, 0), abs=1e-5)
 
 
 def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):

@@ -243,6 +243,26 @@ ADVANTAGES = {
 }
 
 
+def test_each_role_samples_at_its_own_temperature_and_a_greedy_evaluation_stays_greedy(tokenizer):
+    """--role_temperatures orchestrator=1.5,planner=0: the backend is asked for the orchestrator's
+    actions at T = 1.5, the planner's greedily, the solver's at the rollout's own T; a greedy
+    rollout (T = 0) asks every agent greedily."""
+    org = make_orchestrated(list(load_organisation("orchestrated").agents), "orchestrator", max_calls=2)
+    problems = [Problem(p, a, "", "") for p, a in ANSWERS.items()]
+    cfg = run_lib.Config(agents="orchestrated", role_temperatures="orchestrator=1.5,planner=0", frozen_agents="planner")
+    scripted = scripted_generator(tokenizer)
+    for rollout_t, expected in ((0.7, {"orchestrator": 1.5, "planner": 0.0, "solver": 0.7}),
+                                (0.0, {"orchestrator": 0.0, "planner": 0.0, "solver": 0.0})):
+        asked = {}
+
+        def spy(prompt_ids, adapter, sampling):
+            asked.setdefault(adapter.removeprefix("policy_"), set()).add(sampling.temperature)
+            return scripted(prompt_ids, adapter, sampling)
+        with Grader() as grader:
+            run_episodes(spy, tokenizer, org, problems, grader, generation.Sampling(rollout_t, 1.0, 32), cfg)
+        assert asked == {role: {t} for role, t in expected.items()}
+
+
 def realised_rollout(response_lengths=None) -> Rollout:
     rollout = Rollout(team_reward=t(TEAM), dones=t(DONES), step_mask=t([[1.0, 0.0], [1.0, 1.0]]), solved=[True, True])
     for s, (b, step, agent, k) in enumerate(SAMPLES):

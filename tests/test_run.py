@@ -45,6 +45,13 @@ def test_help_documents_every_option(capsys):
     (["--lr_schedule", "step"], "--lr_schedule"),
     (["--frozen_agents", "critic"], "--frozen_agents"),  # not a learning agent of the chain
     (["--frozen_agents", "planner,solver"], "--frozen_agents"),  # nobody left to train
+    (["--role_temperatures", "planner"], "--role_temperatures"),  # no =T
+    (["--role_temperatures", "planner=hot"], "--role_temperatures"),
+    (["--role_temperatures", "planner=nan"], "--role_temperatures"),
+    (["--role_temperatures", "planner=-1"], "--role_temperatures"),
+    (["--role_temperatures", "critic=1.0"], "--role_temperatures"),  # not a learning agent of the chain
+    (["--role_temperatures", "planner=0"], "--role_temperatures"),  # greedy, but the planner learns: no PPO ratio
+    (["--role_temperatures", "planner=1.5", "--shared_adapter"], "--role_temperatures"),
     (["--lr_final_ratio", "0.1"], "--lr_final_ratio"),  # a floor without a decay to reach it
     (["--lr_schedule", "cosine", "--lr_final_ratio", "1.5"], "--lr_final_ratio"),
     (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
@@ -58,6 +65,12 @@ def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
         run.parse_args(argv)
     assert str(err.value).startswith(option)
+
+
+def test_role_temperatures_give_listed_roles_their_own_t_and_the_others_the_common_one():
+    cfg = run.parse_args(["--temperature", "0.4", "--frozen_agents", "planner", "--role_temperatures", "planner=0,solver=1.5"])
+    assert [run.role_temperature(cfg, role) for role in ("planner", "solver")] == [0.0, 1.5]
+    assert run.role_temperature(run.parse_args(["--temperature", "0.4"]), "solver") == 0.4
 
 
 def test_a_batch_baseline_allows_one_episode_per_problem():
