@@ -504,9 +504,14 @@ def check_choices(cfg: Config, need) -> None:
     need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
 
 
+def _role_temperature_entries(cfg: Config) -> list[tuple[str, str, str]]:
+    """--role_temperatures split into (role, "=", T) as written (check_team checks them)."""
+    return [entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry]
+
+
 def role_temperatures(cfg: Config) -> dict[str, float]:
     """--role_temperatures as {role: T}; the roles it leaves out sample at --temperature."""
-    return {role: float(value) for role, _, value in (entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry)}
+    return {role: float(value) for role, _, value in _role_temperature_entries(cfg)}
 
 
 def role_temperature(cfg: Config, role: str) -> float:
@@ -538,7 +543,7 @@ def check_team(cfg: Config, need) -> None:
          f"name learning agents of the organisation: {', '.join(org.learners)}")
     need(len(set(frozen)) < len(org.learners), "frozen_agents", "leave at least one agent to train")
     need(not (frozen and cfg.shared_adapter), "frozen_agents", "with --shared_adapter every role moves one adapter: drop one of the two")
-    entries = [entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry]
+    entries = _role_temperature_entries(cfg)
     need(all(equals and _is_finite_number(value) and float(value) >= 0 for _, equals, value in entries), "role_temperatures",
          "give ROLE=T pairs, comma-separated, each T a number ≥ 0: e.g. orchestrator=1.0,caller=0")
     need(all(role in org.learners for role, _, _ in entries), "role_temperatures",
