@@ -17,7 +17,9 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 `sort_by_length_speedup` and `fused_lora_speedup` are ratios of their
                 iteration times (each > 1 when the default's choice is the faster); the evaluation is reported apart. `floor_ratio`: the default
                 run's iteration time over its floor, the matrix products it executes at this
-                machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options).
+                machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options);
+                `padding_free_floor_ratio`: over the products no implementation can skip (each
+                agent's shared prefix once, no padding; the same script).
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
                 (`--agents single | chain | chain4`) at the same number of problems per iteration,
                 with the default options (no flag); the ratio 4-agent / 1-agent, the base model's
@@ -258,6 +260,8 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
                                                      / phase_table["iteration_seconds_without_eval"])
             phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], threads)
             phase_table["floor_ratio"] = phase_table["iteration_seconds_without_eval"] / phase_table["floor"]["floor_seconds"]
+            phase_table["padding_free_floor_ratio"] = (phase_table["iteration_seconds_without_eval"]
+                                                       / phase_table["floor"]["padding_free_floor_seconds"])
             for variant in sizes["phase_variants"]:
                 key, option, speedup = PHASE_VARIANTS[variant]
                 variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + [option], threads)
@@ -291,6 +295,7 @@ def iteration_floor(out: Path, phase_args: list[str], iterations: int, threads: 
     profile = json.loads((folder / "profile.json").read_text())
     shutil.rmtree(folder / "runs", ignore_errors=True)
     return {"floor_seconds": sum(profile["floor_seconds_by_iteration"][:iterations]) / iterations,
+            "padding_free_floor_seconds": sum(profile["padding_free_floor_seconds_by_iteration"][:iterations]) / iterations,
             "gemm_gflops_per_second": profile["gemm_gflops_per_second"],
             "matmul_mflop_per_token": profile["matmul_flops_per_token"] / 1e6,
             **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")}}
@@ -529,7 +534,11 @@ def phases_lines(p: dict) -> list[str]:
         lines[-1] += (f" Its floor, the matrix products it executes at this machine's GEMM rate "
                       f"({f['gemm_gflops_per_second']:.0f} GFLOP/s, {f['matmul_mflop_per_token']:.0f} MFLOP per token; "
                       f"scripts/profile_iteration.py), is {f['floor_seconds']:.1f} s: the iteration takes "
-                      f"**{p['floor_ratio']:.1f}× its floor** (`floor_ratio`). The profiled iteration's seconds by op family: "
+                      f"**{p['floor_ratio']:.1f}× its floor** (`floor_ratio`)"
+                      + (f"; against the products no implementation can skip (each agent's shared prefix once, no padding) "
+                         f"{f['padding_free_floor_seconds']:.1f} s: **{p['padding_free_floor_ratio']:.1f}× the padding-free floor** "
+                         f"(`padding_free_floor_ratio`)" if "padding_free_floor_ratio" in p else "")
+                      + ". The profiled iteration's seconds by op family: "
                       + ", ".join(f"{name} {seconds / f['profiled_seconds']:.0%}" for name, seconds in shares.items()) + ".")
     if "merged_generation_speedup" in p:
         lines[-1] += (f" `--merged_generation` makes it **{p['merged_generation_speedup']:.2f}×** faster "

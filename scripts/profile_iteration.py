@@ -25,6 +25,18 @@ dtype at the run's threads). FLOPs per token (prompt + response tokens of every 
 profiled iteration; `floor_ratio` is the warm unprofiled iterations' seconds (all but the first;
 adapter sync included, evaluation not) over that rate × their tokens: how many times its floor an
 iteration takes.
+The padding-free floor (`padding_free_floor_ratio`): the products an iteration cannot avoid, counted
+from its rollout rather than from what ran (`padding_free_flops`). Per agent and pass, the positions
+a pass must compute: its rows' shared prompt prefix once, every row's prompt after it and its
+response, no padding. A forward costs 2·(W + A) FLOPs per position (W: the base's projection
+weights in the decoder layers, A: one adapter's LoRA weights) and 2·V·d more at each response
+token, whose next-token logits a log-prob pass needs (V·d: the output layer; the critic's passes
+have no such term); a backward through the frozen base costs 2·W + 4·A (the inputs' gradients, and
+the adapters' own weight gradients) plus 2·V·d per response token. The passes, as marft.train runs
+them: the rollout's generation (one forward), the old log-probs and (critic + GAE) the values, the
+reference's log-probs with kl_coef > 0 (the base alone), ppo_epochs forward + backward per learning
+agent (one more forward with --gradient_checkpointing), the forward that recomputes each updated
+agent's log-probs for M (all but the last), and ppo_epochs forward + backward of the critic.
 Writes <out>/profile.json and <out>/profile.md. A performance figure: run it on an idle machine. The
 profiler holds every op of the iteration with its shapes: about 14 GB of memory for the default job.
 """
@@ -143,10 +155,87 @@ def gemm_flops_per_second(hidden: int, intermediate: int, dtype: torch.dtype, re
     return 2 * 512 * hidden * intermediate / best
 
 
+class ModelShape(NamedTuple):
+    """What the padding-free floor needs of the model (module docstring): weights per position."""
+
+    projection_weights: int  # W: the base's linear weights in the decoder layers (the output layer apart)
+    adapter_weights: int  # A: one adapter's LoRA weights (A and B of every adapted projection)
+    output_weights: int  # V·d: the output layer's weights (vocabulary × hidden)
+
+
+class AgentTokens(NamedTuple):
+    """One agent's rows in one iteration, as the padding-free floor counts them."""
+
+    policy: int  # positions of a pass over its rows: their shared prompt prefix once, each prompt after it, each response
+    critic: int  # the same over the critic's inputs (o_t ⊕ a_{t,<k}; the policy's prompts where they are the same)
+    responses: int  # response tokens: the positions whose next-token logits a log-prob pass needs
+    learns: bool  # it takes a PPO update (a frozen agent's rows are generated and valued, never updated)
+
+
+def pass_positions(prompts: list[list[int]], responses: list[list[int]]) -> int:
+    """Positions one pass over these rows must compute: the prompts' shared prefix once, the rest of
+    each prompt and each response (no padding)."""
+    if not prompts:
+        return 0
+    shared = agents.shared_prefix_length(prompts)
+    return shared + sum(len(p) - shared + len(r) for p, r in zip(prompts, responses))
+
+
+def model_shape(model) -> ModelShape:
+    """W, A and V·d (ModelShape) of a peft model: its nn.Linear modules, the LoRA ones (lora_A /
+    lora_B, every adapter's, divided by the number of adapters) apart from the base's projections,
+    the output layer apart from both."""
+    base, lora = 0, 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or name.endswith("lm_head") or ".lm_head." in name:
+            continue
+        if ".lora_A." in name or ".lora_B." in name:
+            lora += module.weight.numel()
+        else:
+            base += module.weight.numel()
+    config = model.get_base_model().config
+    adapters = max(len(getattr(model, "peft_config", {}) or {}), 1)
+    return ModelShape(base, lora // adapters, config.vocab_size * config.hidden_size)
+
+
+def padding_free_flops(agent_rows: list[AgentTokens], shape: ModelShape, critic: bool, kl: bool, ppo_epochs: int,
+                       checkpointing: bool) -> dict[str, float]:
+    """The padding-free floor's matrix FLOPs per phase (module docstring) of one iteration."""
+    W, A, out = shape
+    forward = lambda positions, logits: 2 * (W + A) * positions + 2 * out * logits
+    backward = lambda positions, logits: (2 * W + 4 * A) * positions + 2 * out * logits
+    learners = [a for a in agent_rows if a.learns]
+    train = lambda positions, logits: ppo_epochs * (forward(positions, logits) * (2 if checkpointing else 1)
+                                                    + backward(positions, logits))
+    return {
+        "rollout": sum(forward(a.policy, a.responses) for a in agent_rows),
+        "values": sum(forward(a.policy, a.responses) + (forward(a.critic, 0) if critic else 0)
+                      + (2 * W * a.policy + 2 * out * a.responses if kl else 0) for a in agent_rows),
+        "policy_update": sum(train(a.policy, a.responses) for a in learners)
+                         + sum(forward(a.policy, a.responses) for a in learners[:-1]),  # M: all but the last
+        "critic_update": sum(train(a.critic, 0) for a in agent_rows) if critic else 0.0,
+    }
+
+
+def agent_tokens(org, rollout, cfg) -> list[AgentTokens]:
+    """Each learning agent of σ (tools have no rows) as the padding-free floor counts it."""
+    frozen = {role for role in cfg.frozen_agents.split(",") if role}
+    rows = []
+    for n, role in enumerate(org.order):
+        samples = rollout.agent_samples(n)
+        if not samples:
+            continue
+        prompts, responses = rollout.sequences(samples)
+        critic_prompts, _ = rollout.sequences(samples, reader="critic")
+        rows.append(AgentTokens(pass_positions(prompts, responses), pass_positions(critic_prompts, responses),
+                                sum(map(len, responses)), role not in frozen))
+    return rows
+
+
 def profile(cfg, iterations: int) -> dict:
     """Train `iterations` iterations with the last under the profiler; returns the phase table,
     the unprofiled iterations' seconds and tokens, and the model's shape."""
-    seen = {"iterations": 0, "timings": [], "tokens": []}
+    seen = {"iterations": 0, "timings": [], "tokens": [], "padding_free_flops": []}
     original_build = marft.build
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True)
     original_call, original_init, original_metrics = marft.PhaseTimer.__call__, marft.PhaseTimer.__init__, marft.iteration_metrics
@@ -160,6 +249,7 @@ def profile(cfg, iterations: int) -> dict:
         built = original_build(cfg)
         config, weight = built[1].get_base_model().config, next(built[1].get_base_model().parameters())
         seen["shape"] = {"hidden": config.hidden_size, "intermediate": config.intermediate_size, "dtype": weight.dtype}
+        seen["model_shape"] = model_shape(built[1])
         return built
 
     def init(timer, *args, **kwargs):
@@ -173,6 +263,9 @@ def profile(cfg, iterations: int) -> dict:
             profiler.stop()
         seen["timings"].append({phase: timer.seconds.get(phase, 0.0) for phase in PHASES})
         seen["tokens"].append(sum(map(len, rollout.prompt_ids)) + sum(map(len, rollout.response_ids)))
+        seen["padding_free_flops"].append(padding_free_flops(agent_tokens(org, rollout, cfg), seen["model_shape"],
+                                                             cfg.advantage == "gae", cfg.kl_coef > 0, cfg.ppo_epochs,
+                                                             cfg.gradient_checkpointing))
         return original_metrics(org, rollout, old, returns, cfg, timer)
 
     patched = {"build": build, "iteration_metrics": metrics}
@@ -186,7 +279,8 @@ def profile(cfg, iterations: int) -> dict:
         vars(marft).update(originals)
     events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.flops())
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
-    return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"]}
+    return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"],
+            "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"]}
 
 
 def report(measured: dict, gemm_rate: float) -> dict:
@@ -200,6 +294,11 @@ def report(measured: dict, gemm_rate: float) -> dict:
     floors = [flops_per_token * tokens / gemm_rate for tokens in measured["tokens"][:-1]]
     warm = slice(1, None) if len(seconds) > 1 else slice(None)
     warm_timings = measured["timings"][:-1][warm]
+    free = [sum(phases.values()) / gemm_rate for phases in measured.get("padding_free_flops", [])[:-1]]  # the unprofiled iterations
+    if free:  # reports of profiles from before the padding-free floor have none
+        measured = {**measured, "padding_free_floor_seconds_by_iteration": free,
+                    "warm_padding_free_floor_seconds_per_iteration": sum(free[warm]) / len(free[warm]),
+                    "padding_free_floor_ratio": sum(seconds[warm]) / sum(free[warm])}
     return {**measured, "gemm_gflops_per_second": gemm_rate / 1e9, "matmul_gflop": flops / 1e9,
             "profiled_seconds": sum(p["seconds"] for p in measured["phases"].values()),
             "profiled_seconds_by_family": {f: sum(p["families"][f] for p in measured["phases"].values()) for f in FAMILIES},
@@ -239,6 +338,14 @@ def markdown(result: dict) -> str:
               f"matrix products per token. The warm unprofiled iterations: {result['warm_seconds_per_iteration']:.1f} s "
               f"each against a floor of {result['warm_floor_seconds_per_iteration']:.1f} s: "
               f"**{result['floor_ratio']:.1f}× the floor** (`floor_ratio`)."]
+    if "padding_free_floor_ratio" in result:
+        last = result["padding_free_flops"][-1]
+        lines += ["", f"The padding-free floor (the products no implementation can skip: each agent's shared prefix once, no "
+                  f"padding; module docstring): {result['warm_padding_free_floor_seconds_per_iteration']:.1f} s per warm "
+                  f"iteration, so it takes **{result['padding_free_floor_ratio']:.1f}× the padding-free floor** "
+                  f"(`padding_free_floor_ratio`); in the profiled iteration, per phase at the GEMM rate: "
+                  + ", ".join(f"{phase.replace('_', ' ')} {flops / 1e9 / result['gemm_gflops_per_second']:.2f} s"
+                              for phase, flops in last.items()) + "."]
     return "\n".join(lines) + "\n"
 
 

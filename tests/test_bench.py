@@ -49,7 +49,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"], report["phases"]["floor_ratio"],
-               report["phases"]["floor"]["floor_seconds"],
+               report["phases"]["floor"]["floor_seconds"], report["phases"]["padding_free_floor_ratio"],
                report["memory"]["default"]["ratio_4_to_1"]]
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -234,6 +234,10 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
                "floor_ratio": 4.0}
     text = "\n".join(bench.phases_lines(report))
     assert "is 12.5 s: the iteration takes **4.0× its floor**" in text and "matrix products 50%, python & other 50%" in text
+    assert "padding-free" not in text  # a report from before the padding-free floor
+    report["floor"]["padding_free_floor_seconds"], report["padding_free_floor_ratio"] = 20.0, 2.5  # 50 s over 20 s
+    text = "\n".join(bench.phases_lines(report))
+    assert "20.0 s: **2.5× the padding-free floor**" in text and "matrix products 50%" in text
     # The run without the rows sorted by length: a fourth column, its speedup the variant's seconds over the default's.
     report |= {"without_sort_by_length": {**phase, "iteration_seconds_without_eval": 60.0}, "sort_by_length_speedup": 1.2}
     text = "\n".join(bench.phases_lines(report))
@@ -306,6 +310,47 @@ def test_floor_and_ratio_on_a_hand_table():
     # two iterations: the one unprofiled iteration is all there is to time
     two = profile_iteration.report({**measured, "timings": measured["timings"][1:], "tokens": [200, 300]}, 1e9)
     assert two["floor_ratio"] == pytest.approx(8.0 / 2.0)
+    # the padding-free floor, where the profile counted it: 1e9 and 4e9 FLOPs at 1e9 FLOP/s → 1 s and 4 s; warm 8 / 4
+    free = profile_iteration.report({**measured, "padding_free_flops": [{"rollout": 1e9}, {"rollout": 3e9, "values": 1e9},
+                                                                        {"rollout": 9e9}]}, 1e9)
+    assert free["padding_free_floor_seconds_by_iteration"] == pytest.approx([1.0, 4.0])
+    assert free["padding_free_floor_ratio"] == pytest.approx(2.0)
+    assert "padding_free_floor_ratio" not in result  # a profile from before it
+
+
+def test_padding_free_positions_and_flops_on_a_hand_count():
+    # Two rows sharing a 2-token prefix: 2 once, then 2 + 2 and 1 + 1 → 8 positions (padding would make it 2 × 6).
+    assert profile_iteration.pass_positions([[1, 2, 3, 4], [1, 2, 5]], [[7, 8], [9]]) == 8
+    assert profile_iteration.pass_positions([], []) == 0
+    # W = 10, A = 1, V·d = 100: a forward 22 per position + 200 per response token, a backward 24 + 200.
+    shape = profile_iteration.ModelShape(10, 1, 100)
+    planner = profile_iteration.AgentTokens(policy=8, critic=8, responses=3, learns=True)  # forward 776, critic forward 176
+    solver = profile_iteration.AgentTokens(policy=5, critic=6, responses=2, learns=True)  # forward 510, critic forward 132
+    flops = profile_iteration.padding_free_flops([planner, solver], shape, critic=True, kl=False, ppo_epochs=1, checkpointing=False)
+    assert flops == {"rollout": 776 + 510, "values": 776 + 510 + 176 + 132,
+                     "policy_update": (776 + 792) + (510 + 520) + 776,  # forward + backward each, M's forward for the planner
+                     "critic_update": (176 + 192) + (132 + 144)}
+    # the reference's pass (the base: 20 per position + 200 per response token), two epochs, no critic, a frozen solver
+    frozen = profile_iteration.padding_free_flops([planner, solver._replace(learns=False)], shape, critic=False, kl=True,
+                                                  ppo_epochs=2, checkpointing=False)
+    assert frozen == {"rollout": 1286, "values": 1286 + 760 + 500, "policy_update": 2 * (776 + 792), "critic_update": 0.0}
+    # gradient checkpointing runs each forward of an update twice
+    again = profile_iteration.padding_free_flops([planner], shape, critic=False, kl=False, ppo_epochs=1, checkpointing=True)
+    assert again["policy_update"] == 2 * 776 + 792
+
+
+def test_model_shape_counts_projections_adapters_and_the_output_layer():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import agents
+
+    # hidden 8, 2 heads of 4, 1 key/value head: q, o 8 × 8; k, v 8 × 4; gate, up, down 8 × 16 → W = 64·2 + 32·2 + 128·3 = 576.
+    # LoRA rank 2 on q (A 2 × 8, B 8 × 2) and v (A 2 × 8, B 4 × 2): A = 16 + 16 + 16 + 8 = 56 per adapter. V·d = 32 · 8.
+    config = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, tie_word_embeddings=True)
+    model = agents.attach_adapters(LlamaForCausalLM(config), ["policy_planner", "critic"],
+                                   agents.lora_config(2, 4, ["q_proj", "v_proj"]))
+    assert profile_iteration.model_shape(model) == (576, 56, 256)
 
 
 def test_merging_a_phases_run_keeps_the_earlier_memory_section(tmp_path, monkeypatch):
