@@ -25,6 +25,7 @@ dtype at the run's threads). FLOPs per token (prompt + response tokens of every 
 profiled iteration; `floor_ratio` is the warm unprofiled iterations' seconds (all but the first;
 adapter sync included, evaluation not) over that rate × their tokens: how many times its floor an
 iteration takes.
+
 The padding-free floor (`padding_free_floor_ratio`): the products an iteration cannot avoid, counted
 from its rollout rather than from what ran (`padding_free_flops`). Per agent and pass, the positions
 a pass must compute: its rows' shared prompt prefix once, every row's prompt after it and its
@@ -36,7 +37,9 @@ the adapters' own weight gradients) plus 2·V·d per response token. The passes,
 them: the rollout's generation (one forward), the old log-probs and (critic + GAE) the values, the
 reference's log-probs with kl_coef > 0 (the base alone), ppo_epochs forward + backward per learning
 agent (one more forward with --gradient_checkpointing), the forward that recomputes each updated
-agent's log-probs for M (all but the last), and ppo_epochs forward + backward of the critic.
+agent's log-probs for M (all but the last), and ppo_epochs forward + backward of the critic; all
+at the same GEMM rate.
+
 Writes <out>/profile.json and <out>/profile.md. A performance figure: run it on an idle machine. The
 profiler holds every op of the iteration with its shapes: about 14 GB of memory for the default job.
 """
