@@ -35,7 +35,7 @@ from peft.tuners.lora import LoraLayer
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from agents import BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
+from agents import RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -182,17 +182,13 @@ class MergedHFGenerator:
     and the copy decodes without the two small LoRA products per adapted projection of every step.
     Only the rollout's sampling numerics move (by the rounding of W_base + ΔW); the PPO old
     log-probs are recomputed by the training model as always (`charts/rollout_logprob_gap`). The
-    copy holds a second set of the adapted projections' weights. `dtype` (--generation_dtype): the
-    copy's, None for the base's; W_base + ΔW is summed in float32 and rounded once into it.
-    `sync(model)` after each update marks every merge stale; between syncs an agent's merge is reused."""
+    copy holds a second set of the adapted projections' weights. `sync(model)` after each update
+    marks every merge stale; between syncs an agent's merge is reused."""
 
-    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
         self.share_prefix = share_prefix
         self.scratch = copy.deepcopy(model).unload().eval().requires_grad_(False)  # the base alone, its own tensors
-        if dtype is not None:
-            self.scratch.to(dtype)
         scratch_modules = dict(self.scratch.named_modules())
         # (LoRA layer of the training model, the plain linear of the copy at the same path)
         self.pairs = [(module, scratch_modules[name]) for name, module in backbone(model).named_modules()
@@ -238,10 +234,8 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
-        if cfg.merged_generation:
-            dtype = BASE_DTYPES[cfg.generation_dtype] if cfg.generation_dtype else None
-            return MergedHFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing, dtype)
-        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
+        hf = MergedHFGenerator if cfg.merged_generation else HFGenerator
+        return hf(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
     shm = Path("/dev/shm")
     shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
     sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))

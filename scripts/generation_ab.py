@@ -2,8 +2,7 @@
 (MergedHFGenerator, --merged_generation), side by side in one process: seconds and tokens/s of
 one agent's turn for a batch of the default task's planner prompts, each measured `--repeats`
 times alternately after a warm-up. `--model random:models/<x>.json` measures a shape without its
-weights (as the GPU check does). `--generation_dtype bfloat16` adds a third: the merged copy in that
-dtype (--generation_dtype). Prints one line per measurement and the median ratios."""
+weights (as the GPU check does). Prints one line per measurement and the median ratio."""
 from __future__ import annotations
 
 import argparse
@@ -33,8 +32,6 @@ def main() -> None:
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--generation_dtype", default="", choices=["", "float32", "bfloat16", "float16"],
-                        help="also time the merged copy in this dtype (marft.py --generation_dtype)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = Config()
@@ -50,9 +47,6 @@ def main() -> None:
     sampling = generation.Sampling(1.0, 1.0, args.new_tokens)
     generators = {"adapter": generation.HFGenerator(model, tokenizer, 64),
                   "merged": generation.MergedHFGenerator(model, tokenizer, 64)}
-    if args.generation_dtype:
-        generators[f"merged {args.generation_dtype}"] = generation.MergedHFGenerator(model, tokenizer, 64,
-                                                                                     dtype=getattr(torch, args.generation_dtype))
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     seconds: dict[str, list[float]] = {name: [] for name in generators}
     for repeat in range(args.repeats + 1):
@@ -67,10 +61,9 @@ def main() -> None:
             if repeat > 0:  # the first round warms up
                 seconds[name].append(elapsed / max(tokens, 1))
                 print(f"{name}: {elapsed:.2f} s, {tokens} tokens, {tokens / elapsed:.0f} tokens/s", flush=True)
-    for name in list(generators)[1:]:
-        ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds[name])
-        print(f"{name} generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
-              f"{args.model}, {args.base_dtype})", flush=True)
+    ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds["merged"])
+    print(f"merged generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
+          f"{args.model}, {args.base_dtype})", flush=True)
 
 
 if __name__ == "__main__":

@@ -246,11 +246,6 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     report |= {"without_fused_lora": {**phase, "iteration_seconds_without_eval": 55.0}, "fused_lora_speedup": 1.1}
     text = "\n".join(bench.phases_lines(report))
     assert "| with --no-sort_by_length | with --no-fused_lora |" in text and "**1.10×** faster (`fused_lora_speedup`)" in text
-    # the merged copy in bfloat16: its column after --merged_generation's (the variants' order), its speedup 50 / 25
-    report |= {"with_merged_generation_bf16": {**phase, "iteration_seconds_without_eval": 25.0}, "merged_generation_bf16_speedup": 2.0}
-    text = "\n".join(bench.phases_lines(report))
-    assert "| with --merged_generation | with --merged_generation --generation_dtype bfloat16 | with --no-sort_by_length |" in text
-    assert "| **40.0** | **25.0** | **60.0** |" in text and "**2.00×** (`merged_generation_bf16_speedup`)" in text
 
 
 # ---------------------------------------------------------------------------------------------
