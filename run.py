@@ -159,11 +159,11 @@ class Config:
     """learning rate of the critic adapter and value head (Adam)"""
     adam_beta1: float = 0.9
     """β1 of every Adam (policies and critic; Kingma & Ba 2015, torch's default 0.9): the momentum that carries each step's direction into the next ones; 0 makes a step follow its own gradient alone (RMSprop with bias correction)"""
-    lr_schedule: str = "constant"
-    """how --lr and --critic_lr move over the --iterations (or --lr_decay_iterations), to 0 (or --lr_final_ratio): constant | linear (the HF Trainer default) | cosine (half a cosine)"""
-    lr_decay_iterations: int = 0
+    lr_schedule: str = "cosine"
+    """how --lr and --critic_lr move over --lr_decay_iterations (0: the --iterations) to the floor --lr_final_ratio: constant | linear (the HF Trainer default) | cosine (half a cosine); the default decays to a tenth over 24 iterations and stays there, after which the default chain and the single agent measured hold their accuracy (docs/learning-per-minute.md)"""
+    lr_decay_iterations: int = 24
     """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
-    lr_final_ratio: float = 0.0
+    lr_final_ratio: float = 0.1
     """the floor --lr_schedule decays to, as a fraction of the starting rate (0: to zero)"""
     ppo_epochs: int = 1
     """passes over an agent's samples per iteration"""
@@ -324,10 +324,16 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
     {option: why} (recorded in the run's config.json as chosen/<option>).
 
     The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first.
+    --lr_schedule constant sets the decay's two options, where not given, to none.
     --advantage group compares each episode with the other G − 1 of its problem: without
     --group_size, G = 4 (G = 1 has no baseline); without --credit, `shared` when the default
     `last` would give every agent but the last (an orchestrator's executors) a return of 0."""
     chosen, task = {}, tasks.task_of(cfg)
+    if cfg.lr_schedule == "constant":  # no decay to shape: its defaults step aside
+        for option, off in (("lr_decay_iterations", 0), ("lr_final_ratio", 0.0)):
+            if option not in given and getattr(cfg, option) != off:
+                setattr(cfg, option, off)
+                chosen[option] = f"{off}: --lr_schedule constant does not decay"
     for option, value in task.options.items():  # the task's own defaults
         if option not in {f.name for f in dataclasses.fields(Config)}:
             raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")

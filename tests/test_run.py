@@ -9,6 +9,7 @@ import torch
 import agents
 import critic
 import marft
+import ppo
 import run
 
 
@@ -52,7 +53,7 @@ def test_help_documents_every_option(capsys):
     (["--role_temperatures", "critic=1.0"], "--role_temperatures"),  # not a learning agent of the chain
     (["--role_temperatures", "planner=0"], "--role_temperatures"),  # greedy, but the planner learns: no PPO ratio
     (["--role_temperatures", "planner=1.5", "--shared_adapter"], "--role_temperatures"),
-    (["--lr_final_ratio", "0.1"], "--lr_final_ratio"),  # a floor without a decay to reach it
+    (["--lr_schedule", "constant", "--lr_final_ratio", "0.1"], "--lr_final_ratio"),  # a floor without a decay to reach it
     (["--lr_schedule", "cosine", "--lr_final_ratio", "1.5"], "--lr_final_ratio"),
     (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
     (["--adam_beta1", "1"], "--adam_beta1"),
@@ -71,6 +72,17 @@ def test_role_temperatures_give_listed_roles_their_own_t_and_the_others_the_comm
     cfg = run.parse_args(["--temperature", "0.4", "--frozen_agents", "planner", "--role_temperatures", "planner=0,solver=1.5"])
     assert [run.role_temperature(cfg, role) for role in ("planner", "solver")] == [0.0, 1.5]
     assert run.role_temperature(run.parse_args(["--temperature", "0.4"]), "solver") == 0.4
+
+
+def test_the_rate_decays_to_a_tenth_over_24_iterations_by_default_and_constant_means_no_decay():
+    cfg = run.parse_args([])
+    assert (cfg.lr_schedule, cfg.lr_decay_iterations, cfg.lr_final_ratio) == ("cosine", 24, 0.1)
+    # half a cosine: 2e-4 at the start, 2e-5 + 1.8e-4 · ½(1 + cos(π/2)) = 1.1e-4 half way, 2e-5 from iteration 24 on
+    assert [ppo.scheduled_lr(2e-4, t, 24, "cosine", 0.1) for t in (0, 12, 24, 100)] == pytest.approx([2e-4, 1.1e-4, 2e-5, 2e-5])
+    constant = run.parse_args(["--lr_schedule", "constant"])  # the decay's defaults step aside, and the run says why
+    assert (constant.lr_decay_iterations, constant.lr_final_ratio) == (0, 0.0)
+    assert constant.chosen["lr_final_ratio"].startswith("0.0: --lr_schedule constant")
+    assert [ppo.scheduled_lr(2e-4, t, 50, "constant", 0.0) for t in (0, 49)] == [2e-4, 2e-4]
 
 
 def test_a_batch_baseline_allows_one_episode_per_problem():
