@@ -80,6 +80,9 @@ Deviations from the paper and choices it leaves open (each a named option of run
 - `clip_eps_high` (off by default): the surrogate's ratio clipped to [1 − ε, 1 + ε_high], DAPO's
   "clip-higher" (Yu et al. 2025), against the entropy collapse of single-agent runs; not yet
   measured here, so the default keeps the paper's symmetric clip.
+- The learning rates decay by default (`lr_schedule` cosine to `lr_final_ratio` 0.1 over
+  `lr_decay_iterations` 24, then that floor; ppo.scheduled_lr): with a constant rate the
+  single agent and the default chain fell from their best (docs/learning-per-minute.md).
 - The KL penalty to the reference (`kl_coef`) is per token at both levels (k3 estimator; its
   gradient is that of KL(π_ref ‖ π), see ppo.kl_to_reference).
 - A step whose loss or gradient is not finite is skipped and counted; `max_nonfinite_steps` of

@@ -160,7 +160,7 @@ class Config:
     adam_beta1: float = 0.9
     """β1 of every Adam (policies and critic; Kingma & Ba 2015, torch's default 0.9): the momentum that carries each step's direction into the next ones; 0 makes a step follow its own gradient alone (RMSprop with bias correction)"""
     lr_schedule: str = "cosine"
-    """how --lr and --critic_lr move over --lr_decay_iterations (0: the --iterations) to the floor --lr_final_ratio: constant | linear (the HF Trainer default) | cosine (half a cosine); the default decays to a tenth over 24 iterations and stays there, after which the default chain and the single agent measured hold their accuracy (docs/learning-per-minute.md)"""
+    """how --lr and --critic_lr move over --lr_decay_iterations (0: the --iterations) to the floor --lr_final_ratio: constant | linear (the HF Trainer default) | cosine (half a cosine); the default decays to a tenth over 24 iterations and stays there, with which the default chain (3 seeds) and the single agent with a batch baseline (3 seeds) held their accuracy over 20 minutes (docs/learning-per-minute.md)"""
     lr_decay_iterations: int = 24
     """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
     lr_final_ratio: float = 0.1

@@ -11,11 +11,14 @@ Configurations (`--configs`; `--options` adds marft.py options to every run, e.g
 
     single-l3  one agent on the level-3 sums with group advantages, 4 problems × 4 episodes per
                iteration, 4 optimiser steps, greedy evaluation every 2 iterations
-               (docs/learning-per-minute.md's command)
+               (docs/learning-per-minute.md's command; its rate decays by default since 374f15e, constant before)
     single-l3-hold  the same agent and task with the recipe that holds there: a baseline over the
                whole batch (16 problems × 1 episode, one optimiser step per iteration) and the rate
-               decayed over 24 iterations (cosine) to a tenth, where it stays
-    chain      the default job (`bash scripts/train_math.sh`'s options): planner → solver, critic + GAE
+               decayed over 24 iterations (cosine) to a tenth, where it stays (now the default decay, kept explicit)
+    chain      the default job (`bash scripts/train_math.sh`'s options): planner → solver, critic + GAE,
+               the rate decayed as above (the default since 374f15e)
+    single-l3-default  one agent on the level-3 sums with every other option at its default
+               (critic + GAE, 16 problems per iteration, the decay), evaluated every 2 iterations
 
 Writes <out>/summary.json and <out>/summary.md, and keeps each run's metrics.jsonl in
 <out>/<config>-seed<k>/ (the run folders themselves go to <out>/runs/, not meant to be committed).
@@ -42,6 +45,7 @@ CONFIGS = {
     "single-l3": ["--agents", "single", "--arithmetic_levels", "3", "--advantage", "group", "--group_size", "4",
                   "--batch_size", "4", "--credit", "shared", "--minibatch_size", "4", "--eval_interval", "2"],
     "chain": [],
+    "single-l3-default": ["--agents", "single", "--arithmetic_levels", "3", "--eval_interval", "2"],
 }
 CONFIGS["single-l3-hold"] = CONFIGS["single-l3"] + ["--group_baseline", "batch", "--batch_size", "16", "--group_size", "1",
                                                     "--minibatch_size", "16", "--lr_schedule", "cosine",
