@@ -37,8 +37,10 @@ the adapters' own weight gradients) plus 2·V·d per response token. The passes,
 them: the rollout's generation (one forward), the old log-probs and (critic + GAE) the values, the
 reference's log-probs with kl_coef > 0 (the base alone), ppo_epochs forward + backward per learning
 agent (one more forward with --gradient_checkpointing), the forward that recomputes each updated
-agent's log-probs for M (all but the last), and ppo_epochs forward + backward of the critic; all
-at the same GEMM rate.
+agent's log-probs for M (all but the last updated; counted as all but σ's last, the same positions
+up to which agent the random order leaves last), and ppo_epochs forward + backward of the critic;
+all at the same GEMM rate. Every learning agent counts as updated each iteration
+(--agent_iteration_interval is not modelled).
 
 Writes <out>/profile.json and <out>/profile.md. A performance figure: run it on an idle machine. The
 profiler holds every op of the iteration with its shapes: about 14 GB of memory for the default job.
