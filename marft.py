@@ -366,7 +366,7 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
         # --frozen_agents: a fixed π^i, its ratio 1 in every M; the round-robin turns go to the others
-        frozen = set(cfg.frozen_agents.split(","))
+        frozen = run_lib.frozen_roles(cfg)
         learners = tuple(role for role in org.learners if role not in frozen)
         order = ppo.agent_update_order(learners, cfg.update_order, rng)
         to_train = ppo.agents_to_train(order, learners, iteration, cfg.agent_iteration_interval)

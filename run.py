@@ -515,6 +515,11 @@ def _role_temperature_entries(cfg: Config) -> list[tuple[str, str, str]]:
     return [entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry]
 
 
+def frozen_roles(cfg: Config) -> set[str]:
+    """--frozen_agents as a set of roles: agents that act with a fixed π^i and take no update."""
+    return {role for role in cfg.frozen_agents.split(",") if role}
+
+
 def role_temperatures(cfg: Config) -> dict[str, float]:
     """--role_temperatures as {role: T}; the roles it leaves out sample at --temperature."""
     return {role: float(value) for role, _, value in _role_temperature_entries(cfg)}
@@ -544,10 +549,10 @@ def check_team(cfg: Config, need) -> None:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
-    frozen = [role for role in cfg.frozen_agents.split(",") if role]
+    frozen = frozen_roles(cfg)
     need(all(role in org.learners for role in frozen), "frozen_agents",
          f"name learning agents of the organisation: {', '.join(org.learners)}")
-    need(len(set(frozen)) < len(org.learners), "frozen_agents", "leave at least one agent to train")
+    need(len(frozen) < len(org.learners), "frozen_agents", "leave at least one agent to train")
     need(not (frozen and cfg.shared_adapter), "frozen_agents", "with --shared_adapter every role moves one adapter: drop one of the two")
     entries = _role_temperature_entries(cfg)
     need(all(equals and _is_finite_number(value) and float(value) >= 0 for _, equals, value in entries), "role_temperatures",

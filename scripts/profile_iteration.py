@@ -224,7 +224,7 @@ def padding_free_flops(agent_rows: list[AgentTokens], shape: ModelShape, critic:
 
 def agent_tokens(org, rollout, cfg) -> list[AgentTokens]:
     """Each learning agent of σ (tools have no rows) as the padding-free floor counts it."""
-    frozen = {role for role in cfg.frozen_agents.split(",") if role}
+    frozen = run_lib.frozen_roles(cfg)
     rows = []
     for n, role in enumerate(org.order):
         samples = rollout.agent_samples(n)
