@@ -33,7 +33,7 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 adapter (one agent that uses the calculator) and one agent without a tool; all
                 at equal wall time (`--time_limit_minutes`, which counts the evaluations too),
                 seeds 1, 2 and 3: held-out pass@1 and greedy accuracy at iteration 0 and at the end,
-                seconds per iteration, peak resident memory, and an overlay plot (scripts/plot.py).
+                seconds per iteration, peak resident memory, and overlay plots, one set per task (scripts/plot.py).
                 Then per configuration, mean and range over seeds (`comparison`): held-out greedy
                 accuracy at equal wall time (the last evaluation) and at equal training tokens (the
                 last evaluation within the smallest final token count of the task's runs), and
@@ -460,13 +460,28 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
     plotted = [run for run in table if (kept / run / "metrics.jsonl").is_file()]  # runs merged from an older report may have none
     if unplotted := [run for run in table if run not in plotted]:
         print(f"bench: {unplotted} stay in the table but not in the plot: their metrics were not kept in {kept}", flush=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(kept / run) for run in plotted),
-                    "--labels", ",".join(plotted), "--out", str(figures)], check=True, cwd=ROOT)
+    drawn = draw_learning_figures(kept, plotted, figures)
     baseline = dict((earlier or {}).get("baseline", {}))  # --merge: the seeds not measured again are kept
     if any(not learning_configuration(name)[2] for name in runs):  # a run on the default task: its bar
         baseline |= majority_vote_baseline(sizes, threads, out, quick)
     return {"time_limit_minutes": minutes, "runs": table, "plotted": plotted, "baseline": baseline,
-            "figures": [str(p.relative_to(out)) for p in sorted(figures.glob("*.png"))]}
+            "figures": [str(p.relative_to(out)) for p in drawn]}
+
+
+def draw_learning_figures(kept: Path, runs: list[str], figures: Path) -> list[Path]:
+    """The learning runs' figures (scripts/plot.py) from their kept metrics, one set per task, so
+    that no panel overlays two tasks' accuracies: the default task's in `figures`, another task's
+    in figures/<task>/. Returns the files written, the default task's first."""
+    by_task: dict[str, list[str]] = {}
+    for run in runs:
+        by_task.setdefault(learning_configuration(run.rsplit("-seed", 1)[0])[2], []).append(run)
+    drawn = []
+    for task in sorted(by_task):  # "" (the default task) sorts first
+        folder = figures / task if task else figures
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *(str(kept / run) for run in by_task[task]),
+                        "--labels", ",".join(by_task[task]), "--out", str(folder)], check=True, cwd=ROOT)
+        drawn += sorted(folder.glob("*.png"))
+    return drawn
 
 
 def markdown(report: dict) -> str:
@@ -590,7 +605,9 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
     if len(plotted) < len(learn["runs"]):
         lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
     lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {})), learn.get("baseline", {}))
-    lines += [""] + [f"![{Path(f).stem}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
+    def alt(f: str) -> str:  # the default task's figures lie in learning/, another task's in learning/<task>/
+        return Path(f).stem if Path(f).parent.name == "learning" else f"{Path(f).stem}, {Path(f).parent.name} task"
+    lines += [""] + [f"![{alt(f)}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
     return lines
 
 def comparison_lines(table: dict, baseline: dict) -> list[str]:

@@ -5,6 +5,7 @@ import math
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,27 @@ def test_the_benchmark_pages_block_is_replaced_between_the_markers_only(tmp_path
     page.write_text("no markers here\n")
     with pytest.raises(SystemExit, match="bench:start"):
         bench.update_page("new", tmp_path / "results")
+
+
+def test_learning_figures_are_drawn_per_task_so_that_no_panel_mixes_two_tasks(tmp_path, monkeypatch):
+    calls = []  # (--out, the runs plotted) of each scripts/plot.py call
+
+    def plot(command, check, cwd):
+        out, labels = Path(command[command.index("--out") + 1]), command[command.index("--labels") + 1].split(",")
+        assert [Path(arg).name for arg in command[2 : 2 + len(labels)]] == labels  # each run's kept metrics folder
+        calls.append((out, labels))
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("reward.png", "heldout_accuracy.png"):
+            (out / name).write_bytes(b"png")
+
+    monkeypatch.setattr(bench.subprocess, "run", plot)
+    figures = tmp_path / "learning"
+    runs = ["word:single-seed1", "chain-seed1", "word:calculator_team+shared-seed2", "chain-group-seed2"]
+    drawn = bench.draw_learning_figures(tmp_path / "kept", runs, figures)
+    assert calls == [(figures, ["chain-seed1", "chain-group-seed2"]),
+                     (figures / "word", ["word:single-seed1", "word:calculator_team+shared-seed2"])]
+    assert drawn == [figures / "heldout_accuracy.png", figures / "reward.png",
+                     figures / "word" / "heldout_accuracy.png", figures / "word" / "reward.png"]
 
 
 def test_unknown_section_is_refused():
