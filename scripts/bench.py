@@ -325,6 +325,12 @@ def learning_configuration(name: str) -> tuple[str, str, str, bool]:
     return agents_name, estimator, task, shared
 
 
+def run_configuration(run: str) -> tuple[str, str]:
+    """A learning run's name, <configuration>-seed<k> → (configuration, k)."""
+    configuration, seed = run.rsplit("-seed", 1)
+    return configuration, seed
+
+
 BASELINE_SAMPLES = 8  # samples per problem of the untrained single agent's majority vote (quick: 2)
 
 
@@ -371,7 +377,7 @@ def comparison(runs: dict, baseline: dict) -> dict:
     by_config: dict[str, list[list[dict]]] = {}
     for run, row in runs.items():
         if row.get("evaluations"):
-            by_config.setdefault(run.rsplit("-seed", 1)[0], []).append(row["evaluations"])
+            by_config.setdefault(run_configuration(run)[0], []).append(row["evaluations"])
     task_of = {name: learning_configuration(name)[2] or "math" for name in by_config}
     budgets = {task: min(points[-1]["tokens"] for name in by_config if task_of[name] == task for points in by_config[name])
                for task in set(task_of.values())}
@@ -474,7 +480,7 @@ def draw_learning_figures(kept: Path, runs: list[str], figures: Path) -> list[Pa
     in figures/<task>/. Returns the files written, the default task's first."""
     by_task: dict[str, list[str]] = {}
     for run in runs:
-        by_task.setdefault(learning_configuration(run.rsplit("-seed", 1)[0])[2], []).append(run)
+        by_task.setdefault(learning_configuration(run_configuration(run)[0])[2], []).append(run)
     drawn = []
     for task in sorted(by_task):  # "" (the default task) sorts first
         folder = figures / task if task else figures
@@ -589,7 +595,7 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
              f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
              f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
     def label(run: str) -> str:
-        name, seed = run.rsplit("-seed", 1)
+        name, seed = run_configuration(run)
         agents_name, estimator, task, shared = learning_configuration(name)
         estimator = "group advantages" if estimator == "group" else "critic + GAE"
         where = f"{task} task, " if task else ""
