@@ -545,16 +545,34 @@ def backward_shared_prefix(prefix: SharedPrefix | None) -> None:
         torch.autograd.backward([computed for computed, _ in pairs], [grad for _, grad in pairs])
 
 
-def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
-                      output: str, share_prefix: bool = True, prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass of the active adapter over every prompt ⊕ response (right-padded: positions
-    0 … L−1 as at generation). output "logits": the LM head's logits (the model's own forward, so
-    whatever an architecture applies after its head, Gemma's softcapping or Cohere's logit scale,
-    is in them); "hidden": the last decoder layer's hidden states.
+@contextlib.contextmanager
+def head_at(backbone, positions: torch.Tensor):
+    """Run the model's output head only at `positions` [n, L] of each row: a forward pre-hook on
+    the output embedding replaces the hidden states it receives, [n, W, H], by those columns,
+    [n, L, H]. The model's own forward still applies whatever follows its head (Gemma's logit
+    softcapping, Cohere's logit scale), and the head's [n, L, V] product and everything after it
+    (log-softmax, entropy, their backward) cover only the positions that predict a response token."""
+    def gather(module, args):
+        hidden = args[0]
+        return (hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), *args[1:])
 
-    Returns out [n, W, V or H] and last_prompt [n]: out[i, last_prompt[i] + k] is the output at the
-    position that predicts response token k of row i (k = 0: the last prompt token). Only the
-    columns from the shortest prompt's last token on are computed by the head and returned.
+    handle = backbone.get_output_embeddings().register_forward_pre_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
+                      output: str, share_prefix: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
+    """One pass of the active adapter over every prompt ⊕ response (right-padded: positions
+    0 … L−1 as at generation), read at the positions that predict the response tokens.
+
+    Returns out [n, L, V or H], L = max(1, longest response): out[i, k] is the output at the
+    position that predicts response token k of row i (k = 0: the last prompt token; columns past
+    a row's response repeat its last position). output "logits": the model's own forward with its
+    head run at those positions only (`head_at`), so whatever an architecture applies after its
+    head is in them; "hidden": the last decoder layer's hidden states there.
 
     share_prefix: the P tokens every prompt shares (`shared_prefix_length`) are run once and
     their keys/values reused by every row (`prefix_cache`), so each row runs only its own
@@ -577,15 +595,17 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     input_ids, attention_mask, prompt_lengths = right_padded_batch([p[shared:] for p in prompt_ids], response_ids, pad_id)
     if shared:  # the rows attend to the prefix: its columns are real tokens of every row
         attention_mask = torch.cat([torch.ones(len(prompt_ids), shared, dtype=attention_mask.dtype), attention_mask], dim=1)
-    first = int(prompt_lengths.min()) - 1  # the first column that predicts a response token
+    longest = max(1, max(len(r) for r in response_ids))
+    # the column of each row's own tokens that predicts response token k: its last prompt token + k
+    positions = ((prompt_lengths - 1).unsqueeze(1) + torch.arange(longest)).clamp(max=input_ids.shape[1] - 1).to(device)  # [n, L]
     inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), past_key_values=cache,
                   use_cache=cache is not None)
     with checkpointed_layers(model):
         if output == "logits":
-            out = backbone(**inputs, logits_to_keep=input_ids.shape[1] - first).logits  # [n, W − first, V]
-        else:
-            out = backbone.model(**inputs).last_hidden_state[:, first:]  # [n, W − first, H]
-    return out, prompt_lengths.to(device) - 1 - first
+            with head_at(backbone, positions):
+                return backbone(**inputs, logits_to_keep=0).logits  # [n, L, V]
+        hidden = backbone.model(**inputs).last_hidden_state  # [n, W, H]
+        return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
 
 
 def token_logprobs_and_entropy(
@@ -605,14 +625,12 @@ def token_logprobs_and_entropy(
     entropy carries a gradient only with `entropy_gradient` (an entropy bonus): otherwise its
     [n, L, V] intermediates are not kept for the backward pass.
     """
-    logits, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix, prefix)  # [n, W, V]
+    longest = max(len(r) for r in response_ids)
+    logits = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix, prefix)[:, :longest]  # [n, L, V]
     device = logits.device
-    n, longest = len(response_ids), max(len(r) for r in response_ids)
     offsets = torch.arange(longest, device=device)
     response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    positions = (last_prompt.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=logits.shape[1] - 1)  # [n, L]
-    gathered = logits.gather(1, positions.unsqueeze(-1).expand(n, longest, logits.shape[-1]))  # [n, L, V]
-    log_probs = torch.log_softmax(gathered.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # [n, L, V]
+    log_probs = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
     entropy_of = log_probs if entropy_gradient else log_probs.detach()

@@ -69,9 +69,8 @@ def action_values(
 ) -> torch.Tensor:
     """V_φ(x) for a batch of critic inputs x [n] (module docstring): the head at the last prompt token."""
     with active_adapter(model, adapter):
-        hidden, last_prompt = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix,
-                                                prefix)  # [n, W, H]
-    last = hidden[torch.arange(len(prompt_ids), device=hidden.device), last_prompt]  # [n, H]
+        last = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix,
+                                 prefix)[:, 0]  # [n, H]
     return value_heads[adapter](last.float()).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables (head in float32)
 
 
@@ -91,12 +90,10 @@ def token_values(
     the action-level value V_φ(x), and the critic reads the response tokens as the policy wrote them.
     """
     with active_adapter(model, adapter):
-        hidden, last_prompt = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix, prefix)  # [n, W, H]
-    device = hidden.device
-    longest = max(len(r) for r in response_ids)
+        longest = max(len(r) for r in response_ids)
+        gathered = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix, prefix)[:, :longest]  # [n, L, H]
+    device = gathered.device
     offsets = torch.arange(longest, device=device)
-    positions = (last_prompt.unsqueeze(1) + offsets).clamp(max=hidden.shape[1] - 1)  # [n, L]
-    gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
     mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
     return (value_heads[adapter](gathered.float()).squeeze(-1) * mask).cpu()
 

@@ -466,3 +466,17 @@ def test_fused_lora_updates_give_peft_s_log_probs_values_and_gradients(tiny_mode
     assert plain_g.keys() == fused_g.keys() and any(".solver." in n for n in plain_g) and any(".critic." in n for n in plain_g)
     for name in plain_g:
         torch.testing.assert_close(fused_g[name], plain_g[name], **tolerance)
+
+
+def test_the_lm_head_runs_only_at_the_positions_that_predict_response_tokens(setup):
+    """agents.head_at: the output head sees [n, longest response, H], not every column of the batch,
+    and the log-probs are still those of a plain unpadded forward (the tests above)."""
+    model, tokenizer, _ = setup
+    shapes = []
+    handle = model.get_base_model().get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(out.shape)))
+    try:
+        with torch.no_grad():
+            agents.token_logprobs(model, PROMPTS, RESPONSES, "solver", tokenizer.pad_token_id, 1.0)
+    finally:
+        handle.remove()
+    assert shapes == [(len(PROMPTS), max(map(len, RESPONSES)), model.get_base_model().config.vocab_size)]
