@@ -176,6 +176,32 @@ class HFGenerator:
         pass
 
 
+class LowPrecisionLinear(torch.nn.Module):
+    """A frozen linear layer of the merged copy whose weight is kept in `dtype` (bfloat16): the input
+    is rounded to it for the one matrix product and the output comes back in the input's dtype, so
+    only the products run in low precision (on a CPU with bf16 instructions they read half the
+    bytes, which is what a decoding step of 16 rows is bound by); norms, rotary embeddings,
+    attention, the key/value cache and the sampling stay in the base's dtype."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+def with_low_precision_linears(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Every torch.nn.Linear of `model` (its own copy, frozen) replaced by a `LowPrecisionLinear`."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, LowPrecisionLinear(child, dtype))
+    return model
+
+
 class MergedHFGenerator:
     """The transformers backend on a merged copy (--merged_generation): before an agent's turn its
     adapter is folded into a scratch copy of the base, W = W_base + ΔW^i (peft's delta, B·A·α/r),
@@ -185,10 +211,13 @@ class MergedHFGenerator:
     copy holds a second set of the adapted projections' weights. `sync(model)` after each update
     marks every merge stale; between syncs an agent's merge is reused."""
 
-    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
+    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True,
+                 weight_dtype: torch.dtype | None = None):
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
         self.share_prefix = share_prefix
         self.scratch = copy.deepcopy(model).unload().eval().requires_grad_(False)  # the base alone, its own tensors
+        if weight_dtype is not None:  # --merged_weight_dtype: the copy's linear layers hold their weights in it
+            with_low_precision_linears(self.scratch, weight_dtype)
         scratch_modules = dict(self.scratch.named_modules())
         # (LoRA layer of the training model, the plain linear of the copy at the same path)
         self.pairs = [(module, scratch_modules[name]) for name, module in backbone(model).named_modules()
@@ -234,8 +263,10 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
-        hf = MergedHFGenerator if cfg.merged_generation else HFGenerator
-        return hf(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
+        if cfg.merged_generation:
+            weight_dtype = getattr(torch, cfg.merged_weight_dtype) if cfg.merged_weight_dtype else None
+            return MergedHFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing, weight_dtype)
+        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
     shm = Path("/dev/shm")
     shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
     sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))

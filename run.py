@@ -243,6 +243,8 @@ class Config:
     """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
     merged_generation: bool = False
     """hf backend: decode each agent's turn on a copy of the base with its adapter merged in (W + ΔW), no LoRA products per step; the PPO numbers are recomputed by the training model as always (charts/rollout_logprob_gap shows the sampling's rounding)"""
+    merged_weight_dtype: str = ""
+    """with --merged_generation: the merged copy's linear layers hold their weights in this dtype (bfloat16: half the bytes a decoding step reads, the products on a CPU's bf16 instructions), norms, attention, cache and sampling stay in --base_dtype; '': --base_dtype. Only the sampling's numerics move (charts/rollout_logprob_gap); the PPO numbers are recomputed by the training model as always"""
     dist_timeout_minutes: float = 30.0
     """torchrun: a collective that waits longer than this raises an error instead of hanging"""
 
@@ -605,6 +607,9 @@ def check_machine(cfg: Config, need) -> None:
     need(not cfg.vllm_sleep or cfg.backend == "vllm", "vllm_sleep", "the option puts a vLLM engine to sleep: add --backend vllm")
     need(not cfg.merged_generation or cfg.backend == "hf", "merged_generation",
          "merges adapters for the hf backend's decoding; vLLM applies its LoRA itself: drop the option")
+    need(cfg.merged_weight_dtype in ("", "bfloat16"), "merged_weight_dtype", "choose bfloat16, or leave it empty for --base_dtype's")
+    need(not cfg.merged_weight_dtype or cfg.merged_generation, "merged_weight_dtype",
+         "sets the weights' dtype of the merged copy that decodes: add --merged_generation (the training model keeps --base_dtype)")
     need(not cfg.vllm_sleep or torch.cuda.is_available(), "vllm_sleep", "vLLM's sleep mode needs a GPU (CUDA): drop the option here")
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))

@@ -11,10 +11,11 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations, with prefix sharing (the default) and without
-                (`--no-prefix_sharing`), with `--merged_generation`, without the rows sorted by
-                length (`--no-sort_by_length`) and with peft's own LoRA forward (`--no-fused_lora`),
-                one run after the other: `prefix_sharing_speedup`, `merged_generation_speedup`,
-                `sort_by_length_speedup` and `fused_lora_speedup` are ratios of their
+                (`--no-prefix_sharing`), with `--merged_generation` (and its weights in bfloat16,
+                `--merged_weight_dtype bfloat16`), without the rows sorted by length
+                (`--no-sort_by_length`) and with peft's own LoRA forward (`--no-fused_lora`), one
+                run after the other: `prefix_sharing_speedup`, `merged_generation_speedup`,
+                `merged_bf16_weights_speedup`, `sort_by_length_speedup` and `fused_lora_speedup` are ratios of their
                 iteration times (each > 1 when the default's choice is the faster); the evaluation is reported apart. `floor_ratio`: the default
                 run's iteration time over its floor, the matrix products it executes at this
                 machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options);
@@ -86,7 +87,7 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            phase_variants=("merged_generation", "sort_by_length", "fused_lora"), eval_problems=4, learning_minutes=10.0,
+            phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora"), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
                            "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
@@ -237,6 +238,8 @@ def phase_seconds(rows: list[dict]) -> dict:
 # iteration: the default over the variant for an option that is off by default, the variant over
 # the default for one that is on).
 PHASE_VARIANTS = {"merged_generation": ("with_merged_generation", "--merged_generation", "merged_generation_speedup"),
+                  "merged_bf16_weights": ("with_merged_bf16_weights", "--merged_generation --merged_weight_dtype bfloat16",
+                                          "merged_bf16_weights_speedup"),
                   "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup"),
                   "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup")}
 
@@ -264,7 +267,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
                                                        / phase_table["floor"]["padding_free_floor_seconds"])
             for variant in sizes["phase_variants"]:
                 key, option, speedup = PHASE_VARIANTS[variant]
-                variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + [option], threads)
+                variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + option.split(), threads)
                 phase_table[key] = {**phase_seconds(variant_rows), "peak_rss_mib": variant_peak}
                 seconds = phase_table["iteration_seconds_without_eval"], phase_table[key]["iteration_seconds_without_eval"]
                 phase_table[speedup] = seconds[1] / seconds[0] if option.startswith("--no-") else seconds[0] / seconds[1]
@@ -564,6 +567,10 @@ def phases_lines(p: dict) -> list[str]:
     if "merged_generation_speedup" in p:
         lines[-1] += (f" `--merged_generation` makes it **{p['merged_generation_speedup']:.2f}×** faster "
                       f"(`merged_generation_speedup`; the rollout phase is what it changes).")
+    if "merged_bf16_weights_speedup" in p:
+        lines[-1] += (f" The merged copy with its linear layers' weights in bfloat16 (`--merged_weight_dtype bfloat16`: "
+                      f"the products in bf16, the rest in float32) makes it **{p['merged_bf16_weights_speedup']:.2f}×** faster "
+                      f"(`merged_bf16_weights_speedup`; only the sampling's numerics move: `charts/rollout_logprob_gap`).")
     if "sort_by_length_speedup" in p:
         lines[-1] += (f" Sorting each agent's rows by length before the passes (`--sort_by_length`, the default) makes "
                       f"it **{p['sort_by_length_speedup']:.2f}×** faster (`sort_by_length_speedup`; every phase but the rollout).")

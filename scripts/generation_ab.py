@@ -1,8 +1,10 @@
 """Generation with the adapter applied per step (HFGenerator) against the merged copy
 (MergedHFGenerator, --merged_generation), side by side in one process: seconds and tokens/s of
 one agent's turn for a batch of the default task's planner prompts, each measured `--repeats`
-times alternately after a warm-up. `--model random:models/<x>.json` measures a shape without its
-weights (as the GPU check does). Prints one line per measurement and the median ratio."""
+times alternately after a warm-up; and a third path, the merged copy with its linear layers' weights in
+bfloat16 (--merged_weight_dtype). `--model random:models/<x>.json` measures a shape without its
+weights (as the GPU check does). Prints one line per measurement, each path's rollout log-prob gap
+(the sampled tokens' log-probs against the training model's) and the median ratios."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +48,8 @@ def main() -> None:
     prompts = agents.tokenize_prompts(tokenizer, [unrolled_messages(org, "planner", p.problem, {}) for p in problems], 1024)[0]
     sampling = generation.Sampling(1.0, 1.0, args.new_tokens)
     generators = {"adapter": generation.HFGenerator(model, tokenizer, 64),
-                  "merged": generation.MergedHFGenerator(model, tokenizer, 64)}
+                  "merged": generation.MergedHFGenerator(model, tokenizer, 64),
+                  "merged-bf16": generation.MergedHFGenerator(model, tokenizer, 64, weight_dtype=torch.bfloat16)}
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     seconds: dict[str, list[float]] = {name: [] for name in generators}
     for repeat in range(args.repeats + 1):
@@ -61,9 +64,19 @@ def main() -> None:
             if repeat > 0:  # the first round warms up
                 seconds[name].append(elapsed / max(tokens, 1))
                 print(f"{name}: {elapsed:.2f} s, {tokens} tokens, {tokens / elapsed:.0f} tokens/s", flush=True)
-    ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds["merged"])
-    print(f"merged generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
-          f"{args.model}, {args.base_dtype})", flush=True)
+            if repeat == args.repeats:  # what the training model says of the sampled tokens (charts/rollout_logprob_gap)
+                with torch.no_grad():
+                    recomputed, _, mask = agents.token_logprobs(model, prompts, actions.token_ids, "policy_planner",
+                                                                tokenizer.pad_token_id, sampling.temperature)
+                sampled = torch.zeros_like(recomputed)
+                for row, logprobs in enumerate(actions.logprobs):
+                    sampled[row, : len(logprobs)] = torch.tensor(logprobs)
+                gap = ((recomputed - sampled).abs() * mask).sum() / mask.sum()
+                print(f"{name}: rollout log-prob gap {gap:.5f} nats per token (mean |sampled − training model's|)", flush=True)
+    for name in ("merged", "merged-bf16"):
+        ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds[name])
+        print(f"{name} generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
+              f"{args.model}, {args.base_dtype})", flush=True)
 
 
 if __name__ == "__main__":

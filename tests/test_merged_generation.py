@@ -74,6 +74,34 @@ def test_an_update_reaches_the_merged_copy_after_sync_and_the_training_model_is_
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
 
 
+def test_bfloat16_weights_in_the_copy_decode_within_a_stated_gap_of_the_training_models_log_probs(chain_model):
+    """--merged_weight_dtype bfloat16: every linear layer of the copy holds W + ΔW summed in float32
+    and rounded once to bfloat16, the rest of the copy stays float32; the sampled tokens' log-probs it
+    reports stay within 0.02 nats per token (mean) of the float32 training model's on the same tokens
+    (what the PPO update recomputes), and the training model is untouched."""
+    model, tokenizer, org, prompts = chain_model
+    role = org.order[0]
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    merged = generation.MergedHFGenerator(model, tokenizer, batch_size=4, weight_dtype=torch.bfloat16)
+    got = _generate(merged, prompts, role, 1.0)
+    lora, plain = merged.pairs[0]
+    assert isinstance(plain, generation.LowPrecisionLinear) and plain.weight.dtype == torch.bfloat16
+    assert torch.equal(plain.weight, (lora.get_base_layer().weight + lora.get_delta_weight(role)).to(torch.bfloat16))
+    assert merged.scratch.get_output_embeddings().weight.dtype == torch.bfloat16  # the head too
+    assert merged.scratch.get_input_embeddings().weight.dtype == torch.float32  # the rest keeps the base's dtype
+    gaps = []
+    with torch.no_grad(), agents.active_adapter(model, role):
+        for prompt, tokens, logprobs in zip(prompts, got.token_ids, got.logprobs):
+            logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()  # [P + n, V]
+            table = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # [n, V]: each sampled token's distribution
+            recomputed = table.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)  # [n]
+            gaps += (recomputed - torch.tensor(logprobs)).abs().tolist()
+    assert len(gaps) >= 8 and sum(gaps) / len(gaps) < 0.02 and max(gaps) < 0.1
+    assert max(gaps) > 0  # the rounding is really there: the copy's products ran in bfloat16
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) and p.dtype == before[name].dtype, name
+
+
 def test_training_iterations_with_and_without_merged_generation_log_the_same_metrics(tiny_model_dir, tmp_path):
     """Two iterations of the chain on the tiny model, critic + GAE: the same sampled tokens, so every
     PPO number (rewards, losses, KL, values) and the held-out accuracy agree to float rounding."""

@@ -60,6 +60,8 @@ def test_help_documents_every_option(capsys):
     (["--group_baseline", "batch"], "--group_baseline"),  # critic + GAE by default: the critic is the baseline
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--group_baseline", "global"], "--group_baseline"),
     (["--backend", "vllm", "--merged_generation"], "--merged_generation"),
+    (["--merged_weight_dtype", "bfloat16"], "--merged_weight_dtype"),  # no merged copy to set it on
+    (["--merged_generation", "--merged_weight_dtype", "int8"], "--merged_weight_dtype"),
     (["--advantage", "group", "--group_size", "4", "--credit", "step_discount", "--credit_discount", "0"], "--credit"),
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
