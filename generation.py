@@ -10,6 +10,9 @@ the benchmark:
 
     HFGenerator     transformers `generate` on the training model itself (adapters switched per
                     agent), left-padded batches whose shared prompt prefix runs once; the default
+    MergedHFGenerator  the same on a scratch copy with the acting agent's adapter merged in
+                    (--merged_generation), its linear layers' weights optionally in bfloat16
+                    (--merged_weight_dtype: half the bytes a decoding step reads)
     VLLMGenerator   one vLLM engine in the same process, `enable_lora=True`, one `LoRARequest` per
                     agent; `sync(model)` after every update publishes the new adapter weights under
                     fresh `lora_int_id`s; on a GPU it can sleep during the updates (--vllm_sleep)
