@@ -545,6 +545,11 @@ def backward_shared_prefix(prefix: SharedPrefix | None) -> None:
         torch.autograd.backward([computed for computed, _ in pairs], [grad for _, grad in pairs])
 
 
+def at_positions(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """states [n, W, D] read at `positions` [n, L] of each row: [n, L, D]."""
+    return states.gather(1, positions.unsqueeze(-1).expand(-1, -1, states.shape[-1]))
+
+
 @contextlib.contextmanager
 def head_at(backbone, positions: torch.Tensor):
     """Run the model's output head only at `positions` [n, L] of each row: a forward pre-hook on
@@ -553,8 +558,7 @@ def head_at(backbone, positions: torch.Tensor):
     softcapping, Cohere's logit scale), and the head's [n, L, V] product and everything after it
     (log-softmax, entropy, their backward) cover only the positions that predict a response token."""
     def gather(module, args):
-        hidden = args[0]
-        return (hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), *args[1:])
+        return (at_positions(args[0], positions), *args[1:])
 
     handle = backbone.get_output_embeddings().register_forward_pre_hook(gather)
     try:
@@ -604,8 +608,7 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
         if output == "logits":
             with head_at(backbone, positions):
                 return backbone(**inputs, logits_to_keep=0).logits  # [n, L, V]
-        hidden = backbone.model(**inputs).last_hidden_state  # [n, W, H]
-        return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [n, L, H]
+        return at_positions(backbone.model(**inputs).last_hidden_state, positions)  # [n, W, H] → [n, L, H]
 
 
 def token_logprobs_and_entropy(

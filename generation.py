@@ -38,7 +38,7 @@ from peft.tuners.lora import LoraLayer
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from agents import RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
+from agents import BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -267,7 +267,7 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
         if cfg.merged_generation:
-            weight_dtype = getattr(torch, cfg.merged_weight_dtype) if cfg.merged_weight_dtype else None
+            weight_dtype = BASE_DTYPES[cfg.merged_weight_dtype] if cfg.merged_weight_dtype else None
             return MergedHFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing, weight_dtype)
         return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
     shm = Path("/dev/shm")

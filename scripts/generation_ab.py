@@ -73,7 +73,7 @@ def main() -> None:
                     sampled[row, : len(logprobs)] = torch.tensor(logprobs)
                 gap = ((recomputed - sampled).abs() * mask).sum() / mask.sum()
                 print(f"{name}: rollout log-prob gap {gap:.5f} nats per token (mean |sampled − training model's|)", flush=True)
-    for name in ("merged", "merged-bf16"):
+    for name in [name for name in generators if name != "adapter"]:
         ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds[name])
         print(f"{name} generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
               f"{args.model}, {args.base_dtype})", flush=True)
