@@ -334,6 +334,16 @@ def run_configuration(run: str) -> tuple[str, str]:
     return configuration, seed
 
 
+def source_commit() -> str:
+    """The commit of the code a run measures (`git rev-parse --short HEAD`), + "-dirty" when tracked
+    files differ from it; "unknown" outside a git checkout."""
+    git = lambda *args: subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
+
+
 BASELINE_SAMPLES = 8  # samples per problem of the untrained single agent's majority vote (quick: 2)
 
 
@@ -455,7 +465,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
             shutil.copy(out / "runs" / f"learning-{name}-seed{seed}" / "metrics.jsonl", kept / f"{name}-seed{seed}")
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
-                "measured": date.today().isoformat(), "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                "measured": date.today().isoformat(), "commit": source_commit(), "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
                 "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
                 "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"],
@@ -608,8 +618,12 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
         where = f"{task} task, " if task else ""
         return f"{where}{agents_name}{' (one shared adapter)' if shared else ''}, {estimator}, seed {seed}"
     dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})
-    if len(dates) > 1:
-        lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)} (merged with `--merge`; each row's date is in bench.json).", ""]
+    commits = sorted({r["commit"] for r in learn["runs"].values() if "commit" in r})
+    if len(dates) > 1 or commits:
+        lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)}"
+                        + (f", code of commit {', '.join(commits)}" if commits else "")
+                        + (f" (rows of older reports name no commit)" if commits and any("commit" not in r for r in learn["runs"].values()) else "")
+                        + " (merged with `--merge`; each row's date and commit are in bench.json).", ""]
     lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
               f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
               f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"

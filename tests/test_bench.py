@@ -192,6 +192,22 @@ def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
     assert "| single | 2 | 0.80 [0.70, 0.90] |" in text
 
 
+def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_one():
+    """Rows merged from several invocations keep the code they measured: bench.json holds each row's
+    commit, and the table's heading names them (and says when older rows name none)."""
+    machine = {"date": "2026-11-24"}
+    row = lambda day, **extra: {"measured": day, "iterations": 3, "minutes": 10.0, "seconds_per_iteration": 20.0,
+                                "peak_rss_mib": 2000.0, "accuracy_start": 0.1, "accuracy_end": 0.5, "greedy_start": 0.4,
+                                "greedy_end": 0.8, **extra}
+    learn = {"time_limit_minutes": 10.0, "figures": [],
+             "runs": {"single-seed1": row("2026-11-27", commit="abc1234"), "chain-seed1": row("2026-11-28", commit="def5678")}}
+    text = "\n".join(bench.learning_lines(learn, machine))
+    assert "Learning runs measured on 2026-11-27, 2026-11-28, code of commit abc1234, def5678 (merged" in text
+    learn["runs"]["parallel-seed1"] = row("2026-11-25")  # an older report's row
+    assert "(rows of older reports name no commit)" in "\n".join(bench.learning_lines(learn, machine))
+    assert bench.source_commit() != "unknown"  # the tests run in the project's checkout
+
+
 # ---------------------------------------------------------------------------------------------
 # scripts/stability.py: reach and fall of a run's held-out greedy accuracy
 # ---------------------------------------------------------------------------------------------
