@@ -336,12 +336,13 @@ def run_configuration(run: str) -> tuple[str, str]:
 
 def source_commit() -> str:
     """The commit of the code a run measures (`git rev-parse --short HEAD`), + "-dirty" when tracked
-    files differ from it; "unknown" outside a git checkout."""
+    files other than the bench's own outputs (results/, docs/) differ from it; "unknown" outside a
+    git checkout."""
     git = lambda *args: subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
     head = git("rev-parse", "--short", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    return head.stdout.strip() + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
+    return head.stdout.strip() + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs").stdout.strip() else "")
 
 
 BASELINE_SAMPLES = 8  # samples per problem of the untrained single agent's majority vote (quick: 2)
