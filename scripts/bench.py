@@ -622,8 +622,8 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
     commits = sorted({r["commit"] for r in learn["runs"].values() if "commit" in r})
     if len(dates) > 1 or commits:
         lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)}"
-                        + (f", code of commit {', '.join(commits)}" if commits else "")
-                        + (f" (rows of older reports name no commit)" if commits and any("commit" not in r for r in learn["runs"].values()) else "")
+                        + (f", code of commit{'s' * (len(commits) > 1)} {', '.join(commits)}" if commits else "")
+                        + (" (rows of older reports name no commit)" if commits and any("commit" not in r for r in learn["runs"].values()) else "")
                         + " (merged with `--merge`; each row's date and commit are in bench.json).", ""]
     lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
               f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "

@@ -202,7 +202,7 @@ def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_on
     learn = {"time_limit_minutes": 10.0, "figures": [],
              "runs": {"single-seed1": row("2026-11-27", commit="abc1234"), "chain-seed1": row("2026-11-28", commit="def5678")}}
     text = "\n".join(bench.learning_lines(learn, machine))
-    assert "Learning runs measured on 2026-11-27, 2026-11-28, code of commit abc1234, def5678 (merged" in text
+    assert "Learning runs measured on 2026-11-27, 2026-11-28, code of commits abc1234, def5678 (merged" in text
     learn["runs"]["parallel-seed1"] = row("2026-11-25")  # an older report's row
     assert "(rows of older reports name no commit)" in "\n".join(bench.learning_lines(learn, machine))
     assert bench.source_commit() != "unknown"  # the tests run in the project's checkout
