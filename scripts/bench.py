@@ -342,7 +342,8 @@ def source_commit() -> str:
     head = git("rev-parse", "--short", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    return head.stdout.strip() + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs").stdout.strip() else "")
+    code_changes = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs").stdout.strip()
+    return head.stdout.strip() + ("-dirty" if code_changes else "")
 
 
 BASELINE_SAMPLES = 8  # samples per problem of the untrained single agent's majority vote (quick: 2)
@@ -447,6 +448,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
         raise SystemExit(f"--merge: the earlier learning runs had {earlier['time_limit_minutes']} min each, these "
                          f"{minutes}: an equal-time comparison needs the same --learning_minutes")
     table = dict(earlier["runs"]) if earlier else {}
+    commit = source_commit()  # every run of this invocation measures the same checkout
     kept = out / "learning" / "metrics"  # each run's metrics.jsonl, kept with the report: the plot redraws from them
     for name in runs:
         agents_name, estimator, task, shared = learning_configuration(name)
@@ -466,7 +468,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
             shutil.copy(out / "runs" / f"learning-{name}-seed{seed}" / "metrics.jsonl", kept / f"{name}-seed{seed}")
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
-                "measured": date.today().isoformat(), "commit": source_commit(), "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                "measured": date.today().isoformat(), "commit": commit, "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
                 "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
                 "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"],
@@ -621,10 +623,12 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
     dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})
     commits = sorted({r["commit"] for r in learn["runs"].values() if "commit" in r})
     if len(dates) > 1 or commits:
+        unnamed = commits and any("commit" not in r for r in learn["runs"].values())
+        merged = len(dates) > 1 or len(commits) > 1 or unnamed
         lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)}"
                         + (f", code of commit{'s' * (len(commits) > 1)} {', '.join(commits)}" if commits else "")
-                        + (" (rows of older reports name no commit)" if commits and any("commit" not in r for r in learn["runs"].values()) else "")
-                        + " (merged with `--merge`; each row's date and commit are in bench.json).", ""]
+                        + (" (rows of older reports name no commit)" if unnamed else "")
+                        + (" (merged with `--merge`; each row's date and commit are in bench.json)." if merged else "."), ""]
     lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
               f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
               f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
