@@ -36,6 +36,12 @@ distributed.py: cuda:LOCAL_RANK under torchrun); the adapters stay float32.
 The reference policy for the optional KL term is the base model with adapters disabled (peft
 `disable_adapter()`): no extra model copy.
 
+An orchestrator's choice of whom to call is one token of its response, the first of the called
+name; its entropy over the names it may call alone (`choice_entropy`, --route_ent_coef; not in the
+paper) is
+
+    H_C = −Σ_{c ∈ C} q_c log q_c,   q_c = π(c | ô, w_<k) / Σ_{c' ∈ C} π(c' | ô, w_<k)
+
 Each adapted projection computes h = W x + s · B A x (peft LoRA). With `--fused_lora` (on,
 `fuse_lora_updates`) the scaling s multiplies the rank-r product A x and B's product adds itself
 onto W x in one matrix product, instead of peft's two elementwise passes at the projection's
@@ -611,6 +617,27 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
         return at_positions(backbone.model(**inputs).last_hidden_state, positions)  # [n, W, H] → [n, L, H]
 
 
+class RouteChoices(NamedTuple):
+    """Where each row of a batch chooses among a few tokens (an orchestrator naming whom it calls)."""
+
+    positions: list[int]  # k of the response token that makes the choice, per row (−1: none) [n]
+    tokens: list[int]  # the candidate tokens [C]
+
+
+def choice_entropy(log_probs: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The entropy of π at one position per row over the candidate tokens alone, renormalised:
+
+        q_c = π(c | ·) / Σ_{c' ∈ C} π(c' | ·),   H_C = −Σ_{c ∈ C} q_c log q_c
+
+    log_probs [n, L, V] (log π per response position), positions [n] (−1: the row has no choice,
+    H_C = 0), tokens [C]. H_C depends only on the differences of the candidates' logits, so its
+    gradient moves probability among them and never onto or off the other tokens. Returns [n]."""
+    rows = torch.arange(len(positions), device=log_probs.device)
+    candidates = log_probs[rows, positions.clamp(min=0)][:, tokens]  # [n, C]
+    log_q = torch.log_softmax(candidates, dim=-1)  # renormalised over C
+    return -(log_q.exp() * log_q).sum(-1) * (positions >= 0)
+
+
 def token_logprobs_and_entropy(
     model: PeftModel,
     prompt_ids: list[list[int]],
@@ -620,13 +647,15 @@ def token_logprobs_and_entropy(
     share_prefix: bool = True,
     entropy_gradient: bool = False,
     prefix: SharedPrefix | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    route: RouteChoices | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
 
     Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
     the k-th response token (left-aligned, L = longest response); on the model's device. The
     entropy carries a gradient only with `entropy_gradient` (an entropy bonus): otherwise its
-    [n, L, V] intermediates are not kept for the backward pass.
+    [n, L, V] intermediates are not kept for the backward pass. With `route`, also the entropy of
+    each row's choice (`choice_entropy`, differentiable) [n]; else None.
     """
     longest = max(len(r) for r in response_ids)
     logits = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix, prefix)[:, :longest]  # [n, L, V]
@@ -638,7 +667,9 @@ def token_logprobs_and_entropy(
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
     entropy_of = log_probs if entropy_gradient else log_probs.detach()
     token_entropy = -(entropy_of.exp() * entropy_of).sum(-1) * response_mask
-    return token_logprob, token_entropy, response_mask
+    route_entropy = (choice_entropy(log_probs, torch.tensor(route.positions, device=device), torch.tensor(route.tokens, device=device))
+                     if route is not None else None)
+    return token_logprob, token_entropy, response_mask, route_entropy
 
 
 def token_logprobs(
@@ -657,8 +688,8 @@ def token_logprobs(
     Token-level MARFT treats every token as an action; adapter None gives the reference policy.
     """
     with active_adapter(model, adapter):
-        token_logprob, token_entropy, mask = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature,
-                                                                         share_prefix, entropy_gradient, prefix)
+        token_logprob, token_entropy, mask, _ = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature,
+                                                                            share_prefix, entropy_gradient, prefix)
     return token_logprob.cpu(), token_entropy.cpu(), mask.cpu()
 
 
@@ -684,11 +715,14 @@ class PolicyLogProbs(NamedTuple):
     mask: torch.Tensor  # 1 on real decisions
     token_logprob: torch.Tensor  # log π^i(w_k | ô, w_<k) per token, at both levels (the KL to π_ref)
     token_mask: torch.Tensor  # 1 on real tokens
+    route_entropy: torch.Tensor | None = None  # H_C of each row's choice (`choice_entropy`) [n], with `route`
+    route_mask: torch.Tensor | None = None  # 1 on rows that make a choice [n]
 
 
 def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
                     pad_id: int, level: str, normalisation: str, temperature: float, share_prefix: bool = True,
-                    entropy_gradient: bool = False, prefix: SharedPrefix | None = None) -> PolicyLogProbs:
+                    entropy_gradient: bool = False, prefix: SharedPrefix | None = None,
+                    route: RouteChoices | None = None) -> PolicyLogProbs:
     """log π^i per decision, entropy per decision and the decision mask, each [n, L], and the
     token log-probs [n, K], on the CPU.
 
@@ -697,11 +731,15 @@ def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
     Every later table of the trainer (old log-probs, values, advantages, returns) has the [n, L] shape.
     share_prefix: the batch's common prompt prefix is run once (`forward_responses`), or
     `prefix` was run already for several passes; entropy_gradient: the entropy is differentiable
-    (for an entropy bonus)."""
-    token_logprob, token_entropy, token_mask = token_logprobs(model, prompt_ids, response_ids, adapter, pad_id, temperature,
-                                                              share_prefix, entropy_gradient, prefix)
+    (for an entropy bonus); route: also each row's choice entropy (`choice_entropy`, for
+    --route_ent_coef)."""
+    with active_adapter(model, adapter):
+        token_logprob, token_entropy, token_mask, route_entropy = token_logprobs_and_entropy(
+            model, prompt_ids, response_ids, pad_id, temperature, share_prefix, entropy_gradient, prefix, route)
+    token_logprob, token_entropy, token_mask = token_logprob.cpu(), token_entropy.cpu(), token_mask.cpu()
+    routes = (route_entropy.cpu(), (torch.tensor(route.positions) >= 0).float()) if route is not None else (None, None)
     if level == "token":
-        return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask)
+        return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask, *routes)
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation={normalisation!r}: choose one of {NORMALISATIONS}")
     lengths = token_mask.sum(-1).clamp(min=1.0)
@@ -710,7 +748,7 @@ def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
         action_logprob = action_logprob / lengths
     entropy = token_entropy.sum(-1) / lengths
     return PolicyLogProbs(action_logprob.unsqueeze(-1), entropy.unsqueeze(-1), torch.ones(len(prompt_ids), 1),
-                          token_logprob, token_mask)
+                          token_logprob, token_mask, *routes)
 
 
 def summed_logprobs(decision_logprob: torch.Tensor, mask: torch.Tensor, response_lengths: torch.Tensor,

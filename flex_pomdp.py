@@ -269,6 +269,36 @@ def parse_decision(text: str, executors: tuple[str, ...]) -> Decision:
     return Decision("error", error=f"unknown role {name!r}")
 
 
+def route_tokens(tokenizer, org: Organisation) -> list[int]:
+    """The tokens at which an orchestrator chooses whom to call: for each name it may write in
+    `\\call{NAME}` (its executors, then finish), the first token of NAME after the tokens of `\\call{`,
+    [C]. An entropy over these alone (--route_ent_coef) varies the choice and nothing around it;
+    it needs names that differ in their first token (a name cut off from `{` by the tokenizer)."""
+    prefix = tokenizer.encode("\\call{", add_special_tokens=False)
+    names = (*org.executors, FINISH)
+    tokens = []
+    for name in names:
+        ids = tokenizer.encode(f"\\call{{{name}}}", add_special_tokens=False)
+        if ids[: len(prefix)] != prefix or len(ids) <= len(prefix):
+            raise SystemExit(f"--route_ent_coef: the tokenizer writes \\call{{{name}}} without the tokens of \\call{{ "
+                             "before the name, so there is no one token at which the name is chosen; use --ent_coef")
+        tokens.append(ids[len(prefix)])
+    shared = sorted({n for n, t in zip(names, tokens) if tokens.count(t) > 1})
+    if shared:
+        raise SystemExit(f"--route_ent_coef: the names {shared} start with the same token, so the choice between them "
+                         "is not made at one token; rename the executors in the profile file (or use --ent_coef)")
+    return tokens
+
+
+def route_position(tokenizer, response_ids: list[int]) -> int:
+    """k of the response token that starts the called name (the first `\\call{`'s next token), −1
+    when the response writes no `\\call{` or ends right after it."""
+    for k in range(1, len(response_ids)):
+        if "{" in tokenizer.decode(response_ids[k - 1 : k]) and tokenizer.decode(response_ids[:k]).endswith("\\call{"):
+            return k
+    return -1
+
+
 def orchestrator_system_prompt(org: Organisation) -> str:
     """The orchestrator's own system prompt followed by its team (role: description) and the decision format."""
     members = "\n".join(f"- {role}: {org.profile(role).description}" for role in org.executors)

@@ -77,6 +77,10 @@ Deviations from the paper and choices it leaves open (each a named option of run
   otherwise explode or vanish.
 - With `shared_adapter` every role moves one θ: an agent-by-agent update would leave the next
   agent's π_old stale, so there is one joint PPO update over all samples (M = 1) instead.
+- `route_ent_coef` (off by default; not in the paper): an orchestrator's entropy bonus on its
+  choice of whom to call alone, the entropy of its next token where it writes the called name,
+  renormalised over the first tokens of the names it may call (agents.choice_entropy); a bonus
+  on every token's entropy spread probability onto its call format instead (docs/tools.md).
 - `clip_eps_high` (off by default): the surrogate's ratio clipped to [1 − ε, 1 + ε_high], DAPO's
   "clip-higher" (Yu et al. 2025), against the entropy collapse of single-agent runs; not yet
   measured here, so the default keeps the paper's symmetric clip.
@@ -276,8 +280,11 @@ def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str |
         temperature = next((t for role, t in run_lib.role_temperatures(cfg).items()
                             if adapter == agents_lib.policy_adapter_name(role, cfg.shared_adapter)), cfg.temperature)
     prompts, responses = rollout.sequences(samples)
+    # --route_ent_coef: an orchestrator's samples (every one has a route position) carry their choices
+    route = (agents_lib.RouteChoices([rollout.route_position[int(s)] for s in samples], rollout.route_tokens)
+             if rollout.route_tokens and all(int(s) in rollout.route_position for s in samples) else None)
     return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, temperature,
-                                      cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0, prefix=prefix)
+                                      cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0, prefix=prefix, route=route)
 
 
 @torch.no_grad()
@@ -420,7 +427,8 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
         if stopped:
             break
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    keys = ("policy_loss", "approx_kl", "clip_fraction", "entropy") + (("kl_to_reference",) if cfg.kl_coef > 0 else ())
+    keys = (("policy_loss", "approx_kl", "clip_fraction", "entropy") + (("kl_to_reference",) if cfg.kl_coef > 0 else ())
+            + (("route_entropy",) if "route_entropy" in history else ()))
     stats = {f"losses/{key}/{label}": mean(history[key]) for key in keys}
     stats[f"losses/early_stopped/{label}"] = float(stopped)
     stats[f"losses/update_samples/{label}"] = float(len(samples))
@@ -431,10 +439,10 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
 class ObjectiveTerms(NamedTuple):
     """One micro-batch's objective as masked means (`agent_objective`), and what is logged of it."""
 
-    per_decision: torch.Tensor  # −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H, a mean over decisions
+    per_decision: torch.Tensor  # −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H − c_route · H_C, a mean over decisions
     per_token: torch.Tensor | None  # c_KL · KL(π ‖ π_ref), a mean over tokens (None without kl_coef)
     kl_to_old: torch.Tensor  # approximate KL(π_old ‖ π) over decisions: the early stop's
-    decision_stats: dict  # policy_loss, approx_kl, clip_fraction, entropy (means over decisions)
+    decision_stats: dict  # policy_loss, approx_kl, clip_fraction, entropy, route_entropy (means over decisions)
     token_stats: dict  # kl_to_reference (a mean over tokens), with kl_coef > 0
 
 
@@ -445,6 +453,8 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
 
         L = −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H[π^i] + c_KL · KL(π^i ‖ π_ref),   ρ = π^i / π^i_old
 
+    and, for an orchestrator with --route_ent_coef, − c_route · H_C: the entropy of its choice of
+    whom to call alone (agents.choice_entropy), a mean over its samples that make a choice.
     new: the agent's log-probs of the samples under its current adapter; advantage Â [n, L];
     weight M [n, 1]."""
     width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
@@ -454,12 +464,17 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
     entropy = ppo.masked_mean(new.entropy, mask)
     decision_stats = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
                       "entropy": entropy.item()}
+    bonus = cfg.ent_coef * entropy
+    if new.route_entropy is not None:  # H_C of the orchestrator's choices
+        route_entropy = ppo.masked_mean(new.route_entropy, new.route_mask)
+        bonus = bonus + cfg.route_ent_coef * route_entropy
+        decision_stats["route_entropy"] = route_entropy.item()
     per_token, token_stats = None, {}
     if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
         tokens = new.token_logprob.shape[1]
         kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], old.token_mask[batch, :tokens])
         per_token, token_stats = cfg.kl_coef * kl_ref, {"kl_to_reference": kl_ref.item()}
-    return ObjectiveTerms(loss - cfg.ent_coef * entropy, per_token, ppo.approx_kl(new.logprob.detach(), old_lp, mask),
+    return ObjectiveTerms(loss - bonus, per_token, ppo.approx_kl(new.logprob.detach(), old_lp, mask),
                           decision_stats, token_stats)
 
 

@@ -177,6 +177,8 @@ class Config:
     """ε_v of the clipped value loss (0 disables value clipping)"""
     ent_coef: float = 0.0
     """entropy bonus coefficient"""
+    route_ent_coef: float = 0.0
+    """an orchestrator's entropy bonus on its choice of whom to call alone: the entropy of its next token where it writes the called name (after \\call{), over the first tokens of the names it may call (its executors and finish), renormalised, so that its routes stay varied while the tokens around the call stay as learned; the mean is logged as losses/route_entropy/<orchestrator> (docs/tools.md)"""
     kl_coef: float = 0.0
     """coefficient of KL(π ‖ π_ref) to the base model (adapters disabled); 0 skips the reference pass"""
     filter_groups: bool = False
@@ -474,7 +476,7 @@ def check_ranges(cfg: Config, need) -> None:
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm", "dist_timeout_minutes"):
         need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "ent_coef", "kl_coef", "target_kl", "format_penalty", "tool_call_cost", "temperature",
+    for option in ("value_clip", "ent_coef", "route_ent_coef", "kl_coef", "target_kl", "format_penalty", "tool_call_cost", "temperature",
                    "time_limit_minutes", "clip_eps_high"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("gamma", "gamma_agent", "gamma_token", "lam", "credit_discount"):
@@ -551,6 +553,8 @@ def check_team(cfg: Config, need) -> None:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
+    need(not cfg.route_ent_coef or org.orchestrator, "route_ent_coef",
+         "is a bonus on an orchestrator's choice of whom to call, and this organisation has none: use --ent_coef")
     frozen = frozen_roles(cfg)
     need(all(role in org.learners for role in frozen), "frozen_agents",
          f"name learning agents of the organisation: {', '.join(org.learners)}")

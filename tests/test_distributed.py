@@ -75,13 +75,15 @@ def test_merged_rank_parts_are_the_rollout_one_process_plays(tiny_model_dir, age
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     org, team = load_organisation(agents_option), ScriptedTeam(tokenizer)
-    cfg = run_lib.Config(agents=agents_option, horizon=2)
+    # --route_ent_coef: the orchestrator's route positions (sample → k) are renumbered with the samples
+    cfg = run_lib.Config(agents=agents_option, horizon=2, route_ent_coef=0.1 if agents_option == "orchestrated" else 0.0)
     problems = make_arithmetic_problems("train", seed=1, levels=(1, 3))[:7]
     sampling = generation.Sampling(1.0, 1.0, 16)
     with Grader() as grader:
         whole = play_episodes(team.generate, tokenizer, org, problems, grader, sampling, cfg)
         parts = [play_episodes(team.generate, tokenizer, org, problems[r::3], grader, sampling, cfg) for r in range(3)]
     merged = merge_rollouts(parts)
+    assert bool(whole.route_position) == (agents_option == "orchestrated")
     for name, value in vars(whole).items():
         if name == "generation_seconds":
             continue

@@ -30,7 +30,7 @@ import marft
 import ppo
 import run as run_lib
 from envs import Grader, Problem
-from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision
+from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision, route_position, route_tokens
 from rollout import Rollout, orchestration_metrics, run_episodes
 from scripted import ScriptedTeam
 
@@ -404,7 +404,8 @@ def metrics_rows(folder):
             for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("estimator", [["--advantage", "gae"], ["--advantage", "group", "--group_size", "2", "--credit", "shared"]])
+@pytest.mark.parametrize("estimator", [["--advantage", "gae"],
+                                       ["--advantage", "group", "--group_size", "2", "--credit", "shared", "--route_ent_coef", "0.1"]])
 def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, scripted_backend,
                                                                                  estimator):
     import shutil
@@ -421,6 +422,13 @@ def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(
         assert r["charts/finish_rate"] == 1.0 and r["charts/orchestration_errors"] == 0.0
         for role in ("orchestrator", "solver"):
             assert r[f"losses/approx_kl/{role}"] == r[f"losses/approx_kl/{role}"]  # every agent that acted was updated
+        # --route_ent_coef: the orchestrator's choice among planner, solver, verifier, finish (0 < H_C ≤ ln 4), its alone
+        routes = {key for key in r if key.startswith("losses/route_entropy/")}
+        if "--route_ent_coef" in estimator:
+            assert routes == {"losses/route_entropy/orchestrator"}
+            assert 0 < r["losses/route_entropy/orchestrator"] <= torch.log(torch.tensor(4.0)).item()
+        else:
+            assert not routes
     assert rows[0]["eval/finish_rate"] == 1.0 and "eval/calls/planner" in rows[-1]
     killed = tmp_path / "killed"  # as a kill -9 after iteration 2's metrics line, before its checkpoint
     shutil.copytree(tmp_path / "straight", killed)
@@ -484,3 +492,130 @@ thread (the suite runs two test files at once on 2 cores) alice's share goes 0.3
     lines = [json.loads(line) for line in (tmp_path / "whom" / "metrics.jsonl").read_text().splitlines()]
     before, after = lines[1]["charts/calls/alice"], lines[2]["charts/calls/alice"]
     assert after >= before + 0.3, (before, after)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. --route_ent_coef: an entropy bonus on the orchestrator's choice of whom to call alone
+# ---------------------------------------------------------------------------------------------
+
+def test_the_choice_entropy_is_renormalised_over_the_candidates_and_moves_only_them():
+    """H_C = −Σ_c q_c log q_c with q_c = π(c) / Σ_C π, at one position per row. Hand table (V = 5,
+    candidates C = {1, 3}, the choice at column 1 of rows 0 and 1, none in row 2):
+        row 0: π(1) = π(3) = 0.2           → q = (1/2, 1/2)  → H_C = ln 2          = 0.693147
+        row 1: π(1) = 0.3, π(3) = 0.1      → q = (3/4, 1/4)  → H_C = −(¾ ln ¾ + ¼ ln ¼) = 0.562335
+        row 2: no choice                   → 0
+    Column 0 (not a choice) is never read; the rest of each row's mass goes to tokens 0, 2, 4."""
+    probs = torch.full((3, 2, 5), 0.2)
+    probs[1, 1] = torch.tensor([0.2, 0.3, 0.2, 0.1, 0.2])
+    logits = probs.log().requires_grad_()
+    log_probs = torch.log_softmax(logits, -1)
+    entropy = agents.choice_entropy(log_probs, torch.tensor([1, 1, -1]), torch.tensor([1, 3]))
+    torch.testing.assert_close(entropy, torch.tensor([0.693147, 0.562335, 0.0]), atol=1e-6, rtol=0)
+    entropy.sum().backward()
+    grad = logits.grad
+    assert grad[:, 0].abs().max() == 0 and grad[2].abs().max() == 0  # other columns, rows without a choice
+    assert grad[:, 1, [0, 2, 4]].abs().max() < 1e-7  # no push onto or off the tokens that name no call
+    # At q = (3/4, 1/4) raising H_C moves mass from token 1 to token 3: ∂H/∂z_1 = −q_1 q_3 ln(q_1/q_3) < 0, equal and opposite.
+    expected = -0.75 * 0.25 * torch.log(torch.tensor(3.0))
+    torch.testing.assert_close(grad[1, 1, [1, 3]], torch.stack([expected, -expected]), atol=1e-6, rtol=0)
+
+
+def test_route_tokens_and_positions_on_the_embedded_tokenizer(tokenizer):
+    org = load_organisation("orchestrated")
+    tokens = route_tokens(tokenizer, org)
+    names = (*org.executors, "finish")
+    assert len(tokens) == len(names) == len(set(tokens))
+    for name, token in zip(names, tokens):
+        assert name.startswith(tokenizer.decode([token]))  # the first piece of the name: "plan", "solver", "ver", "finish"
+    for text, name in (("Plan first. \\call{planner}", "planner"), ("\\call{finish}", "finish"),
+                       ("Ask the coder. \\call{coder}", "coder")):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        k = route_position(tokenizer, ids)
+        assert tokenizer.decode(ids[:k]).endswith("\\call{") and tokenizer.decode(ids[k:]).startswith(name)
+    for text in ("The solver should act next.", "Now I call \\call{"):  # no call; nothing chosen after `{`
+        assert route_position(tokenizer, tokenizer.encode(text, add_special_tokens=False)) == -1
+
+
+class Characters:
+    """A tokenizer of one token per character: every name's first token is its first letter."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_names_that_start_with_the_same_token_are_refused_with_the_fix():
+    executors = [AgentProfile("solver", "Solve.", graded=True, description="solves"),
+                 AgentProfile("summariser", "Summarise.", description="summarises")]
+    org = make_orchestrated([AgentProfile("orchestrator", "Lead."), *executors], "orchestrator", max_calls=2)
+    with pytest.raises(SystemExit, match=r"\['solver', 'summariser'\] start with the same token.*rename the executors"):
+        route_tokens(Characters(), org)
+
+
+def test_an_orchestrated_rollout_records_where_each_orchestrator_action_names_its_call(tokenizer):
+    org = make_orchestrated(list(load_organisation("orchestrated").agents), "orchestrator", max_calls=2)
+    problems = [Problem(p, a, "", "") for p, a in ANSWERS.items()]
+    with Grader() as grader:
+        rollout = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
+                               generation.Sampling(1.0, 1.0, 32), run_lib.Config(agents="orchestrated", route_ent_coef=0.1))
+    assert rollout.route_tokens == route_tokens(tokenizer, org)
+    for s, text in enumerate(rollout.texts):
+        if org.order[rollout.agent_index[s]] != "orchestrator":
+            assert s not in rollout.route_position
+            continue
+        k = rollout.route_position[s]  # "\call{verifier} \call{finish}": the first call's name
+        assert tokenizer.decode(rollout.response_ids[s][k:]).startswith(text.split("\\call{", 1)[1].split("}")[0])
+    # Without the bonus nothing is recorded.
+    with Grader() as grader:
+        plain = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
+                             generation.Sampling(1.0, 1.0, 32), run_lib.Config(agents="orchestrated"))
+    assert plain.route_tokens == [] and plain.route_position == {}
+
+
+def test_the_route_entropy_of_a_batch_is_that_of_a_plain_forward_and_enters_the_orchestrators_objective(tiny_model_dir, tokenizer):
+    """policy_logprobs' H_C against a plain full forward of each row, renormalised by hand; then the
+    objective with --route_ent_coef c is the one without minus c · (mean H_C over rows with a choice)."""
+    base, _ = agents.load_base_model(str(tiny_model_dir))
+    torch.manual_seed(3)
+    model = agents.attach_adapters(base, ["policy_orchestrator"], agents.lora_config(4, 8, ["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    org = load_organisation("orchestrated")
+    candidates = route_tokens(tokenizer, org)
+    prompts = [[1, 50, 60, 70], [1, 51], [1, 52, 62]]
+    texts = ["Plan first. \\call{planner}", "\\call{solver}", "No call here."]
+    responses = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    positions = [route_position(tokenizer, r) for r in responses]
+    assert positions[0] > 0 and positions[1] > 0 and positions[2] == -1
+    out = agents.policy_logprobs(model, prompts, responses, "policy_orchestrator", tokenizer.pad_token_id, "action", "mean",
+                                 0.7, route=agents.RouteChoices(positions, candidates))
+    expected = []
+    for prompt, response, k in zip(prompts, responses, positions):
+        if k < 0:
+            expected.append(0.0)
+            continue
+        with agents.active_adapter(model, "policy_orchestrator"), torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 + k] / 0.7
+        q = torch.softmax(logits[candidates], -1)  # π restricted to the candidates, renormalised
+        expected.append(float(-(q * q.log()).sum()))
+    torch.testing.assert_close(out.route_entropy.detach(), torch.tensor(expected), atol=1e-5, rtol=0)
+    assert out.route_mask.tolist() == [1.0, 1.0, 0.0]
+    old = marft.OldPolicy(out.logprob.detach(), torch.zeros(3, 1), torch.ones(3, 1), torch.zeros(3, 1), torch.ones(3, 1))
+    advantage, weight, batch = torch.tensor([[1.0], [-1.0], [0.5]]), torch.ones(3, 1), torch.arange(3)
+    plain = marft.agent_objective(out, old, batch, advantage, weight, run_lib.Config(agents="orchestrated"))
+    bonus = marft.agent_objective(out, old, batch, advantage, weight, run_lib.Config(agents="orchestrated", route_ent_coef=0.5))
+    torch.testing.assert_close(bonus.per_decision, plain.per_decision - 0.5 * (expected[0] + expected[1]) / 2)
+    assert bonus.decision_stats["route_entropy"] == pytest.approx((expected[0] + expected[1]) / 2, abs=1e-5)
+    assert "route_entropy" not in marft.agent_objective(out._replace(route_entropy=None, route_mask=None), old, batch,
+                                                        advantage, weight, run_lib.Config()).decision_stats
+
+
+def test_the_route_bonus_needs_an_orchestrator():
+    with pytest.raises(SystemExit, match=r"--route_ent_coef=0.1: is a bonus on an orchestrator's choice.*use --ent_coef"):
+        run_lib.validate(run_lib.parse_args(["--agents", "chain", "--route_ent_coef", "0.1"]))
+    with pytest.raises(SystemExit, match=r"--route_ent_coef=-0.1: must be 0 or more"):
+        run_lib.validate(run_lib.parse_args(["--agents", "orchestrated", "--route_ent_coef", "-0.1"]))
