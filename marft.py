@@ -80,7 +80,8 @@ Deviations from the paper and choices it leaves open (each a named option of run
 - `route_ent_coef` (off by default; not in the paper): an orchestrator's entropy bonus on its
   choice of whom to call alone, the entropy of its next token where it writes the called name,
   renormalised over the first tokens of the names it may call (agents.choice_entropy); a bonus
-  on every token's entropy spread probability onto its call format instead (docs/tools.md).
+  on every token's entropy spread probability onto its call format instead. In a short run it
+  kept the choice varied and the format still broke (docs/tools.md).
 - `clip_eps_high` (off by default): the surrogate's ratio clipped to [1 − ε, 1 + ε_high], DAPO's
   "clip-higher" (Yu et al. 2025), against the entropy collapse of single-agent runs; not yet
   measured here, so the default keeps the paper's symmetric clip.

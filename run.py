@@ -178,7 +178,7 @@ class Config:
     ent_coef: float = 0.0
     """entropy bonus coefficient"""
     route_ent_coef: float = 0.0
-    """an orchestrator's entropy bonus on its choice of whom to call alone: the entropy of its next token where it writes the called name (after \\call{), over the first tokens of the names it may call (its executors and finish), renormalised, so that its routes stay varied while the tokens around the call stay as learned; the mean is logged as losses/route_entropy/<orchestrator> (docs/tools.md)"""
+    """an orchestrator's entropy bonus on its choice of whom to call alone: the entropy of its next token where it writes the called name (after \\call{), over the first tokens of the names it may call (its executors and finish), renormalised, so that its routes stay varied (in a short run the call format still broke: docs/tools.md); the mean is logged as losses/route_entropy/<orchestrator> (docs/tools.md)"""
     kl_coef: float = 0.0
     """coefficient of KL(π ‖ π_ref) to the base model (adapters disabled); 0 skips the reference pass"""
     filter_groups: bool = False
