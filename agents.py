@@ -683,14 +683,14 @@ def token_logprobs(
     entropy_gradient: bool = False,
     prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable).
+    """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable):
+    `policy_logprobs` at the token level.
 
     Token-level MARFT treats every token as an action; adapter None gives the reference policy.
     """
-    with active_adapter(model, adapter):
-        token_logprob, token_entropy, mask, _ = token_logprobs_and_entropy(model, prompt_ids, response_ids, pad_id, temperature,
-                                                                            share_prefix, entropy_gradient, prefix)
-    return token_logprob.cpu(), token_entropy.cpu(), mask.cpu()
+    out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "token", "sum", temperature, share_prefix,
+                          entropy_gradient, prefix)
+    return out.token_logprob, out.entropy, out.token_mask
 
 
 def action_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
