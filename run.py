@@ -327,25 +327,37 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
     """Options the user did not give that follow those they did: set on `cfg`, and returned as
     {option: why} (recorded in the run's config.json as chosen/<option>).
 
-    The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first.
+    The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first, then
+    its defaults for the run's organisation (tasks.Task.organisation_options: the math task's single
+    agent takes group advantages against the batch's baseline), a recipe applied as a whole, and not
+    at all when the command line gives any of its options.
     --lr_schedule constant sets the decay's two options, where not given, to none.
     --advantage group compares each episode with the other G − 1 of its problem: without
-    --group_size, G = 4 (G = 1 has no baseline); without --credit, `shared` when the default
-    `last` would give every agent but the last (an orchestrator's executors) a return of 0."""
+    --group_size, G = 4 (G = 1 has no group to compare with; --group_baseline batch may keep it);
+    without --credit, `shared` when the default `last` would give every agent but the last (an
+    orchestrator's executors) a return of 0."""
     chosen, task = {}, tasks.task_of(cfg)
     if cfg.lr_schedule == "constant":  # no decay to shape: its defaults step aside
         for option, off in (("lr_decay_iterations", 0), ("lr_final_ratio", 0.0)):
             if option not in given and getattr(cfg, option) != off:
                 setattr(cfg, option, off)
                 chosen[option] = f"{off}: --lr_schedule constant does not decay"
-    for option, value in task.options.items():  # the task's own defaults
+    own = [(option, value, f"the {task.name} task's default") for option, value in task.options.items()]
+    recipe = task.organisation_options.get(cfg.agents, {})
+    if not set(recipe) & given:  # one recipe: it steps aside as a whole for a command line that gives any of its options
+        own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
+    elif recipe:
+        options = " ".join(f"--{option} {value}" for option, value in recipe.items())
+        print(f"[options] the {task.name} task's defaults for --agents {cfg.agents} ({options}) step aside: the "
+              f"command line gives --{', --'.join(sorted(set(recipe) & given))}", file=sys.stderr)
+    for option, value, whose in own:  # the task's own defaults, then those of the run's organisation
         if option not in {f.name for f in dataclasses.fields(Config)}:
             raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
         if option not in given:
             setattr(cfg, option, value)
-            chosen[option] = f"{value}: the {task.name} task's default"
+            chosen[option] = f"{value}: {whose}"
     if cfg.advantage == "group":
-        if "group_size" not in given and cfg.group_size < 2:
+        if "group_size" not in given and cfg.group_size < 2 and cfg.group_baseline == "group":
             cfg.group_size = 4
             chosen["group_size"] = "4: --advantage group needs at least 2 episodes per problem to compare"
         silent = agents_without_signal_under_last(tasks.organisation_of(cfg))
