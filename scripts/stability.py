@@ -18,7 +18,7 @@ Configurations (`--configs`; `--options` adds marft.py options to every run, e.g
     chain      the default job (`bash scripts/train_math.sh`'s options): planner → solver, critic + GAE,
                the rate decayed as above (the default since 374f15e)
     single-l3-default  one agent on the level-3 sums with every other option at its default,
-               evaluated every 2 iterations: since 5f0c1e2 the math task's single agent defaults
+               evaluated every 2 iterations: since 8b6b870 the math task's single agent defaults
                to single-l3-hold's recipe (tasks.MATH.organisation_options); critic + GAE, 16
                problems per iteration and the decay before
 
