@@ -88,6 +88,10 @@ Deviations from the paper and choices it leaves open (each a named option of run
 - The learning rates decay by default (`lr_schedule` cosine to `lr_final_ratio` 0.1 over
   `lr_decay_iterations` 24, then that floor; ppo.scheduled_lr): with a constant rate the
   single agent and the default chain fell from their best (docs/learning-per-minute.md).
+- The math task's single agent learns without a critic by default (tasks.MATH.organisation_options):
+  its 16 episodes an iteration against their mean (REINFORCE++'s batch baseline) in one
+  optimiser step; with critic + GAE (every team's default, the paper's) it reached 0.8 later
+  on one seed of three (docs/learning-per-minute.md).
 - The KL penalty to the reference (`kl_coef`) is per token at both levels (k3 estimator; its
   gradient is that of KL(π_ref ‖ π), see ppo.kl_to_reference).
 - A step whose loss or gradient is not finite is skipped and counted; `max_nonfinite_steps` of

@@ -27,7 +27,9 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 and one adapter's size, and the mean prompt length per agent position (later
                 agents read earlier agents' actions).
     learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
-                orchestrated team (D decided step by step), critic + GAE, and the chain with group
+                orchestrated team (D decided step by step), each with its defaults (critic + GAE;
+                the single agent: group advantages against the batch's mean, tasks.MATH's recipe for
+                it; the row records the estimator its run used), and the chain with group
                 advantages (no critic; G = 4 episodes of a quarter as many problems, as many
                 episodes per iteration as GAE's, credit `shared`), on the default task; and on the
                 word task (tools.py) caller → calculator → answerer, the same with one shared
@@ -439,9 +441,18 @@ def majority_vote_baseline(sizes: dict, threads: int, out: Path, quick: bool) ->
     return baseline
 
 
+def estimator_label(advantage: str, group_baseline: str) -> str:
+    """How a run's advantages were estimated, in the table's words."""
+    if advantage != "group":
+        return "critic + GAE"
+    return "group advantages" if group_baseline == "group" else f"group advantages, {group_baseline} baseline"
+
+
 def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, runs: list[str], earlier: dict | None) -> dict:
-    """Each run is named by its configuration (`learning_configuration`: <organisation> with critic +
-    GAE, <organisation>-group with group advantages, optionally a task and one shared adapter),
+    """Each run is named by its configuration (`learning_configuration`: <organisation> with its
+    defaults (critic + GAE; the math task's single agent: group advantages against the batch's
+    baseline), <organisation>-group with group advantages (G = 4 against their group), optionally a
+    task and one shared adapter),
     then -seed<k>; every configuration of `runs` runs once per seed of sizes["learning_seeds"].
     `earlier` (--merge): the learning section of an earlier report, whose other runs are kept."""
     if earlier and earlier["time_limit_minutes"] != minutes:
@@ -464,11 +475,14 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                 args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]),
                          "--eval_problems", str(sizes["eval_problems"])]
             rows, peak = run_marft(out, f"learning-{name}-seed{seed}", args, threads)
+            # what the run used, options it left out included (the math task's single agent: the batch baseline)
+            options = json.loads((out / "runs" / f"learning-{name}-seed{seed}" / "config.json").read_text())
             (kept / f"{name}-seed{seed}").mkdir(parents=True, exist_ok=True)
             shutil.copy(out / "runs" / f"learning-{name}-seed{seed}" / "metrics.jsonl", kept / f"{name}-seed{seed}")
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
-                "measured": date.today().isoformat(), "commit": commit, "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                "measured": date.today().isoformat(), "commit": commit, "estimator": estimator_label(options["advantage"], options["group_baseline"]),
+                "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
                 "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
                 "greedy_start": evals[0]["eval/accuracy_greedy"], "greedy_end": evals[-1]["eval/accuracy_greedy"],
@@ -617,7 +631,8 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
     def label(run: str) -> str:
         name, seed = run_configuration(run)
         agents_name, estimator, task, shared = learning_configuration(name)
-        estimator = "group advantages" if estimator == "group" else "critic + GAE"
+        # rows of older reports record no estimator: their name's (-group: group advantages, else critic + GAE)
+        estimator = learn["runs"][run].get("estimator") or estimator_label("group" if estimator == "group" else "gae", "group")
         where = f"{task} task, " if task else ""
         return f"{where}{agents_name}{' (one shared adapter)' if shared else ''}, {estimator}, seed {seed}"
     dates = sorted({r.get("measured", m["date"]) for r in learn["runs"].values()})

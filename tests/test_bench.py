@@ -1,4 +1,5 @@
 """scripts/bench.py: the report it writes, the block of docs/benchmark.md it replaces, and a quick smoke run."""
+import dataclasses
 import importlib.util
 import json
 import math
@@ -77,6 +78,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
     assert all(math.isfinite(x) and x > 0 for x in numbers)
     assert set(report["learning"]["runs"]) == {"chain-group-seed1"}  # quick mode: group advantages (the phases run GAE)
+    assert report["learning"]["runs"]["chain-group-seed1"]["estimator"] == "group advantages"  # read from its config.json
     assert all(r["peak_rss_mib"] > 0 and r["seconds_per_iteration"] > 0 for r in report["learning"]["runs"].values())
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
@@ -98,6 +100,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     def replay(out, name, args, threads):
         (out / "runs" / name).mkdir(parents=True)
         (out / "runs" / name / "metrics.jsonl").write_text(trained)
+        (out / "runs" / name / "config.json").write_text(json.dumps({"advantage": "group", "group_baseline": "batch"}))
         return [json.loads(line) for line in trained.splitlines()], 1234.0
 
     monkeypatch.setattr(bench, "run_marft", replay)
@@ -110,7 +113,8 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert merged["learning"]["runs"]["chain-group-seed1"] == report["learning"]["runs"]["chain-group-seed1"]
     assert merged["learning"]["runs"]["parallel-seed1"]["peak_rss_mib"] == 1234.0
     text = (tmp_path / "bench.md").read_text()
-    assert "| parallel, critic + GAE, seed 1 |" in text and "| chain, group advantages, seed 1 |" in text
+    # the row says how its run estimated advantages (here the replayed config.json's), not what its name implies
+    assert "| parallel, group advantages, batch baseline, seed 1 |" in text and "| chain, group advantages, seed 1 |" in text
     assert "The figures show the runs parallel-seed1 (the metrics of the other rows" in text
 
 
@@ -247,6 +251,16 @@ def test_the_holding_recipe_is_one_step_on_a_batch_baseline_with_the_rate_decaye
         ("single", "group", "batch", 16, 1, 16)
     rates = [ppo.scheduled_lr(cfg.lr, t, cfg.lr_decay_iterations, cfg.lr_schedule, cfg.lr_final_ratio) for t in (0, 12, 24, 500)]
     assert rates == pytest.approx([2e-4, 1.1e-4, 2e-5, 2e-5])
+
+
+def test_the_single_agents_defaults_are_the_holding_recipe():
+    """single-l3-default (every option at its default) trains as single-l3-hold: the same options
+    but --credit (last and shared place R on one agent's one action alike) and the record of why."""
+    import run as run_lib
+
+    default, hold = (run_lib.parse_args(stability.CONFIGS[name]) for name in ("single-l3-default", "single-l3-hold"))
+    differ = {f.name for f in dataclasses.fields(run_lib.Config) if getattr(default, f.name) != getattr(hold, f.name)}
+    assert differ == {"credit"} and (default.credit, hold.credit) == ("last", "shared")
 
 
 def test_a_run_that_never_reaches_the_threshold_neither_holds_nor_is_in_time():

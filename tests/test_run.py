@@ -347,6 +347,39 @@ def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_pat
     assert (run.read_config(tmp_path / "g", "--resume").credit, run.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
 
 
+SINGLE_RECIPE = {"advantage": "group", "group_baseline": "batch", "group_size": 1, "minibatch_size": 16}
+
+
+def test_the_single_agent_of_the_math_task_takes_its_recipe_as_a_whole_or_not_at_all(capsys):
+    """--agents single on the math task: 16 problems x 1 episode against the batch's mean in one
+    optimiser step (docs/learning-per-minute.md), each option recorded with its reason; any of the
+    recipe's options on the command line sets the whole recipe aside (and says so); other
+    organisations and tasks keep the global defaults."""
+    single = run.parse_args(["--agents", "single"])
+    assert {option: getattr(single, option) for option in SINGLE_RECIPE} == SINGLE_RECIPE
+    assert set(single.chosen) == set(SINGLE_RECIPE)
+    assert single.chosen["group_baseline"] == "batch: the math task's default for --agents single"
+    assert single.batch_size == 16 and single.credit == "last"  # one agent: last and shared put R on the same action
+    for given in (["--advantage", "gae"], ["--minibatch_size", "4"], ["--group_size", "4"]):
+        capsys.readouterr()
+        aside = run.parse_args(["--agents", "single", *given])
+        assert (aside.advantage, aside.group_baseline) == ("gae", "group") and aside.chosen == {}
+        assert f"step aside: the command line gives {given[0]}" in capsys.readouterr().err
+    grpo = run.parse_args(["--agents", "single", "--advantage", "group"])  # the group baseline and G = 4, as before the recipe
+    assert (grpo.group_baseline, grpo.group_size, grpo.minibatch_size) == ("group", 4, 8)
+    for argv in ([], ["--agents", "chain3"], ["--task", "word", "--agents", "single"], ["--agents", "parallel"]):
+        cfg = run.parse_args(argv)
+        assert (cfg.advantage, cfg.group_baseline, cfg.minibatch_size) == ("gae", "group", 8)
+
+
+def test_one_agent_gets_the_same_returns_under_last_and_shared_credit():
+    """The recipe leaves --credit at last; the stability runs that chose it gave --credit shared."""
+    team_reward = torch.tensor([[1.0, 0.0], [0.5, 1.0]])  # [B, T]
+    one_action = torch.ones(2, 2, 1, dtype=torch.bool)  # [B, T, P = 1]
+    assert torch.equal(ppo.place_team_reward(team_reward, one_action, "last"),
+                       ppo.place_team_reward(team_reward, one_action, "shared"))
+
+
 def test_config_reproduces_a_run_and_the_command_line_overrides_it(tiny_model_dir, tmp_path):
     """`--config runs/a/config.json` starts a new run with every option of run a: its metrics are
     run a's, line for line (time and speed aside). An option given beside it wins."""

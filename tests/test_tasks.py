@@ -105,6 +105,8 @@ TASK_FILES = {
     "taken_name.py": "from tasks import Task\ntask = Task('math', print, print)\n",
     "no_load.py": "from tasks import Task\ntask = Task('no_load', None, print)\n",
     "bad_default.py": "from tasks import Task\ntask = Task('bad_default', print, print, organisations={}, default_organisation='x')\n",
+    "bad_recipe.py": "from tasks import Task\ntask = Task('bad_recipe', print, print, organisations={}, "
+                     "organisation_options={'solo': {'lr': 1e-4}})\n",
 }
 
 
@@ -117,6 +119,7 @@ TASK_FILES = {
     ("taken_name.py", "a task named 'math' is registered already"),
     ("no_load.py", "load must be a function"),
     ("bad_default.py", "default_organisation 'x' is none of its organisations"),
+    ("bad_recipe.py", "organisation_options maps names of its organisations"),
     ("no_such_task", "no registered task of that name (math, code"),
     ("no_such_package.tasks:task", "no module 'no_such_package.tasks' to import"),
 ])
