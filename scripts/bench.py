@@ -23,7 +23,8 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 agent's shared prefix once, no padding; the same script).
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
                 (`--agents single | chain | chain4`) at the same number of problems per iteration,
-                with the default options (no flag); the ratio 4-agent / 1-agent, the base model's
+                with the default options and critic + GAE for all three (`--advantage gae`: the
+                single agent's default has no critic); the ratio 4-agent / 1-agent, the base model's
                 and one adapter's size, and the mean prompt length per agent position (later
                 agents read earlier agents' actions).
     learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
@@ -247,14 +248,16 @@ PHASE_VARIANTS = {"merged_generation": ("with_merged_generation", "--merged_gene
 
 
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
-    """One short run per organisation with the default options: peak memory; the chain run also
+    """One short run per organisation with the default options and critic + GAE: peak memory; the chain run also
     gives the seconds per phase, and a chain run without prefix sharing the comparison."""
     memory, phase_table = {"default": {}}, {}
     for agents_name, count in (("single", 1), ("chain", 2), ("chain4", 4)):
         is_phase_run = agents_name == "chain"
         if "memory" in skip and not is_phase_run:
             continue
-        args = short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1)
+        # critic + GAE for every organisation (the math task's single agent has none by default),
+        # so that the three runs differ only in the number of agents
+        args = short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1) + ["--advantage", "gae"]
         rows, peak = run_marft(out, f"memory-default-{agents_name}", args, threads)
         memory["default"][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
         if is_phase_run and "phases" not in skip:
@@ -609,7 +612,7 @@ def phases_lines(p: dict) -> list[str]:
 
 def memory_lines(mem: dict) -> list[str]:
     """The memory section of the report (markdown lines)."""
-    lines = ["| agents | peak resident memory (MiB), default options |", "| --- | --- |"]
+    lines = ["| agents | peak resident memory (MiB), default options with critic + GAE |", "| --- | --- |"]
     lines += [f"| {k.split('_')[0]} ({v['organisation']}) | {v['peak_rss_mib']:.0f} |"
               for k, v in mem["default"].items() if k.endswith("_agents")]
     lengths = ", ".join(f"{x:.0f}" for x in mem["prompt_tokens_by_agent_position"])
