@@ -478,10 +478,11 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
                 args += ["--max_new_tokens", "8", "--max_prompt_tokens", str(sizes["prompt_tokens"]),
                          "--eval_problems", str(sizes["eval_problems"])]
             rows, peak = run_marft(out, f"learning-{name}-seed{seed}", args, threads)
+            run_dir = out / "runs" / f"learning-{name}-seed{seed}"
             # what the run used, options it left out included (the math task's single agent: the batch baseline)
-            options = json.loads((out / "runs" / f"learning-{name}-seed{seed}" / "config.json").read_text())
+            options = json.loads((run_dir / "config.json").read_text())
             (kept / f"{name}-seed{seed}").mkdir(parents=True, exist_ok=True)
-            shutil.copy(out / "runs" / f"learning-{name}-seed{seed}" / "metrics.jsonl", kept / f"{name}-seed{seed}")
+            shutil.copy(run_dir / "metrics.jsonl", kept / f"{name}-seed{seed}")
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
                 "measured": date.today().isoformat(), "commit": commit, "estimator": estimator_label(options["advantage"], options["group_baseline"]),
