@@ -344,16 +344,17 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
                 chosen[option] = f"{off}: --lr_schedule constant does not decay"
     own = [(option, value, f"the {task.name} task's default") for option, value in task.options.items()]
     recipe = task.organisation_options.get(cfg.agents, {})
+    options = {f.name for f in dataclasses.fields(Config)}
+    for option in [*task.options, *recipe]:  # checked whether or not the recipe applies: a misspelt name never hides
+        if option not in options:
+            raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
     if not set(recipe) & given:  # one recipe: it steps aside as a whole for a command line that gives any of its options
         own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
     elif recipe:
         written = " ".join(f"--{option} {value}" for option, value in recipe.items())
         print(f"[options] the {task.name} task's defaults for --agents {cfg.agents} ({written}) step aside: the "
               f"command line gives --{', --'.join(sorted(set(recipe) & given))}", file=sys.stderr)
-    options = {f.name for f in dataclasses.fields(Config)}
     for option, value, whose in own:  # the task's own defaults, then those of the run's organisation
-        if option not in options:
-            raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
         if option not in given:
             setattr(cfg, option, value)
             chosen[option] = f"{value}: {whose}"

@@ -133,6 +133,17 @@ def test_task_mistakes_stop_the_run_naming_the_fix(spec, message, tmp_path):
     assert str(err.value).startswith("--task=") and message in str(err.value)
 
 
+def test_a_misspelt_option_in_a_task_recipe_is_named_even_where_the_recipe_steps_aside(tmp_path):
+    """The recipe's option names are checked on every run of its organisation, also when the command
+    line gives one of its options and sets it aside (else a plug-in's typo would go unnoticed there)."""
+    (tmp_path / "typo.py").write_text(
+        "from tasks import Task\ntask = Task('typo_recipe', print, print, organisations={'solo': {}}, "
+        "organisation_options={'solo': {'minibatch_size': 4, 'minbatch_size': 4}})\n")
+    for given in ([], ["--minibatch_size", "8"]):
+        with pytest.raises(SystemExit, match="task typo_recipe: its options name 'minbatch_size', which is no option"):
+            run_lib.parse_args(["--task", str(tmp_path / "typo.py"), "--agents", "solo", *given])
+
+
 def test_an_organisation_the_task_does_not_offer_is_refused_naming_those_it_does():
     with pytest.raises(SystemExit) as err:
         run_lib.parse_args(["--task", EXAMPLE, "--agents", "chain"])
