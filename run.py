@@ -292,8 +292,9 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
             cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
         # not a Config field (no option): Run writes it into config.json as chosen/<option>
         # with --config every option the file holds counts as given: the file records what its run used
-        cfg.chosen = follow_given_options(cfg, options_on_command_line(argv) | (set(saved_options(config_file, "--config"))
-                                                                                if config_file else set()))
+        command_line = options_on_command_line(argv)
+        cfg.chosen = follow_given_options(cfg, command_line | (set(saved_options(config_file, "--config"))
+                                                               if config_file else set()), command_line)
         for option, why in cfg.chosen.items():
             print(f"[options] --{option} {why}", file=sys.stderr)
     validate(cfg)
@@ -323,9 +324,11 @@ def options_on_command_line(argv: list[str]) -> set[str]:
     return {name for name in names if name in given or f"no-{name}" in given}
 
 
-def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
+def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -> dict[str, str]:
     """Options the user did not give that follow those they did: set on `cfg`, and returned as
-    {option: why} (recorded in the run's config.json as chosen/<option>).
+    {option: why} (recorded in the run's config.json as chosen/<option>). `given`: the command
+    line's options and a --config file's; `command_line`: the command line's alone, which a recipe
+    names when it steps aside for them.
 
     The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first, then
     its defaults for the run's organisation (tasks.Task.organisation_options: the math task's single
@@ -350,10 +353,10 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
             raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
     if not set(recipe) & given:  # one recipe: it steps aside as a whole for a command line that gives any of its options
         own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
-    elif recipe:
+    elif set(recipe) & command_line:  # a --config file's own options set it aside silently: the file is what its run used
         written = " ".join(f"--{option} {value}" for option, value in recipe.items())
         print(f"[options] the {task.name} task's defaults for --agents {cfg.agents} ({written}) step aside: the "
-              f"command line gives --{', --'.join(sorted(set(recipe) & given))}", file=sys.stderr)
+              f"command line gives --{', --'.join(sorted(set(recipe) & command_line))}", file=sys.stderr)
     for option, value, whose in own:  # the task's own defaults, then those of the run's organisation
         if option not in given:
             setattr(cfg, option, value)

@@ -350,11 +350,12 @@ def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_pat
 SINGLE_RECIPE = {"advantage": "group", "group_baseline": "batch", "group_size": 1, "minibatch_size": 16}
 
 
-def test_the_single_agent_of_the_math_task_takes_its_recipe_as_a_whole_or_not_at_all(capsys):
+def test_the_single_agent_of_the_math_task_takes_its_recipe_as_a_whole_or_not_at_all(capsys, tmp_path):
     """--agents single on the math task: 16 problems x 1 episode against the batch's mean in one
     optimiser step (docs/learning-per-minute.md), each option recorded with its reason; any of the
-    recipe's options on the command line sets the whole recipe aside (and says so); other
-    organisations and tasks keep the global defaults."""
+    recipe's options on the command line sets the whole recipe aside (and says so; a --config
+    file's own options set it aside without a word); other organisations and tasks keep the global
+    defaults."""
     single = run.parse_args(["--agents", "single"])
     assert {option: getattr(single, option) for option in SINGLE_RECIPE} == SINGLE_RECIPE
     assert set(single.chosen) == set(SINGLE_RECIPE)
@@ -365,6 +366,13 @@ def test_the_single_agent_of_the_math_task_takes_its_recipe_as_a_whole_or_not_at
         aside = run.parse_args(["--agents", "single", *given])
         assert (aside.advantage, aside.group_baseline) == ("gae", "group") and aside.chosen == {}
         assert f"step aside: the command line gives {given[0]}" in capsys.readouterr().err
+    run.Run(run.parse_args(["--agents", "single", "--advantage", "gae", "--output_dir", str(tmp_path), "--run_name", "old"]))
+    capsys.readouterr()
+    older = run.parse_args(["--config", str(tmp_path / "old"), "--run_name", "again"])  # a run from before the recipe
+    assert (older.advantage, older.minibatch_size, older.chosen) == ("gae", 8, {})
+    assert "step aside" not in capsys.readouterr().err  # its file gave the options: nothing to say
+    run.parse_args(["--config", str(tmp_path / "old"), "--minibatch_size", "4"])
+    assert "step aside: the command line gives --minibatch_size\n" in capsys.readouterr().err
     grpo = run.parse_args(["--agents", "single", "--advantage", "group"])  # the group baseline and G = 4, as before the recipe
     assert (grpo.group_baseline, grpo.group_size, grpo.minibatch_size) == ("group", 4, 8)
     for argv in ([], ["--agents", "chain3"], ["--task", "word", "--agents", "single"], ["--agents", "parallel"]):
