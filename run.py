@@ -351,7 +351,7 @@ def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -
     for option in [*task.options, *recipe]:  # checked whether or not the recipe applies: a misspelt name never hides
         if option not in options:
             raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
-    if not set(recipe) & given:  # one recipe: it steps aside as a whole for a command line that gives any of its options
+    if not set(recipe) & given:  # one recipe: it steps aside as a whole when any of its options is given (command line or --config file)
         own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
     elif set(recipe) & command_line:  # a --config file's own options set it aside silently: the file is what its run used
         written = " ".join(f"--{option} {value}" for option, value in recipe.items())
