@@ -11,12 +11,14 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations, with prefix sharing (the default) and without
-                (`--no-prefix_sharing`), with `--merged_generation` (and its weights in bfloat16,
-                `--merged_weight_dtype bfloat16`), without the rows sorted by length
+                (`--no-prefix_sharing`), without the merged copy (`--no-merged_generation`: the
+                adapters applied at every decoding step), with the merged copy in float32
+                (`--merged_weight_dtype=`), without the rows sorted by length
                 (`--no-sort_by_length`) and with peft's own LoRA forward (`--no-fused_lora`), one
                 run after the other: `prefix_sharing_speedup`, `merged_generation_speedup`,
                 `merged_bf16_weights_speedup`, `sort_by_length_speedup` and `fused_lora_speedup` are ratios of their
-                iteration times (each > 1 when the default's choice is the faster); the evaluation is reported apart. `floor_ratio`: the default
+                iteration times (each > 1 when the default's choice is the faster; `default_rollout` says
+                what the default decoded on, run.merged_bf16_by_default); the evaluation is reported apart. `floor_ratio`: the default
                 run's iteration time over its floor, the matrix products it executes at this
                 machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options);
                 `padding_free_floor_ratio`: over the products no implementation can skip (each
@@ -236,12 +238,11 @@ def phase_seconds(rows: list[dict]) -> dict:
     return table
 
 
-# The phase run's variants, each the default chain run with one option changed: the report's key of
-# its phase table, the option, the name of its speedup (how many times faster the option makes the
-# iteration: the default over the variant for an option that is off by default, the variant over
-# the default for one that is on).
-PHASE_VARIANTS = {"merged_generation": ("with_merged_generation", "--merged_generation", "merged_generation_speedup"),
-                  "merged_bf16_weights": ("with_merged_bf16_weights", "--merged_generation --merged_weight_dtype bfloat16",
+# The phase run's variants, each the default chain run with one of the default's choices undone: the
+# report's key of its phase table, the options, the name of its speedup (the variant's iteration time
+# over the default's: how many times faster the default's choice makes the iteration).
+PHASE_VARIANTS = {"merged_generation": ("without_merged_generation", "--no-merged_generation", "merged_generation_speedup"),
+                  "merged_bf16_weights": ("with_merged_float32_weights", "--merged_generation --merged_weight_dtype=",
                                           "merged_bf16_weights_speedup"),
                   "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup"),
                   "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup")}
@@ -261,7 +262,8 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
         rows, peak = run_marft(out, f"memory-default-{agents_name}", args, threads)
         memory["default"][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
         if is_phase_run and "phases" not in skip:
-            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows)}
+            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows),
+                           "default_rollout": rollout_path(out / "runs" / f"memory-default-{agents_name}")}
             plain_rows, plain_peak = run_marft(out, "phases-no-prefix-sharing", args + ["--no-prefix_sharing"], threads)
             phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows), "peak_rss_mib": plain_peak}
             phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
@@ -275,7 +277,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
                 variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + option.split(), threads)
                 phase_table[key] = {**phase_seconds(variant_rows), "peak_rss_mib": variant_peak}
                 seconds = phase_table["iteration_seconds_without_eval"], phase_table[key]["iteration_seconds_without_eval"]
-                phase_table[speedup] = seconds[1] / seconds[0] if option.startswith("--no-") else seconds[0] / seconds[1]
+                phase_table[speedup] = seconds[1] / seconds[0]
     if "memory" in skip:
         return phase_table, {}
     memory["default"]["ratio_4_to_1"] = memory["default"]["4_agents"]["peak_rss_mib"] / memory["default"]["1_agents"]["peak_rss_mib"]
@@ -285,6 +287,15 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
     memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
     memory["prompt_tokens_by_agent_position"] = prompt_lengths_by_position(tokenizer)
     return phase_table, memory
+
+
+def rollout_path(run_dir: Path) -> str:
+    """What a run's rollout decoded on, from its config.json: the adapters applied at every step, or
+    the merged copy (--merged_generation) with its weights in --merged_weight_dtype."""
+    config = json.loads((run_dir / "config.json").read_text())
+    if not config["merged_generation"]:
+        return "the adapters applied at every decoding step"
+    return f"the merged copy, its weights in {config['merged_weight_dtype'] or config['base_dtype']}"
 
 
 def iteration_floor(out: Path, phase_args: list[str], iterations: int, threads: int) -> dict:
@@ -595,13 +606,15 @@ def phases_lines(p: dict) -> list[str]:
                          f"(`padding_free_floor_ratio`)" if "padding_free_floor_ratio" in p else "")
                       + ". The profiled iteration's seconds by op family: "
                       + ", ".join(f"{name} {seconds / f['profiled_seconds']:.0%}" for name, seconds in shares.items()) + ".")
-    if "merged_generation_speedup" in p:
-        lines[-1] += (f" `--merged_generation` makes it **{p['merged_generation_speedup']:.2f}×** faster "
-                      f"(`merged_generation_speedup`; the rollout phase is what it changes).")
-    if "merged_bf16_weights_speedup" in p:
-        lines[-1] += (f" The merged copy with its linear layers' weights in bfloat16 (`--merged_weight_dtype bfloat16`: "
-                      f"the products in bf16, the rest in float32) makes it **{p['merged_bf16_weights_speedup']:.2f}×** faster "
-                      f"(`merged_bf16_weights_speedup`; only the sampling's numerics move: `charts/rollout_logprob_gap`).")
+    if "default_rollout" in p:
+        lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
+    if "without_merged_generation" in p:
+        lines[-1] += (f" The default iteration is **{p['merged_generation_speedup']:.2f}×** faster than with the adapters "
+                      f"applied at every decoding step (`--no-merged_generation`; `merged_generation_speedup`: the rollout phase is "
+                      f"what it changes, and only the sampling's numerics move: `charts/rollout_logprob_gap`).")
+    if "with_merged_float32_weights" in p:
+        lines[-1] += (f" It is **{p['merged_bf16_weights_speedup']:.2f}×** faster than with the merged copy in float32 "
+                      f"(`--merged_weight_dtype=`; `merged_bf16_weights_speedup`).")
     if "sort_by_length_speedup" in p:
         lines[-1] += (f" Sorting each agent's rows by length before the passes (`--sort_by_length`, the default) makes "
                       f"it **{p['sort_by_length_speedup']:.2f}×** faster (`sort_by_length_speedup`; every phase but the rollout).")

@@ -27,6 +27,15 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: position.get(item.path.name, len(LONGEST_FIRST)))  # stable: each file keeps its order
 
 
+@pytest.fixture(autouse=True)
+def cpu_without_bf16_instructions(monkeypatch):
+    """Every test in this process sees a CPU without bf16 instructions, so that the one default that
+    follows the machine (run.merged_bf16_by_default: the rollout on a bf16 merged copy) is off and
+    a test's numbers and recorded choices are the same on every machine; the tests of that choice
+    give the capabilities they mean. (marft.py run as a child process sees the real CPU.)"""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {})
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide Llama (random weights) saved with the embedded model's tokenizer and

@@ -2,7 +2,11 @@
 into a scratch copy of the base, W + ΔW, for decoding. The actions and the sampled tokens'
 log-probs must be those of the adapter path (float32: within float rounding), for every agent and
 for the bare base; a synced update must reach the copy; the training model must stay untouched;
-and a training run must log the plain run's metrics."""
+and a training run must log the plain run's metrics; on a CPU with bf16 instructions the default
+run decodes on the bf16 copy."""
+import json
+import math
+
 import pytest
 import torch
 
@@ -113,3 +117,24 @@ def test_training_iterations_with_and_without_merged_generation_log_the_same_met
     plain = assert_runs_log_alike(tmp_path / "plain", tmp_path / "merged", lines=3,
                                   loose=("charts/rollout_logprob_gap",))  # the gap is rounding itself
     assert plain[-1]["losses/value_loss"] > 0
+
+
+def test_on_a_cpu_with_bf16_instructions_the_default_run_decodes_on_the_bf16_copy_and_logs_its_gap(tiny_model_dir, tmp_path,
+                                                                                                    monkeypatch):
+    """The default options on a CPU that multiplies bf16 natively (run.merged_bf16_by_default): the
+    rollout and the evaluations decode on the bf16 merged copy, the run records it, and every
+    iteration logs the rollout's log-prob gap (the copy's rounding) within the stated 0.02 nats per
+    token; the PPO numbers are the training model's, finite."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True})
+    cfg = run.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj",
+                          "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5", "--eval_problems", "2",
+                          "--eval_samples", "1", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "default"])
+    assert (cfg.merged_generation, cfg.merged_weight_dtype) == (True, "bfloat16")
+    marft.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in rows if row["iteration"] > 0]
+    assert len(trained) == 2
+    for row in trained:
+        assert 0 < row["charts/rollout_logprob_gap"] < 0.02
+        losses = [row["losses/value_loss"], row["losses/policy_loss/planner"], row["losses/policy_loss/solver"]]
+        assert all(math.isfinite(loss) for loss in losses)

@@ -347,6 +347,39 @@ def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_pat
     assert (run.read_config(tmp_path / "g", "--resume").credit, run.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
 
 
+def test_the_hf_backend_on_a_cpu_with_bf16_instructions_decodes_on_a_bf16_merged_copy_unless_told(monkeypatch, tmp_path, capsys):
+    """Given neither --merged_generation nor --merged_weight_dtype, the rollout decodes on the merged
+    copy in bfloat16 where the CPU multiplies bf16 natively and the backend is hf; anything the
+    command line or a --config file says wins; --resume onto vLLM sets the copy aside."""
+    decodes_on = lambda cfg: (cfg.merged_generation, cfg.merged_weight_dtype)
+    for capabilities in ({"avx512_bf16": True}, {"avx512_bf16": False, "amx_bf16": True}):
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+        cfg = run.parse_args(["--output_dir", str(tmp_path), "--run_name", "bf16"])
+        assert decodes_on(cfg) == (True, "bfloat16") and set(cfg.chosen) == {"merged_generation", "merged_weight_dtype"}
+        assert "--merged_weight_dtype bfloat16: this CPU multiplies bf16 natively" in capsys.readouterr().err
+    assert decodes_on(run.parse_args(["--no-merged_generation"])) == (False, "")
+    assert decodes_on(run.parse_args(["--merged_generation"])) == (True, "")  # the float32 copy, as asked
+    assert decodes_on(run.parse_args(["--backend", "vllm"])) == (False, "")  # vLLM applies the adapters itself
+    assert not run.merged_bf16_by_default(run.Config(device="cuda"))  # never measured on a GPU
+    with monkeypatch.context() as gpu:
+        gpu.setattr(torch.cuda, "is_available", lambda: True)
+        assert not run.merged_bf16_by_default(run.Config(device="auto"))
+    run.Run(cfg)  # the run folder records the choice and why
+    saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert (saved["merged_generation"], saved["merged_weight_dtype"]) == (True, "bfloat16")
+    assert saved["chosen/merged_generation"].startswith("True: the hf backend on a CPU with bf16 instructions")
+    assert decodes_on(run.parse_args(["--config", str(tmp_path / "bf16")])) == (True, "bfloat16")
+    saved.pop("merged_generation"), saved.pop("merged_weight_dtype")  # a run from before the options: the adapter path
+    (tmp_path / "older.json").write_text(json.dumps(saved))
+    assert decodes_on(run.parse_args(["--config", str(tmp_path / "older.json")])) == (False, "")
+    resumed = run.parse_args(["--resume", str(tmp_path / "bf16"), "--backend", "vllm"])
+    assert decodes_on(resumed) == (False, "") and "--merged_generation steps aside" in capsys.readouterr().err
+    assert decodes_on(run.parse_args(["--resume", str(tmp_path / "bf16")])) == (True, "bfloat16")
+    for capabilities in ({}, {"avx2": True, "avx512_f": True}, {"bf16": True}):  # none, emulated bf16, Arm (never measured)
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+        assert decodes_on(run.parse_args([])) == (False, "") and run.parse_args([]).chosen == {}
+
+
 SINGLE_RECIPE = {"advantage": "group", "group_baseline": "batch", "group_size": 1, "minibatch_size": 16}
 
 
