@@ -21,7 +21,8 @@ adapter_sync), the profiled seconds split by op family, each op counted by its o
 The floor of an iteration: the matrix products it executes (the profiler's FLOP count of mm, addmm,
 bmm and baddbmm: padding included, attention's products not) at this machine's GEMM rate (the best
 of `--gemm_repeats` products of the model's MLP shape, [512, d_model] × [d_model, d_ff], in the base
-dtype at the run's threads). FLOPs per token (prompt + response tokens of every action) come from the
+dtype at the run's threads, timed once before the training and once after it: another process's
+burst on a shared machine during one of them does not lower the rate and so the floor). FLOPs per token (prompt + response tokens of every action) come from the
 profiled iteration; `floor_ratio` is the warm unprofiled iterations' seconds (all but the first;
 adapter sync included, evaluation not) over that rate × their tokens: how many times its floor an
 iteration takes.
@@ -237,9 +238,10 @@ def agent_tokens(org, rollout, cfg) -> list[AgentTokens]:
     return rows
 
 
-def profile(cfg, iterations: int) -> dict:
+def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
     """Train `iterations` iterations with the last under the profiler; returns the phase table,
-    the unprofiled iterations' seconds and tokens, and the model's shape."""
+    the unprofiled iterations' seconds and tokens, the model's shape and the GEMM rate before the
+    training."""
     seen = {"iterations": 0, "timings": [], "tokens": [], "padding_free_flops": []}
     original_build = marft.build
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True)
@@ -255,6 +257,7 @@ def profile(cfg, iterations: int) -> dict:
         config, weight = built[1].get_base_model().config, next(built[1].get_base_model().parameters())
         seen["shape"] = {"hidden": config.hidden_size, "intermediate": config.intermediate_size, "dtype": weight.dtype}
         seen["model_shape"] = model_shape(built[1])
+        seen["gemm_before"] = gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, gemm_repeats)
         return built
 
     def init(timer, *args, **kwargs):
@@ -285,7 +288,8 @@ def profile(cfg, iterations: int) -> dict:
     events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.flops())
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
     return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"],
-            "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"]}
+            "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"],
+            "gemm_before": seen["gemm_before"]}
 
 
 def report(measured: dict, gemm_rate: float) -> dict:
@@ -338,7 +342,10 @@ def markdown(result: dict) -> str:
     top = sorted(ops.items(), key=lambda item: -item[1])[:TOP_OPS]
     lines += ["", f"The {TOP_OPS} ops with the most self time in the profiled iteration: "
               + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in top) + "."]
-    lines += ["", f"GEMM rate {result['gemm_gflops_per_second']:.1f} GFLOP/s; {result['tokens'][-1]} tokens (prompt + "
+    timed = result.get("gemm_gflops_per_second_before_and_after")  # profiles from before it have one
+    lines += ["", f"GEMM rate {result['gemm_gflops_per_second']:.1f} GFLOP/s"
+              + (f" (the better of {timed[0]:.1f} before the training and {timed[1]:.1f} after it)" if timed else "")
+              + f"; {result['tokens'][-1]} tokens (prompt + "
               f"response of every action) in the profiled iteration, {result['matmul_flops_per_token'] / 1e6:.1f} MFLOP of "
               f"matrix products per token. The warm unprofiled iterations: {result['warm_seconds_per_iteration']:.1f} s "
               f"each against a floor of {result['warm_floor_seconds_per_iteration']:.1f} s: "
@@ -373,10 +380,12 @@ def main(argv: list[str] | None = None) -> dict:
                               "--run_name", "profiled", *marft_argv])
     if agents.resolve_device(cfg.device).startswith("cuda"):
         raise SystemExit("profile_iteration.py profiles the CPU (op times, the CPU's GEMM rate): give --device cpu after `--`")
-    measured = profile(cfg, args.iterations)
-    shape = measured.pop("shape")
-    result = report(measured, gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats))
-    result |= {"command": " ".join(argv), "threads": torch.get_num_threads(), "model": cfg.model,
+    measured = profile(cfg, args.iterations, args.gemm_repeats)
+    shape, before = measured.pop("shape"), measured.pop("gemm_before")
+    after = gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats)
+    result = report(measured, max(before, after))
+    in_checkout = [str(Path(a).relative_to(ROOT)) if Path(a).is_absolute() and Path(a).is_relative_to(ROOT) else a for a in argv]
+    result |= {"command": " ".join(in_checkout), "gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9], "threads": torch.get_num_threads(), "model": cfg.model,
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(result, indent=1) + "\n")

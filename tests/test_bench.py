@@ -84,6 +84,8 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
     assert "merged_generation_speedup" not in report["phases"]  # quick mode leaves that run out
+    profile = json.loads((tmp_path / "profile" / "profile.json").read_text())  # the floor's: the better of two GEMM timings
+    assert profile["gemm_gflops_per_second"] == max(profile["gemm_gflops_per_second_before_and_after"])
     # --render_only rebuilds the same table from bench.json alone.
     (tmp_path / "bench.md").unlink()
     bench.main(["--render_only", "--out", str(tmp_path)])
