@@ -382,8 +382,8 @@ def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -
 def merged_bf16_by_default(cfg: Config) -> bool:
     """Whether the rollout decodes on the bfloat16 merged copy when no option says otherwise: with
     the hf backend on a CPU whose instructions multiply bf16 (x86 avx512_bf16 or amx_bf16). There
-    the copy shortens an iteration of the default chain by about a quarter and learns as well at
-    equal time (docs/speed-and-memory.md). Without those instructions bf16 products are emulated
+    the copy shortens the default chain's rollout by about 40% and learns as well at equal time
+    (docs/speed-and-memory.md). Without those instructions bf16 products are emulated
     and decode slower than float32; on a GPU the copy (in the base's dtype) is faster too but holds
     a second base, which a large model may not have room for (docs/gpus.md): both keep the adapter
     path unless told."""

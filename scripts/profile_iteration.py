@@ -21,8 +21,8 @@ adapter_sync), the profiled seconds split by op family, each op counted by its o
 The floor of an iteration: the matrix products it executes (the profiler's FLOP count of mm, addmm,
 bmm and baddbmm: padding included, attention's products not) at this machine's GEMM rate (the best
 of `--gemm_repeats` products of the model's MLP shape, [512, d_model] × [d_model, d_ff], in the base
-dtype at the run's threads, timed once before the training and once after it: another process's
-burst on a shared machine during one of them does not lower the rate and so the floor). FLOPs per token (prompt + response tokens of every action) come from the
+dtype at the run's threads, timed once before the training and once after it: a slow timing, which
+on a shared machine one of them can be, does not lower the rate and so raise the floor). FLOPs per token (prompt + response tokens of every action) come from the
 profiled iteration; `floor_ratio` is the warm unprofiled iterations' seconds (all but the first;
 adapter sync included, evaluation not) over that rate × their tokens: how many times its floor an
 iteration takes.
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> dict:
     after = gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats)
     result = report(measured, max(before, after))
     in_checkout = [str(Path(a).relative_to(ROOT)) if Path(a).is_absolute() and Path(a).is_relative_to(ROOT) else a for a in argv]
-    result |= {"command": " ".join(in_checkout), "gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9], "threads": torch.get_num_threads(), "model": cfg.model,
+    result |= {"command": " ".join(in_checkout), "gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9],
+               "threads": torch.get_num_threads(), "model": cfg.model,
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -360,7 +360,7 @@ def test_the_hf_backend_on_a_cpu_with_bf16_instructions_decodes_on_a_bf16_merged
     assert decodes_on(run.parse_args(["--no-merged_generation"])) == (False, "")
     assert decodes_on(run.parse_args(["--merged_generation"])) == (True, "")  # the float32 copy, as asked
     assert decodes_on(run.parse_args(["--backend", "vllm"])) == (False, "")  # vLLM applies the adapters itself
-    assert not run.merged_bf16_by_default(run.Config(device="cuda"))  # never measured on a GPU
+    assert not run.merged_bf16_by_default(run.Config(device="cuda"))  # a GPU: the copy would be a second base
     with monkeypatch.context() as gpu:
         gpu.setattr(torch.cuda, "is_available", lambda: True)
         assert not run.merged_bf16_by_default(run.Config(device="auto"))
