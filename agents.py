@@ -527,10 +527,10 @@ class SharedPrefix(NamedTuple):
 
 def run_shared_prefix(model: PeftModel, prompt_ids: list[list[int]], adapter: str | None) -> SharedPrefix | None:
     """The prefix every prompt of these rows shares (`shared_prefix_length`), run once under
-    `adapter` with gradient; None when they share nothing or under gradient checkpointing (whose
-    layers keep no cache)."""
+    `adapter` (with gradient where grad is enabled); None when they share nothing or, for a pass
+    with gradient, under gradient checkpointing (whose layers keep no cache)."""
     length = shared_prefix_length(prompt_ids)
-    if length == 0 or getattr(model.get_base_model().model, "gradient_checkpointing", False):
+    if length == 0 or (torch.is_grad_enabled() and getattr(model.get_base_model().model, "gradient_checkpointing", False)):
         return None
     with active_adapter(model, adapter):
         computed = prefix_states(model, prompt_ids[0][:length])

@@ -297,17 +297,28 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
     """log π^i_old, V_φ (zeros without a critic) and the decision mask, log π_ref per token (only when
     kl_coef > 0), of every sample."""
     chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch of this rank
-    batches = []  # (role, samples) of every forward batch
+    batches = []  # (agent, role, samples) of every forward batch
     for n, role in enumerate(org.order):
         idx = length_order(rollout, rollout.agent_samples(n), cfg.sort_by_length)
-        batches += [(role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
-    for role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
-        policy = decision_logprobs(model, pad, rollout, chunk, agents_lib.policy_adapter_name(role, cfg.shared_adapter), cfg)
+        batches += [(n, role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
+    prefixes = {}  # (agent, adapter, reader) → the prompt prefix all the agent's samples share
+
+    def prefix(n: int, adapter: str | None, reader: str = "policy") -> agents_lib.SharedPrefix | None:
+        """Run once for all the agent's batches (not once per batch)."""
+        if (n, adapter, reader) not in prefixes:
+            prefixes[n, adapter, reader] = agent_prefix(model, rollout, torch.tensor(rollout.agent_samples(n)), adapter, cfg, reader)
+        return prefixes[n, adapter, reader]
+
+    for n, role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
+        adapter = agents_lib.policy_adapter_name(role, cfg.shared_adapter)
+        policy = decision_logprobs(model, pad, rollout, chunk, adapter, cfg, prefix(n, adapter))
         # V_φ(o_t ⊕ a_{t,<k}): the critic reads every earlier action of the step (rollout.py's docstring)
-        values = (critic_lib.decision_values(model, value_heads, critic_lib.critic_adapter_name(role, cfg.critic_per_agent),
-                                             *rollout.sequences(chunk, reader="critic"), pad, cfg.level, cfg.prefix_sharing)
+        critic = critic_lib.critic_adapter_name(role, cfg.critic_per_agent)
+        values = (critic_lib.decision_values(model, value_heads, critic, *rollout.sequences(chunk, reader="critic"), pad,
+                                             cfg.level, cfg.prefix_sharing, prefix(n, critic, "critic"))
                   if cfg.advantage == "gae" else torch.zeros_like(policy.logprob))
-        ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg, temperature=run_lib.role_temperature(cfg, role)).token_logprob
+        ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg, prefix(n, None),
+                                 temperature=run_lib.role_temperature(cfg, role)).token_logprob
                if cfg.kl_coef > 0
                else torch.zeros_like(policy.token_logprob))
         chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
@@ -523,8 +534,9 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
     """log π^{i_m}_new per decision of the agent's samples under its updated adapter, [n, L] like old.logprob."""
     new_logprob = torch.zeros(len(samples), old.logprob.shape[1])
     positions = torch.tensor(length_order(rollout, samples.tolist(), cfg.sort_by_length, positions=True), dtype=torch.long)
+    prefix = agent_prefix(model, rollout, samples, adapter, cfg)  # run once for all the batches
     for chunk in distributed.shard(positions.split(cfg.forward_batch_size)):  # every G-th batch per rank
-        logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg).logprob
+        logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg, prefix).logprob
         new_logprob[chunk, : logprob.shape[1]] = logprob
     return distributed.sum_(new_logprob)
 
@@ -631,7 +643,6 @@ def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, 
         optimiser.zero_grad(set_to_none=True)
         return False
     optimiser.step()
-    run_lib.return_freed_memory()  # the micro-batches' activations are freed: the next minibatch starts low
     return True
 
 

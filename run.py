@@ -417,8 +417,9 @@ def return_freed_memory() -> None:
     threshold (up to 32 MiB) each time a larger mapped block is freed, so the heap keeps every
     large activation buffer it ever held, and freed small blocks keep their pages. The first call
     fixes the threshold at 1 MiB, so every larger tensor is mapped on its own and unmapped when
-    freed; every call returns the heap's free pages (malloc_trim). Called at start, at the end of
-    every phase and after every optimiser step. No-op without glibc."""
+    freed; every call returns the heap's free pages (malloc_trim, 60–70 ms here). Called at start and
+    at the end of every phase: after every optimiser step as well it cost 1.3 s of a default
+    iteration for a peak 1.5% lower. No-op without glibc."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
 

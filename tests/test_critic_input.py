@@ -166,6 +166,7 @@ def test_parallel_advantages_of_hand_values_read_on_the_critics_prompt(tokenizer
     # policy prompt, V_b = 0.3 in both episodes, δ_a = 0 in both: nothing about solver_a's action.)
     monkeypatch.setattr(critic, "decision_values", hand_critic(tokenizer))
     monkeypatch.setattr(agents, "policy_logprobs", no_policy)
+    monkeypatch.setattr(marft, "agent_prefix", lambda *args, **kwargs: None)  # no model: no prefix to run
     org = load_organisation("parallel")
     cfg = run_lib.Config(agents="parallel", credit="last", gamma_agent=1.0, lam=0.5)
     rollout = play_parallel(tokenizer, cfg)
