@@ -45,7 +45,11 @@ paper) is
 Each adapted projection computes h = W x + s · B A x (peft LoRA). With `--fused_lora` (on,
 `fuse_lora_updates`) the scaling s multiplies the rank-r product A x and B's product adds itself
 onto W x in one matrix product, instead of peft's two elementwise passes at the projection's
-full width; the same function up to float rounding.
+full width; the same function up to float rounding. With `--onednn_linear` (on,
+`onednn_frozen_linears`) the frozen base's float32 products W x, and ∂L/∂x = (∂L/∂h) W in the
+backward pass, run through oneDNN instead of torch's default matrix library: the same products up
+to float rounding, at the rate of whichever library is faster on the machine (the bench's
+`onednn_linear_speedup`).
 
 Prefix sharing (`forward_responses`, generation.generate; Config `prefix_sharing`, on by default): about
 three quarters of an agent's prompt is its fixed instructions and worked example, identical in
@@ -256,6 +260,8 @@ def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer
     model.to(device)  # the adapters (made on the CPU by peft when the base is elsewhere)
     if cfg.fused_lora:
         fuse_lora_updates(model)
+    if cfg.onednn_linear:
+        onednn_frozen_linears(model)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model, tokenizer
@@ -338,6 +344,59 @@ def fuse_lora_updates(model: PeftModel) -> int:
             for adapter in module.lora_A:
                 module.lora_variant.setdefault(adapter, _ScaledLowRankUpdate())
                 count += 1
+    return count
+
+
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's linear operator (x86 and Arm builds of torch for the CPU)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x Wᵀ + b by oneDNN, x [.., in] and W [out, in] (or any strided view of that shape) → [.., out]."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """h = x Wᵀ + b with W and b frozen: the backward pass needs only ∂L/∂x = (∂L/∂h) W, itself the
+    product of ∂L/∂h with Wᵀ read as a [in, out] weight (a view: no copy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return _onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        return _onednn_linear(grad_out, weight.t(), None), None, None  # [.., out] × [out, in] → [.., in]
+
+
+class OneDnnLinear(torch.nn.Linear):
+    """A frozen torch.nn.Linear whose float32 products on the CPU run through oneDNN (`_FrozenLinear`);
+    any other case (a trainable weight, another dtype or device) is torch's own linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.requires_grad or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32:
+            return super().forward(x)
+        return _FrozenLinear.apply(x, self.weight, self.bias)
+
+
+def onednn_frozen_linears(model: torch.nn.Module) -> int:
+    """--onednn_linear: every frozen float32 torch.nn.Linear of the model on the CPU (the base's
+    projections under the adapters, its output layer) becomes a `OneDnnLinear`, in place (its
+    class only: the same parameters, names and state dict); the adapters' own small products and
+    the value heads stay torch's. Torch's default library for float32 products (MKL in its x86
+    builds) runs below the CPU's vector width on some CPUs (AMD's among them), oneDNN at it.
+    Returns how many layers; 0 without oneDNN (`onednn_available`)."""
+    if not onednn_available():
+        return 0
+    count = 0
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and not module.weight.requires_grad and module.weight.dtype == torch.float32
+                and module.weight.device.type == "cpu"):
+            module.__class__ = OneDnnLinear
+            count += 1
     return count
 
 

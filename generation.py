@@ -70,38 +70,30 @@ def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
     return next((k + 1 for k, token in enumerate(tokens) if token in stop_ids), len(tokens))
 
 
-class TokenSampler(LogitsProcessor):
-    """Chooses each step's token itself and records its log-prob under the distribution it was drawn
-    from (logits / T, after top-p): the last processor of `generate`, which then runs its greedy step
-    on the scores returned (0 at the chosen token, −inf elsewhere).
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records log p(sampled token) under the processed scores it was drawn from (logits / T,
+    after top-p), keeping one [n, V] table at a time instead of every step's scores: at each step
+    it reads the previous step's table at the token that was sampled from it. The last processor
+    of `generate`, so it sees exactly the distribution sampled from; returns the scores unchanged."""
 
-    Sampling is the inverse transform: one uniform u per row, the token whose interval of the running
-    sum of p holds u (in float64, so that no token of positive probability loses its interval to
-    rounding). The same distribution as `torch.multinomial`, which on a CPU draws one exponential per
-    vocabulary entry: 12 ms a step for 16 rows × 49k tokens on this project's 2 cores, against
-    under 1 ms here. Greedy: the argmax."""
-
-    def __init__(self, greedy: bool):
-        self.greedy = greedy
-        self.steps: list[torch.Tensor] = []  # log p of the token chosen at each step, each [n]
+    def __init__(self):
+        self.previous: torch.Tensor | None = None  # log-softmax of the last step's scores, [n, V]
+        self.steps: list[torch.Tensor] = []  # log p of the token sampled at each step, each [n]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        log_p = torch.log_softmax(scores.float(), dim=-1)  # [n, V]
-        if self.greedy:
-            chosen = log_p.argmax(dim=-1, keepdim=True)  # [n, 1]
-        else:
-            running = log_p.exp().double().cumsum(dim=-1)  # [n, V]; the last column is Σp = 1 up to rounding
-            if not torch.isfinite(running[:, -1]).all():
-                raise FloatingPointError("generation: the next-token distribution holds NaN or inf "
-                                         "(the model's weights diverged: resume from an earlier checkpoint)")
-            u = torch.rand(len(scores), 1, dtype=torch.float64, device=scores.device) * running[:, -1:]  # [n, 1]
-            chosen = torch.searchsorted(running, u, right=True).clamp(max=scores.shape[-1] - 1)  # first column with running > u
-        self.steps.append(log_p.gather(-1, chosen).squeeze(-1))
-        return torch.full_like(scores, -float("inf")).scatter_(-1, chosen, 0.0)
+        self.read(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
 
-    def table(self, rows: int) -> torch.Tensor:
-        """log p of every generated token, [n, steps]."""
-        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(rows, 0)
+    def read(self, sampled: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, sampled.unsqueeze(-1)).squeeze(-1))
+            self.previous = None
+
+    def table(self, sequences: torch.Tensor) -> torch.Tensor:
+        """log p of every generated token, [n, steps], after reading the last step's token."""
+        self.read(sequences[:, -1])
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(sequences), 0)
 
 
 @torch.no_grad()
@@ -126,11 +118,10 @@ def generate(
     pad_id = tokenizer.pad_token_id
     stop_ids = stop_token_ids(tokenizer.eos_token_id, backbone(model).generation_config.eos_token_id)
     greedy = sampling.temperature == 0
-    # the temperature and top-p warpers are given here, in order, before the sampler: it then draws
-    # from (and records the log-probs of) the processed distribution.
-    # the sampler (`TokenSampler`) chooses every token, so transformers runs its greedy step
-    config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
-                              top_k=None, pad_token_id=pad_id, eos_token_id=stop_ids or None)
+    # transformers puts its own temperature and top-p warpers after a caller's processors, so they
+    # are given here, in order, before the recorder: it then sees the distribution sampled from.
+    config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, temperature=1.0, top_p=1.0,
+                              top_k=None if greedy else 0, pad_token_id=pad_id, eos_token_id=stop_ids or None)
     warpers = ([TemperatureLogitsWarper(sampling.temperature)] if not greedy and sampling.temperature != 1.0 else []) + \
               ([TopPLogitsWarper(sampling.top_p)] if not greedy and sampling.top_p < 1.0 else [])  # top-p sorts the vocabulary
     out = Actions([], [])
@@ -149,11 +140,11 @@ def generate(
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
             cache = prefix_cache(model, chunk[0][:shared], len(chunk)) if shared else None
-            sampler = TokenSampler(greedy)
+            recorder = SampledTokenLogprobs()
             sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
                                        past_key_values=cache, generation_config=config,
-                                       logits_processor=LogitsProcessorList([*warpers, sampler]))  # [n, W + steps]
-            sampled_logprobs = sampler.table(len(chunk)).cpu()  # [n, steps]
+                                       logits_processor=LogitsProcessorList([*warpers, recorder]))  # [n, W + steps]
+            sampled_logprobs = recorder.table(sequences).cpu()  # [n, steps]
             for row, tokens in enumerate(sequences[:, width:].cpu().tolist()):
                 keep = _cut_at_stop(tokens, stop_ids)
                 out.token_ids.append(tokens[:keep])

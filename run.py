@@ -239,6 +239,8 @@ class Config:
     """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
     fused_lora: bool = True
     """each adapter's update computed as W x + B (s · A x) with the scaling s on the rank-r product and the sum inside one matrix product (agents.fuse_lora_updates), two elementwise passes over every adapted projection's output fewer than peft's own forward; off: peft's forward (the same numbers up to float rounding)"""
+    onednn_linear: bool = True
+    """the frozen base's float32 products on the CPU, forward and backward, run through oneDNN (agents.onednn_frozen_linears) instead of torch's default matrix library (MKL on x86), which on some CPUs (AMD's) runs below their vector width; the same products up to float rounding; off: torch's own linear"""
     sort_by_length: bool = True
     """order each agent's rows by length (prompt + response tokens) before they are cut into no-grad forward batches and gradient micro-batches, so that rows of like length share a pass and less of it is padding; off: the rollout's order (the same numbers up to float rounding)"""
     prefix_sharing: bool = True

@@ -10,19 +10,21 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 adapters (random, nonzero LoRA weights), the same thread count, after one warm-up call.
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
-                averaged over its iterations, with prefix sharing (the default) and without
-                (`--no-prefix_sharing`), without the merged copy (`--no-merged_generation`: the
-                adapters applied at every decoding step), with the merged copy in float32
-                (`--merged_weight_dtype=`), without the rows sorted by length
-                (`--no-sort_by_length`) and with peft's own LoRA forward (`--no-fused_lora`), one
+                averaged over its iterations after the first (whose one-time costs are reported
+                apart), with prefix sharing (the default) and without (`--no-prefix_sharing`),
+                without the merged copy (`--no-merged_generation`: the adapters applied at every
+                decoding step), with the merged copy in float32 (`--merged_weight_dtype=`), without
+                the rows sorted by length (`--no-sort_by_length`), with peft's own LoRA forward
+                (`--no-fused_lora`) and with torch's own float32 products (`--no-onednn_linear`), one
                 run after the other: `prefix_sharing_speedup`, `merged_generation_speedup`,
-                `merged_bf16_weights_speedup`, `sort_by_length_speedup` and `fused_lora_speedup` are ratios of their
-                iteration times (each > 1 when the default's choice is the faster; `default_rollout` says
-                what the default decoded on, run.merged_bf16_by_default); the evaluation is reported apart. `floor_ratio`: the default
-                run's iteration time over its floor, the matrix products it executes at this
-                machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options);
-                `padding_free_floor_ratio`: over the products no implementation can skip (each
-                agent's shared prefix once, no padding; the same script).
+                `merged_bf16_weights_speedup`, `sort_by_length_speedup`, `fused_lora_speedup` and
+                `onednn_linear_speedup` are ratios of their iteration times (each > 1 when the
+                default's choice is the faster; `default_rollout` says what the default decoded on,
+                run.merged_bf16_by_default); the evaluation is reported apart. `floor_ratio`: the
+                default run's iteration time over its floor, the matrix products it executes at this
+                machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options,
+                over the same iterations); `padding_free_floor_ratio`: over the products no
+                implementation can skip (each agent's shared prefix once, no padding; the same script).
     memory      peak resident memory (ru_maxrss of the `marft.py` process) of 1, 2 and 4 agents
                 (`--agents single | chain | chain4`) at the same number of problems per iteration,
                 with the default options and critic + GAE for all three (`--advantage gae`: the
@@ -91,14 +93,16 @@ from run import Config  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
-FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=2,
-            phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora"), eval_problems=4, learning_minutes=10.0,
+FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
+            phase_cold_iterations=1,
+            phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
+                            "onednn_linear"), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
                            "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the phase run's
 # variants but the one without prefix sharing are left out (tests compare each option's numbers on and off).
-QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_variants=(),
+QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_cold_iterations=0, phase_variants=(),
              eval_problems=1, learning_minutes=0.1,
              learning_runs=("chain-group",), learning_seeds=(1,))
 
@@ -230,11 +234,17 @@ def short_run_args(sizes: dict, agents_name: str, iterations: int) -> list[str]:
 PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync", "eval")
 
 
-def phase_seconds(rows: list[dict]) -> dict:
-    """Mean seconds of each phase over a run's trained iterations (metrics `time/<phase>`)."""
+def phase_seconds(rows: list[dict], cold: int = 0) -> dict:
+    """Mean seconds of each phase over a run's trained iterations (metrics `time/<phase>`) after its
+    first `cold` ones, which carry one-time costs (first touches of memory, kernels set up for new
+    shapes); their iteration time, evaluation left out, is kept apart."""
     trained = [r for r in rows if r["iteration"] > 0]
-    table = {"iterations": len(trained), **{f"{p}_seconds": sum(r[f"time/{p}"] for r in trained) / len(trained) for p in PHASES}}
+    warm = trained[cold:]
+    table = {"iterations": len(warm), **{f"{p}_seconds": sum(r[f"time/{p}"] for r in warm) / len(warm) for p in PHASES}}
     table["iteration_seconds_without_eval"] = sum(table[f"{p}_seconds"] for p in PHASES if p != "eval")
+    if cold:
+        table["cold_iterations"] = cold
+        table["cold_iteration_seconds_without_eval"] = sum(r[f"time/{p}"] for r in trained[:cold] for p in PHASES if p != "eval") / cold
     return table
 
 
@@ -245,7 +255,8 @@ PHASE_VARIANTS = {"merged_generation": ("without_merged_generation", "--no-merge
                   "merged_bf16_weights": ("with_merged_float32_weights", "--merged_generation --merged_weight_dtype=",
                                           "merged_bf16_weights_speedup"),
                   "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup"),
-                  "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup")}
+                  "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup"),
+                  "onednn_linear": ("without_onednn_linear", "--no-onednn_linear", "onednn_linear_speedup")}
 
 
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
@@ -262,20 +273,20 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
         rows, peak = run_marft(out, f"memory-default-{agents_name}", args, threads)
         memory["default"][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
         if is_phase_run and "phases" not in skip:
-            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows),
+            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows, sizes["phase_cold_iterations"]),
                            "default_rollout": rollout_path(out / "runs" / f"memory-default-{agents_name}")}
             plain_rows, plain_peak = run_marft(out, "phases-no-prefix-sharing", args + ["--no-prefix_sharing"], threads)
-            phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows), "peak_rss_mib": plain_peak}
+            phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows, sizes["phase_cold_iterations"]), "peak_rss_mib": plain_peak}
             phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
                                                      / phase_table["iteration_seconds_without_eval"])
-            phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], threads)
+            phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], sizes["phase_cold_iterations"], threads)
             phase_table["floor_ratio"] = phase_table["iteration_seconds_without_eval"] / phase_table["floor"]["floor_seconds"]
             phase_table["padding_free_floor_ratio"] = (phase_table["iteration_seconds_without_eval"]
                                                        / phase_table["floor"]["padding_free_floor_seconds"])
             for variant in sizes["phase_variants"]:
                 key, option, speedup = PHASE_VARIANTS[variant]
                 variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + option.split(), threads)
-                phase_table[key] = {**phase_seconds(variant_rows), "peak_rss_mib": variant_peak}
+                phase_table[key] = {**phase_seconds(variant_rows, sizes["phase_cold_iterations"]), "peak_rss_mib": variant_peak}
                 seconds = phase_table["iteration_seconds_without_eval"], phase_table[key]["iteration_seconds_without_eval"]
                 phase_table[speedup] = seconds[1] / seconds[0]
     if "memory" in skip:
@@ -298,11 +309,11 @@ def rollout_path(run_dir: Path) -> str:
     return f"the merged copy, its weights in {config['merged_weight_dtype'] or config['base_dtype']}"
 
 
-def iteration_floor(out: Path, phase_args: list[str], iterations: int, threads: int) -> dict:
+def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int, threads: int) -> dict:
     """The phase run's floor (scripts/profile_iteration.py): the same options and seed, one more
     iteration, the last under the profiler; its matrix FLOPs per token at this machine's GEMM rate
-    over the tokens of the phase run's iterations (the same problems: the same seed), and the
-    profiled iteration's seconds by op family."""
+    over the tokens of the phase run's iterations after its first `cold` ones (the same problems:
+    the same seed), and the profiled iteration's seconds by op family."""
     options = [a for i, a in enumerate(phase_args) if a != "--iterations" and phase_args[i - 1 : i] != ["--iterations"]]
     folder = out / "profile"
     command = [sys.executable, str(ROOT / "scripts" / "profile_iteration.py"), "--iterations", str(iterations + 1),
@@ -313,8 +324,9 @@ def iteration_floor(out: Path, phase_args: list[str], iterations: int, threads: 
         raise SystemExit(f"profile_iteration.py {' '.join(command[2:])} failed:\n{result.stderr[-3000:]}")
     profile = json.loads((folder / "profile.json").read_text())
     shutil.rmtree(folder / "runs", ignore_errors=True)
-    return {"floor_seconds": sum(profile["floor_seconds_by_iteration"][:iterations]) / iterations,
-            "padding_free_floor_seconds": sum(profile["padding_free_floor_seconds_by_iteration"][:iterations]) / iterations,
+    warm = slice(cold, iterations)  # the iterations phase_seconds averages
+    return {"floor_seconds": sum(profile["floor_seconds_by_iteration"][warm]) / (iterations - cold),
+            "padding_free_floor_seconds": sum(profile["padding_free_floor_seconds_by_iteration"][warm]) / (iterations - cold),
             "gemm_gflops_per_second": profile["gemm_gflops_per_second"],
             "matmul_mflop_per_token": profile["matmul_flops_per_token"] / 1e6,
             **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")}}
@@ -587,7 +599,8 @@ def phases_lines(p: dict) -> list[str]:
     columns = [("without_prefix_sharing", "without prefix sharing")] + [
         (key, f"with {option}") for key, option, _ in PHASE_VARIANTS.values() if key in p]
     variants, heads = [p[key] for key, _ in columns], [head for _, head in columns]
-    lines = [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, mean of {p['iterations']}) | seconds "
+    warm = f"mean of {p['iterations']}" + (" after the first" if p.get("cold_iterations") else "")
+    lines = [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, {warm}) | seconds "
              f"| {' | '.join(heads)} |", "| --- | --- |" + " --- |" * len(variants)]
     lines += [f"| {name.replace('_', ' ')} | {p[f'{name}_seconds']:.1f} | "
               + " | ".join(f"{v[f'{name}_seconds']:.1f}" for v in variants) + " |" for name in PHASES if name != "eval"]
@@ -595,6 +608,10 @@ def phases_lines(p: dict) -> list[str]:
               + " | ".join(f"**{v['iteration_seconds_without_eval']:.1f}**" for v in variants) + " |", "",
               f"Prefix sharing (the default) makes an iteration **{p['prefix_sharing_speedup']:.2f}×** faster "
               f"(`prefix_sharing_speedup`; the runs of this report, one after the other)."]
+    if p.get("cold_iterations"):
+        lines[-1] += (f" Each run's first iteration, with its one-time costs (memory touched for the first time, "
+                      f"kernels set up for new shapes), is left out of the means: the default's took "
+                      f"{p['cold_iteration_seconds_without_eval']:.1f} s.")
     if "floor" in p:  # reports from before the floor have none
         f, shares = p["floor"], p["floor"]["profiled_seconds_by_family"]
         lines[-1] += (f" Its floor, the matrix products it executes at this machine's GEMM rate "
@@ -621,6 +638,9 @@ def phases_lines(p: dict) -> list[str]:
     if "fused_lora_speedup" in p:
         lines[-1] += (f" The fused LoRA update (`--fused_lora`, the default: the scaling on the rank-r product, the sum inside "
                       f"the matrix product) makes it **{p['fused_lora_speedup']:.2f}×** faster (`fused_lora_speedup`).")
+    if "onednn_linear_speedup" in p:
+        lines[-1] += (f" The frozen base's float32 products through oneDNN (`--onednn_linear`, the default) make it "
+                      f"**{p['onednn_linear_speedup']:.2f}×** faster than through torch's default library (`onednn_linear_speedup`).")
     return lines + [""]
 
 

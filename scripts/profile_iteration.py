@@ -10,7 +10,7 @@ cut to one problem (the evaluation is not a phase of the table).
 Per phase (marft.PhaseTimer's: rollout, values, advantages, policy_update, critic_update,
 adapter_sync), the profiled seconds split by op family, each op counted by its own (self) time:
 
-    matrix products   aten::mm / addmm / bmm / baddbmm / matmul / linear (the base's and LoRA's projections)
+    matrix products   aten::mm / addmm / bmm / baddbmm / matmul / linear and oneDNN's linear (the base's and LoRA's projections)
     attention         scaled dot-product attention and its backward
     elementwise       every other aten op that computes: norms, activations, softmax, sums, sampling
     copies & layout   copies, casts, cat/stack, indexing, views, allocations
@@ -19,9 +19,10 @@ adapter_sync), the profiled seconds split by op family, each op counted by its o
     python & other    the phase's time inside no op: Python, tokenising, grading, the profiler itself
 
 The floor of an iteration: the matrix products it executes (the profiler's FLOP count of mm, addmm,
-bmm and baddbmm: padding included, attention's products not) at this machine's GEMM rate (the best
-of `--gemm_repeats` products of the model's MLP shape, [512, d_model] × [d_model, d_ff], in the base
-dtype at the run's threads, timed once before the training and once after it: a slow timing, which
+bmm and baddbmm, and of oneDNN's linear: padding included, attention's products not) at this
+machine's GEMM rate (the best of `--gemm_repeats` products of the model's MLP shape, [512, d_model] ×
+[d_model, d_ff], in the base dtype at the run's threads, by torch's default library and by oneDNN,
+the faster counting; timed once before the training and once after it: a slow timing, which
 on a shared machine one of them can be, does not lower the rate and so raise the floor). FLOPs per token (prompt + response tokens of every action) come from the
 profiled iteration; `floor_ratio` is the warm unprofiled iterations' seconds (all but the first;
 adapter sync included, evaluation not) over that rate × their tokens: how many times its floor an
@@ -69,9 +70,10 @@ import run as run_lib  # noqa: E402
 
 PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync")
 FAMILIES = ("matrix products", "attention", "elementwise", "copies & layout", "autograd engine", "optimiser", "python & other")
-MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+ONEDNN_LINEAR = "mkldnn::_linear_pointwise"  # --onednn_linear's product (agents.OneDnnLinear), whose FLOPs the profiler does not count
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", ONEDNN_LINEAR}
 TOP_OPS = 12  # ops listed by self time under the table
-COUNTED_FLOPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}  # aten::matmul / linear call these
+COUNTED_FLOPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", ONEDNN_LINEAR}  # aten::matmul / linear call these
 LAYOUT = {"aten::" + name for name in (
     "copy_", "_to_copy", "to", "contiguous", "clone", "cat", "stack", "index", "index_select", "gather", "scatter",
     "scatter_", "slice", "view", "transpose", "t", "reshape", "_reshape_alias", "_unsafe_view", "expand", "expand_as",
@@ -98,6 +100,18 @@ def family(name: str, under_optimiser: bool) -> str:
     if name.startswith("aten::"):
         return "elementwise"
     return "python & other"
+
+
+def event_flops(name: str, profiler_flops: int, shapes: list[list[int]]) -> int:
+    """An op's FLOPs: the profiler's count, and for oneDNN's linear (which it leaves at 0) 2 · rows ·
+    in · out from its input [.., in] and weight [out, in]."""
+    if name != ONEDNN_LINEAR:
+        return profiler_flops
+    x, weight = shapes[0], shapes[1]
+    rows = 1
+    for size in x[:-1]:
+        rows *= size
+    return 2 * rows * x[-1] * weight[0]
 
 
 class Event(NamedTuple):
@@ -150,14 +164,23 @@ def phase_table(events: list[Event]) -> dict:
 
 
 def gemm_flops_per_second(hidden: int, intermediate: int, dtype: torch.dtype, repeats: int) -> float:
-    """This machine's matrix-product rate on the model's MLP shape: the best of `repeats` products."""
+    """This machine's matrix-product rate on the model's MLP shape, [512, hidden] × [hidden, intermediate]:
+    the best of `repeats` products by each library the run can use, torch's default (torch.mm: MKL in
+    torch's x86 builds) and, for float32 where torch has it, oneDNN (agents.OneDnnLinear's product,
+    --onednn_linear), which on some CPUs runs at twice MKL's rate; the faster library's rate is the
+    machine's."""
     a, b = torch.randn(512, hidden, dtype=dtype), torch.randn(hidden, intermediate, dtype=dtype)
-    torch.mm(a, b)  # warm-up
+    products = [lambda: torch.mm(a, b)]
+    if dtype == torch.float32 and agents.onednn_available():
+        weight = b.t().contiguous()  # [intermediate, hidden], as a linear layer holds it
+        products.append(lambda: agents._onednn_linear(a, weight, None))
     best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
+    for product in products:
+        product()  # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - t0)
     return 2 * 512 * hidden * intermediate / best
 
 
@@ -285,7 +308,7 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
     finally:
         marft.PhaseTimer.__call__, marft.PhaseTimer.__init__ = original_call, original_init
         vars(marft).update(originals)
-    events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.flops())
+    events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), event_flops(e.name(), e.flops(), e.shapes()))
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
     return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"],
             "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"],

@@ -108,27 +108,6 @@ def test_sampling_is_reproducible_with_the_seed(setup):
     assert first == second
 
 
-def test_the_sampler_draws_each_token_with_its_probability_and_records_its_log_prob():
-    """TokenSampler's inverse transform on a hand-set distribution p = (0.1, 0, 0.6, 0.3), 40,000 rows
-    in one step: each frequency within 0.01 of p (4 standard deviations of a binomial frequency here),
-    a token of probability 0 never drawn, the recorded log-prob log p of the token drawn, and the
-    scores handed back to generate's greedy step 0 at that token and −inf elsewhere."""
-    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
-    scores = p.log().expand(40_000, -1).clone()  # [n, V]
-    torch.manual_seed(0)
-    sampler = generation.TokenSampler(greedy=False)
-    handed_back = sampler(None, scores)
-    chosen = handed_back.argmax(-1)
-    frequencies = torch.bincount(chosen, minlength=4) / len(chosen)
-    assert torch.allclose(frequencies, p, atol=0.01)
-    assert frequencies[1] == 0
-    assert torch.equal(sampler.table(len(scores))[:, 0], p.log()[chosen])
-    assert torch.equal(handed_back.isfinite(), torch.nn.functional.one_hot(chosen, 4).bool())
-    assert generation.TokenSampler(greedy=True)(None, scores[:2]).argmax(-1).tolist() == [2, 2]
-    with pytest.raises(FloatingPointError, match="NaN or inf"):
-        generation.TokenSampler(greedy=False)(None, torch.full((1, 4), float("nan")))
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature):
     """The backend's own log-probs equal an independent forward pass at logits / T (left padding
@@ -487,6 +466,46 @@ def test_fused_lora_updates_give_peft_s_log_probs_values_and_gradients(tiny_mode
     assert plain_g.keys() == fused_g.keys() and any(".solver." in n for n in plain_g) and any(".critic." in n for n in plain_g)
     for name in plain_g:
         torch.testing.assert_close(fused_g[name], plain_g[name], **tolerance)
+
+
+@pytest.mark.skipif(not agents.onednn_available(), reason="this torch has no oneDNN")
+def test_onednn_linears_give_torch_s_log_probs_values_and_gradients_and_leave_the_trainable_layers_alone(tiny_model_dir):
+    """--onednn_linear: the frozen base's products through oneDNN, forward and backward, give torch's own
+    token log-probs and critic values within 1e-5 and every LoRA gradient within 1e-5 of its scale (2
+    layers, prefix shared and not); only the frozen float32 layers change class, the adapters' A and B and the value head keep
+    torch's linear, and the state dict keeps its names."""
+    outcome = {}
+    for onednn in (False, True):
+        base, _ = agents.load_base_model(str(tiny_model_dir))
+        torch.manual_seed(1)
+        model = agents.attach_adapters(base, ["solver", "critic"], agents.lora_config(4, 8, TARGETS))
+        agents.fuse_lora_updates(model)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+        keys = list(model.state_dict())
+        if onednn:  # every projection of every layer and the output layer
+            assert agents.onednn_frozen_linears(model) == len(TARGETS) * base.config.num_hidden_layers + 1
+            assert list(model.state_dict()) == keys
+            assert all(type(m) is torch.nn.Linear for n, m in model.named_modules() if ".lora_A." in n or ".lora_B." in n)
+        heads = critic.make_value_heads(base.config.hidden_size, ["critic"])
+        with torch.no_grad():
+            heads["critic"].weight.normal_(0, 1.0)
+        tables = []
+        for share in (True, False):
+            out = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", 0, "token", "sum", 0.7, share)
+            values = critic.decision_values(model, heads, "critic", PROMPTS, RESPONSES, 0, "token", share)
+            (out.token_logprob.sum() + values.sum()).backward()
+            tables += [out.token_logprob.detach(), values.detach()]
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outcome[onednn] = tables, grads
+    (plain_tables, plain_g), (onednn_tables, onednn_g) = outcome[False], outcome[True]
+    for ours, theirs in zip(onednn_tables, plain_tables):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert plain_g.keys() == onednn_g.keys() and any(".solver." in n for n in plain_g) and any(".critic." in n for n in plain_g)
+    for name in plain_g:  # within 1e-5 of each gradient's scale (an element near 0 carries the others' rounding)
+        assert (onednn_g[name] - plain_g[name]).abs().max() <= 1e-5 * plain_g[name].abs().max(), name
 
 
 def test_the_lm_head_runs_only_at_the_positions_that_predict_response_tokens(setup):

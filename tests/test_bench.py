@@ -271,6 +271,26 @@ def test_a_run_that_never_reaches_the_threshold_neither_holds_nor_is_in_time():
     assert stability.verdict(run, 0.10, 3.7) == {"holds": False, "in_time": False}
 
 
+def test_phase_seconds_leave_the_cold_first_iteration_out_of_the_means_and_report_it_apart():
+    """Three trained iterations (and the row of iteration 0, the evaluation before training): with one
+    cold iteration the means are over iterations 2 and 3; the first's time (evaluation left out) apart."""
+    def row(iteration, seconds):
+        return {"iteration": iteration, **{f"time/{p}": (0.0 if p in ("advantages", "adapter_sync") else seconds)
+                                            for p in bench.PHASES}}
+    rows = [{"iteration": 0}, row(1, 10.0), row(2, 4.0), row(3, 6.0)]  # rollout, values, both updates, eval: s each
+    warm = bench.phase_seconds(rows, cold=1)
+    assert warm["iterations"] == 2 and warm["rollout_seconds"] == 5.0 and warm["eval_seconds"] == 5.0
+    assert warm["iteration_seconds_without_eval"] == 4 * 5.0  # four timed phases of 5 s, the evaluation apart
+    assert warm["cold_iterations"] == 1 and warm["cold_iteration_seconds_without_eval"] == 4 * 10.0
+    every = bench.phase_seconds(rows)
+    assert every["iterations"] == 3 and every["rollout_seconds"] == 20.0 / 3 and "cold_iterations" not in every
+    phase = {f"{name}_seconds": 1.0 for name in bench.PHASES}
+    report = {"problems_per_iteration": 16, **warm, "without_prefix_sharing": {**phase, "iteration_seconds_without_eval": 40.0},
+              "prefix_sharing_speedup": 2.0}
+    text = "\n".join(bench.phases_lines(report))
+    assert "problems per iteration, mean of 2 after the first) |" in text and "the default's took 40.0 s." in text
+
+
 def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     phase = {f"{name}_seconds": 1.0 for name in bench.PHASES} | {"iteration_seconds_without_eval": 50.0, "iterations": 2}
     report = {"problems_per_iteration": 16, **phase, "without_prefix_sharing": {**phase, "iteration_seconds_without_eval": 100.0},
@@ -309,6 +329,10 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     assert "| with --no-merged_generation | with --merged_generation --merged_weight_dtype= | with --no-sort_by_length |" in text
     assert "| **62.5** | **57.5** | **60.0** | **55.0** |" in text
     assert "It is **1.15×** faster than with the merged copy in float32" in text
+    report |= {"without_onednn_linear": {**phase, "iteration_seconds_without_eval": 65.0}, "onednn_linear_speedup": 1.3}
+    text = "\n".join(bench.phases_lines(report))
+    assert "| with --no-fused_lora | with --no-onednn_linear |" in text and "| **55.0** | **65.0** |" in text
+    assert "make it **1.30×** faster than through torch's default library (`onednn_linear_speedup`)" in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,9 +349,12 @@ def test_op_families_by_name():
              "aten::_scaled_dot_product_flash_attention_for_cpu": "attention", "MmBackward0": "autograd engine",
              "autograd::engine::evaluate_function: MmBackward0": "autograd engine", "aten::copy_": "copies & layout",
              "aten::cat": "copies & layout", "aten::silu": "elementwise", "aten::log_softmax": "elementwise",
-             "## tokenise ##": "python & other"}
+             "## tokenise ##": "python & other", "mkldnn::_linear_pointwise": "matrix products"}
     assert {name: profile_iteration.family(name, False) for name in table} == table
     assert profile_iteration.family("aten::mm", True) == "optimiser"  # everything under Adam's step
+    # oneDNN's linear, whose FLOPs the profiler leaves at 0: 2 · rows · in · out, here 2 · (4 · 60) · 576 · 1536
+    assert profile_iteration.event_flops("mkldnn::_linear_pointwise", 0, [[4, 60, 576], [1536, 576], [], []]) == 2 * 240 * 576 * 1536
+    assert profile_iteration.event_flops("aten::mm", 7, [[2, 3], [3, 4]]) == 7  # the profiler's own count elsewhere
 
 
 def test_the_phase_table_nests_events_by_time_and_counts_self_times_and_matmul_flops():
