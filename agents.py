@@ -65,6 +65,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -348,11 +349,13 @@ def fuse_lora_updates(model: PeftModel) -> int:
 
 
 def onednn_available() -> bool:
-    """Whether this torch has oneDNN's linear operator (x86 and Arm builds of torch for the CPU)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether --onednn_linear applies: an x86 CPU (the kind it was measured on; an Arm laptop's torch
+    has its own fast library) and a torch with oneDNN's linear operator."""
+    return (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x Wᵀ + b by oneDNN, x [.., in] and W [out, in] (or any strided view of that shape) → [.., out]."""
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
@@ -364,12 +367,12 @@ class _FrozenLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        return _onednn_linear(x, weight, bias)
+        return onednn_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (weight,) = ctx.saved_tensors
-        return _onednn_linear(grad_out, weight.t(), None), None, None  # [.., out] × [out, in] → [.., in]
+        return onednn_product(grad_out, weight.t(), None), None, None  # [.., out] × [out, in] → [.., in]
 
 
 class OneDnnLinear(torch.nn.Linear):
@@ -388,7 +391,7 @@ def onednn_frozen_linears(model: torch.nn.Module) -> int:
     class only: the same parameters, names and state dict); the adapters' own small products and
     the value heads stay torch's. Torch's default library for float32 products (MKL in its x86
     builds) runs below the CPU's vector width on some CPUs (AMD's among them), oneDNN at it.
-    Returns how many layers; 0 without oneDNN (`onednn_available`)."""
+    Returns how many layers; 0 where it does not apply (`onednn_available`)."""
     if not onednn_available():
         return 0
     count = 0

@@ -240,7 +240,7 @@ class Config:
     fused_lora: bool = True
     """each adapter's update computed as W x + B (s · A x) with the scaling s on the rank-r product and the sum inside one matrix product (agents.fuse_lora_updates), two elementwise passes over every adapted projection's output fewer than peft's own forward; off: peft's forward (the same numbers up to float rounding)"""
     onednn_linear: bool = True
-    """the frozen base's float32 products on the CPU, forward and backward, run through oneDNN (agents.onednn_frozen_linears) instead of torch's default matrix library (MKL on x86), which on some CPUs (AMD's) runs below their vector width; the same products up to float rounding; off: torch's own linear"""
+    """on an x86 CPU, the frozen base's float32 products, forward and backward, run through oneDNN (agents.onednn_frozen_linears) instead of torch's default matrix library (MKL), which on some CPUs (AMD's) runs below their vector width; the same products up to float rounding; off: torch's own linear"""
     sort_by_length: bool = True
     """order each agent's rows by length (prompt + response tokens) before they are cut into no-grad forward batches and gradient micro-batches, so that rows of like length share a pass and less of it is padding; off: the rollout's order (the same numbers up to float rounding)"""
     prefix_sharing: bool = True
@@ -419,9 +419,9 @@ def return_freed_memory() -> None:
     threshold (up to 32 MiB) each time a larger mapped block is freed, so the heap keeps every
     large activation buffer it ever held, and freed small blocks keep their pages. The first call
     fixes the threshold at 1 MiB, so every larger tensor is mapped on its own and unmapped when
-    freed; every call returns the heap's free pages (malloc_trim, 60–70 ms here). Called at start and
-    at the end of every phase: after every optimiser step as well it cost 1.3 s of a default
-    iteration for a peak 1.5% lower. No-op without glibc."""
+    freed; every call returns the heap's free pages (malloc_trim, 60–70 ms a call here). Called at
+    start and at the end of every phase (before a9e0200 after every optimiser step as well: eight
+    calls more in a default iteration). No-op without glibc."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
 

@@ -173,7 +173,7 @@ def gemm_flops_per_second(hidden: int, intermediate: int, dtype: torch.dtype, re
     products = [lambda: torch.mm(a, b)]
     if dtype == torch.float32 and agents.onednn_available():
         weight = b.t().contiguous()  # [intermediate, hidden], as a linear layer holds it
-        products.append(lambda: agents._onednn_linear(a, weight, None))
+        products.append(lambda: agents.onednn_product(a, weight, None))
     best = float("inf")
     for product in products:
         product()  # warm-up
