@@ -47,8 +47,8 @@ Each adapted projection computes h = W x + s · B A x (peft LoRA). With `--fused
 onto W x in one matrix product, instead of peft's two elementwise passes at the projection's
 full width; the same function up to float rounding. With `--onednn_linear` (on,
 `onednn_frozen_linears`) the frozen base's float32 products W x, and ∂L/∂x = (∂L/∂h) W in the
-backward pass, run through oneDNN instead of torch's default matrix library: the same products up
-to float rounding, at the rate of whichever library is faster on the machine (the bench's
+backward pass, run through oneDNN instead of torch's default matrix library (on an x86 CPU): the
+same products up to float rounding, faster where MKL runs below the CPU's vector width (the bench's
 `onednn_linear_speedup`).
 
 Prefix sharing (`forward_responses`, generation.generate; Config `prefix_sharing`, on by default): about

@@ -111,6 +111,7 @@ Usage: python marft.py --help
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 from collections import defaultdict
@@ -301,13 +302,10 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
     for n, role in enumerate(org.order):
         idx = length_order(rollout, rollout.agent_samples(n), cfg.sort_by_length)
         batches += [(n, role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
-    prefixes = {}  # (agent, adapter, reader) → the prompt prefix all the agent's samples share
-
+    @functools.cache
     def prefix(n: int, adapter: str | None, reader: str = "policy") -> agents_lib.SharedPrefix | None:
-        """Run once for all the agent's batches (not once per batch)."""
-        if (n, adapter, reader) not in prefixes:
-            prefixes[n, adapter, reader] = agent_prefix(model, rollout, torch.tensor(rollout.agent_samples(n)), adapter, cfg, reader)
-        return prefixes[n, adapter, reader]
+        """The prompt prefix all of agent n's samples share, run once for all its batches (not once per batch)."""
+        return agent_prefix(model, rollout, torch.tensor(rollout.agent_samples(n)), adapter, cfg, reader)
 
     for n, role, chunk in distributed.shard(batches):  # under torchrun each rank computes every G-th batch
         adapter = agents_lib.policy_adapter_name(role, cfg.shared_adapter)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -108,10 +109,7 @@ def event_flops(name: str, profiler_flops: int, shapes: list[list[int]]) -> int:
     if name != ONEDNN_LINEAR:
         return profiler_flops
     x, weight = shapes[0], shapes[1]
-    rows = 1
-    for size in x[:-1]:
-        rows *= size
-    return 2 * rows * x[-1] * weight[0]
+    return 2 * math.prod(x[:-1]) * x[-1] * weight[0]
 
 
 class Event(NamedTuple):

@@ -468,7 +468,7 @@ def test_fused_lora_updates_give_peft_s_log_probs_values_and_gradients(tiny_mode
         torch.testing.assert_close(fused_g[name], plain_g[name], **tolerance)
 
 
-@pytest.mark.skipif(not agents.onednn_available(), reason="this torch has no oneDNN")
+@pytest.mark.skipif(not agents.onednn_available(), reason="--onednn_linear applies on an x86 torch with oneDNN")
 def test_onednn_linears_give_torch_s_log_probs_values_and_gradients_and_leave_the_trainable_layers_alone(tiny_model_dir):
     """--onednn_linear: the frozen base's products through oneDNN, forward and backward, give torch's own
     token log-probs and critic values within 1e-5 and every LoRA gradient within 1e-5 of its scale (2
