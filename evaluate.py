@@ -480,6 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
     wall_start = time.time()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     run_lib.return_freed_memory()
+    run_lib.bound_onednn_caches()
     run_dir, checkpoint, cfg, data_seed = resolve_config(args)
     org = tasks.organisation_of(cfg)
     source, problems = load_eval_problems(args, cfg, data_seed)

@@ -225,6 +225,7 @@ def set_up(cfg: Config) -> Job:
     device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
     torch.set_num_threads(distributed.local_threads(cfg.threads))
     run_lib.return_freed_memory()
+    run_lib.bound_onednn_caches()
     train_problems, held_out = load_task(cfg)
     run = run_lib.Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)

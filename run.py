@@ -426,6 +426,25 @@ def return_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
+# oneDNN (the products of --onednn_linear and the bf16 copy's) keeps a prepared kernel for every
+# product shape it meets, and torch's wrapper around it (ideep) a prepared computation per shape,
+# each in a cache of 1024 entries by default. A forward's token count changes with every batch, so a
+# run meets a new shape at almost every forward, and the entries (0.2–0.5 MiB each on this project's
+# machine) pile up: the chain's peak rose by 700 MiB over 10 minutes. One forward and its backward
+# use about a dozen shapes (each projection's size, forward and ∂L/∂x), so 32 entries keep every
+# kernel a pass reuses: the same speed and the same numbers (docs/speed-and-memory.md).
+ONEDNN_CACHE_ENTRIES = 32
+
+
+def bound_onednn_caches() -> None:
+    """Cap oneDNN's kernel cache and ideep's computation cache at ONEDNN_CACHE_ENTRIES each, unless
+    the environment already sets them (ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY). Both
+    libraries read these once, at their first product: call it before the first forward; later in
+    a process it changes nothing."""
+    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(variable, str(ONEDNN_CACHE_ENTRIES))
+
+
 def read_config(run_dir: Path, option: str) -> Config:
     """The Config a run folder's config.json holds; `option` (e.g. "--resume") names the source in errors.
 

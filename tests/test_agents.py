@@ -1,10 +1,17 @@
 """agents.py and critic.py on a tiny random Llama: log-probs, generation, adapter isolation, critic."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import agents
 import critic
 import generation
+import run
+from conftest import ROOT
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -506,6 +513,52 @@ def test_onednn_linears_give_torch_s_log_probs_values_and_gradients_and_leave_th
     assert plain_g.keys() == onednn_g.keys() and any(".solver." in n for n in plain_g) and any(".critic." in n for n in plain_g)
     for name in plain_g:  # within 1e-5 of each gradient's scale (an element near 0 carries the others' rounding)
         assert (onednn_g[name] - plain_g[name]).abs().max() <= 1e-5 * plain_g[name].abs().max(), name
+
+
+ONEDNN_SHAPES = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import agents, run
+if sys.argv[2] == "bounded":
+    run.bound_onednn_caches()
+torch.set_num_threads(1)
+weight = torch.randn(1536, 576)  # the default model's MLP projection [out, in]
+def resident_mib():
+    run.return_freed_memory()  # freed tensors back to the OS: what stays is what the libraries hold
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+agents.onednn_product(torch.randn(4, 576), weight, None)
+before = resident_mib()
+for tokens in range(5, 5 + int(sys.argv[3])):  # a new token count at every forward, as a run's batches have
+    agents.onednn_product(torch.randn(tokens, 576), weight, None)  # forward: x Wᵀ
+    agents.onednn_product(torch.randn(tokens, 1536), weight.t(), None)  # backward: (∂L/∂h) W
+print(json.dumps({"rise_mib": resident_mib() - before,
+                  "caps": [os.environ.get(v) for v in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")]}))
+"""
+
+
+@pytest.mark.skipif(not agents.onednn_available(), reason="oneDNN's caches matter where --onednn_linear applies")
+def test_bounded_onednn_caches_keep_a_run_s_memory_from_growing_with_every_new_product_shape(monkeypatch):
+    """run.bound_onednn_caches: 200 products of new shapes (a run's forwards meet a new token count at
+    almost every batch) leave the process's memory where it was, while the libraries' default caches
+    keep an entry per shape; a capacity the user sets is kept. One fresh process each: both caches
+    read their capacity once, at the first product."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+
+    def measure(mode: str, shapes: int, **extra: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", ONEDNN_SHAPES, str(ROOT), mode, str(shapes)], env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    bounded, unbounded = measure("bounded", 100), measure("library defaults", 100)
+    assert bounded["caps"] == ["32", "32"] and unbounded["caps"] == [None, None]
+    assert bounded["rise_mib"] < 30, bounded
+    assert unbounded["rise_mib"] > bounded["rise_mib"] + 60, (bounded, unbounded)  # the measure sees the caches
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    run.bound_onednn_caches()
+    assert [os.environ[v] for v in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")] == ["32", "7"]
 
 
 def test_the_lm_head_runs_only_at_the_positions_that_predict_response_tokens(setup):
