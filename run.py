@@ -434,14 +434,15 @@ def return_freed_memory() -> None:
 # use about a dozen shapes (each projection's size, forward and ∂L/∂x), so 32 entries keep every
 # kernel a pass reuses: the same speed and the same numbers (docs/speed-and-memory.md).
 ONEDNN_CACHE_ENTRIES = 32
+ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 
 
 def bound_onednn_caches() -> None:
     """Cap oneDNN's kernel cache and ideep's computation cache at ONEDNN_CACHE_ENTRIES each, unless
-    the environment already sets them (ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY). Both
+    the environment already sets them (ONEDNN_CACHE_VARIABLES). Both
     libraries read these once, at their first product: call it before the first forward; later in
     a process it changes nothing."""
-    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    for variable in ONEDNN_CACHE_VARIABLES:
         os.environ.setdefault(variable, str(ONEDNN_CACHE_ENTRIES))
 
 

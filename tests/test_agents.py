@@ -533,7 +533,7 @@ for tokens in range(5, 5 + int(sys.argv[3])):  # a new token count at every forw
     agents.onednn_product(torch.randn(tokens, 576), weight, None)  # forward: x Wᵀ
     agents.onednn_product(torch.randn(tokens, 1536), weight.t(), None)  # backward: (∂L/∂h) W
 print(json.dumps({"rise_mib": resident_mib() - before,
-                  "caps": [os.environ.get(v) for v in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")]}))
+                  "caps": [os.environ.get(v) for v in run.ONEDNN_CACHE_VARIABLES]}))
 """
 
 
@@ -543,10 +543,10 @@ def test_bounded_onednn_caches_keep_a_run_s_memory_from_growing_with_every_new_p
     almost every batch) leave the process's memory where it was, while the libraries' default caches
     keep an entry per shape; a capacity the user sets is kept. One fresh process each: both caches
     read their capacity once, at the first product."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env = {k: v for k, v in os.environ.items() if k not in run.ONEDNN_CACHE_VARIABLES}
 
-    def measure(mode: str, shapes: int, **extra: str) -> dict:
-        done = subprocess.run([sys.executable, "-c", ONEDNN_SHAPES, str(ROOT), mode, str(shapes)], env={**env, **extra},
+    def measure(mode: str, shapes: int) -> dict:
+        done = subprocess.run([sys.executable, "-c", ONEDNN_SHAPES, str(ROOT), mode, str(shapes)], env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.splitlines()[-1])
@@ -558,7 +558,7 @@ def test_bounded_onednn_caches_keep_a_run_s_memory_from_growing_with_every_new_p
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
     run.bound_onednn_caches()
-    assert [os.environ[v] for v in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")] == ["32", "7"]
+    assert [os.environ[v] for v in run.ONEDNN_CACHE_VARIABLES] == ["32", "7"]
 
 
 def test_the_lm_head_runs_only_at_the_positions_that_predict_response_tokens(setup):
