@@ -724,11 +724,17 @@ def token_logprobs_and_entropy(
     device = logits.device
     offsets = torch.arange(longest, device=device)
     response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    log_probs = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # [n, L, V]
+    # The [n, L, V] tensors are the largest of a pass: each elementwise op over them costs as much
+    # as a decoder layer's product here, so none runs that does not change a number (x / 1 is x).
+    scaled = logits.float() if temperature in (0, 1) else logits.float() / temperature  # z / T
+    log_probs = torch.log_softmax(scaled, dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
-    entropy_of = log_probs if entropy_gradient else log_probs.detach()
-    token_entropy = -(entropy_of.exp() * entropy_of).sum(-1) * response_mask
+    if entropy_gradient:
+        token_entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask
+    else:  # no graph: p · log p in p's own buffer
+        detached = log_probs.detach()
+        token_entropy = -detached.exp().mul_(detached).sum(-1) * response_mask
     route_entropy = (choice_entropy(log_probs, torch.tensor(route.positions, device=device), torch.tensor(route.tokens, device=device))
                      if route is not None else None)
     return token_logprob, token_entropy, response_mask, route_entropy

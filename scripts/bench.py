@@ -117,7 +117,21 @@ def machine() -> dict:
             versions[package] = "not installed"
     return {"date": date.today().isoformat(), "cpu_cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-            "processor": platform.processor() or platform.machine(), **versions}
+            "processor": cpu_name(), **versions}
+
+
+def cpu_name() -> str:
+    """The CPU: /proc/cpuinfo's model name with its family and model numbers, else the platform's
+    name. A virtual machine's model name may hide the generation ("AMD EPYC" is Zen 4 at family 25
+    and Zen 5 at 26), and the generation decides this report's GEMM rate and so every floor ratio."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    return f"{platform.machine()}, {fields['model name']}, family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
 
 
 def planner_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -553,8 +567,12 @@ def markdown(report: dict) -> str:
     lines = [f"Measured {m['date']} on {m['cpu_cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB, GPU: {m['gpu']}; "
              f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}, vllm {m['vllm']}. "
              f"Mode: {report['mode']}; {report['seconds'] / 60:.1f} min in all.", ""]
-    if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"]}:
-        lines[0] += " Measured again by a later `--merge`: " + ", ".join(f"{name} on {day}" for name, day in later.items()) + "."
+    cpus = report.get("section_processors", {})  # a section --merge measured on another machine names its CPU
+    if later := {name: day for name, day in report.get("section_dates", {}).items()
+                 if day != m["date"] or cpus.get(name, m["processor"]) != m["processor"]}:
+        lines[0] += " Measured again by a later `--merge`: " + ", ".join(
+            f"{name} on {day}" + (f" ({cpus[name]})" if cpus.get(name, m["processor"]) != m["processor"] else "")
+            for name, day in later.items()) + "."
     if t := report.get("throughput"):
         lines += throughput_lines(t)
     if b := report.get("backends"):
@@ -749,6 +767,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"bench: {'quick' if args.quick else 'full'} mode, {args.threads} threads, sections "
           f"{[s for s in SECTIONS if s not in skip]}; learning runs {minutes} min each", flush=True)
     report: dict = earlier or {"mode": "quick" if args.quick else "full", "machine": machine()}
+    cpu = cpu_name()
     started = time.perf_counter()
 
     def section(name, function):
@@ -758,6 +777,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"bench: {name} …", flush=True)
         report[name] = function()
         report.setdefault("section_dates", {})[name] = date.today().isoformat()
+        report.setdefault("section_processors", {})[name] = cpu
         print(f"bench: {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
     section("throughput", lambda: throughput(sizes, args.threads))
@@ -770,6 +790,7 @@ def main(argv: list[str] | None = None) -> dict:
             if name not in skip:  # a skipped one keeps what --merge brought from the earlier report
                 report[name] = measured[name]
                 report.setdefault("section_dates", {})[name] = date.today().isoformat()
+                report.setdefault("section_processors", {})[name] = cpu
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started

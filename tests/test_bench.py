@@ -142,8 +142,28 @@ def test_a_section_measured_again_by_a_later_merge_names_its_date():
     report = {"mode": "full", "seconds": 60.0, "machine": machine,
               "section_dates": {"throughput": "2026-11-24", "phases": "2026-11-25"}}
     assert bench.markdown(report).splitlines()[0].endswith("Measured again by a later `--merge`: phases on 2026-11-25.")
+    # a section measured on another CPU names it, even on the header's own date: its floor ratio is that CPU's
+    report["section_dates"]["throughput"] = "2026-11-24"
+    report["section_processors"] = {"throughput": "x86_64, AMD EPYC, family 26 model 2", "phases": "x86_64"}
+    assert bench.markdown(report).splitlines()[0].endswith(
+        "Measured again by a later `--merge`: throughput on 2026-11-24 (x86_64, AMD EPYC, family 26 model 2), phases on 2026-11-25.")
     del report["section_dates"]
     assert "Measured again" not in bench.markdown(report)
+
+
+def test_the_cpu_is_named_with_its_family_and_model(monkeypatch, tmp_path):
+    """/proc/cpuinfo's first processor block gives the name, family and model that tell two CPUs of
+    one model name apart; without the file, the platform's name."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 99\n")
+    real_path = bench.Path
+    monkeypatch.setattr(bench, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    monkeypatch.setattr(bench.platform, "machine", lambda: "x86_64")
+    assert bench.cpu_name() == "x86_64, AMD EPYC, family 25 model 17"
+    monkeypatch.setattr(bench, "Path", lambda p: tmp_path / "missing" if p == "/proc/cpuinfo" else real_path(p))
+    monkeypatch.setattr(bench.platform, "processor", lambda: "")
+    assert bench.cpu_name() == "x86_64"
 
 
 def metrics_rows(greedy: list[float], tokens_per_iteration: int, minutes_per_iteration: float) -> list[dict]:
