@@ -724,9 +724,9 @@ def token_logprobs_and_entropy(
     device = logits.device
     offsets = torch.arange(longest, device=device)
     response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    # The [n, L, V] tensors are the largest of a pass: each elementwise op over them costs as much
-    # as a decoder layer's product here, so none runs that does not change a number (x / 1 is x).
-    scaled = logits.float() if temperature in (0, 1) else logits.float() / temperature  # z / T
+    # The [n, L, V] tensors are the largest of a pass: on a CPU each elementwise op over them costs
+    # about two of a decoder layer's largest products, so none runs that changes no number (z / 1 is z).
+    scaled = logits.float() / temperature if temperature > 0 and temperature != 1 else logits.float()  # z / T
     log_probs = torch.log_softmax(scaled, dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
