@@ -567,12 +567,11 @@ def markdown(report: dict) -> str:
     lines = [f"Measured {m['date']} on {m['cpu_cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB, GPU: {m['gpu']}; "
              f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}, vllm {m['vllm']}. "
              f"Mode: {report['mode']}; {report['seconds'] / 60:.1f} min in all.", ""]
-    cpus = report.get("section_processors", {})  # a section --merge measured on another machine names its CPU
-    if later := {name: day for name, day in report.get("section_dates", {}).items()
-                 if day != m["date"] or cpus.get(name, m["processor"]) != m["processor"]}:
+    # a section --merge measured on another day or CPU names them (the CPU only where it is not the header's)
+    other_cpu = {name: cpu for name, cpu in report.get("section_processors", {}).items() if cpu != m["processor"]}
+    if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"] or name in other_cpu}:
         lines[0] += " Measured again by a later `--merge`: " + ", ".join(
-            f"{name} on {day}" + (f" ({cpus[name]})" if cpus.get(name, m["processor"]) != m["processor"] else "")
-            for name, day in later.items()) + "."
+            f"{name} on {day}" + (f" ({other_cpu[name]})" if name in other_cpu else "") for name, day in later.items()) + "."
     if t := report.get("throughput"):
         lines += throughput_lines(t)
     if b := report.get("backends"):
@@ -767,17 +766,20 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"bench: {'quick' if args.quick else 'full'} mode, {args.threads} threads, sections "
           f"{[s for s in SECTIONS if s not in skip]}; learning runs {minutes} min each", flush=True)
     report: dict = earlier or {"mode": "quick" if args.quick else "full", "machine": machine()}
-    cpu = cpu_name()
     started = time.perf_counter()
+
+    def record(name, result):
+        """A section's result, with the day and the CPU it was measured on (`markdown` names them after a --merge)."""
+        report[name] = result
+        report.setdefault("section_dates", {})[name] = date.today().isoformat()
+        report.setdefault("section_processors", {})[name] = cpu_name()
 
     def section(name, function):
         if name in skip:
             return
         t0 = time.perf_counter()
         print(f"bench: {name} …", flush=True)
-        report[name] = function()
-        report.setdefault("section_dates", {})[name] = date.today().isoformat()
-        report.setdefault("section_processors", {})[name] = cpu
+        record(name, function())
         print(f"bench: {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
     section("throughput", lambda: throughput(sizes, args.threads))
@@ -788,9 +790,7 @@ def main(argv: list[str] | None = None) -> dict:
         measured = dict(zip(("phases", "memory"), phases_and_memory(sizes, args.threads, out, skip)))
         for name in ("phases", "memory"):
             if name not in skip:  # a skipped one keeps what --merge brought from the earlier report
-                report[name] = measured[name]
-                report.setdefault("section_dates", {})[name] = date.today().isoformat()
-                report.setdefault("section_processors", {})[name] = cpu
+                record(name, measured[name])
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started
