@@ -36,9 +36,12 @@ import torch
 from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from tqdm import tqdm
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
+                          TopPLogitsWarper)
+from transformers.cache_utils import DynamicLayer
 
-from agents import BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
+from agents import (BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, onednn_available, prefix_states,
+                    shared_prefix_length)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,48 @@ class SampledTokenLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(sequences), 0)
 
 
+class ReservedLayer(DynamicLayer):
+    """One decoder layer's key/value cache for one `generate` call: a buffer [n, heads, capacity,
+    head_dim] reserved at the first write, each step's keys/values written into it in place, and
+    the filled part [.., :length, :] handed to attention. transformers' DynamicLayer instead
+    concatenates the whole cache with the new step at every step (a copy of all of it, per layer,
+    per step); the attention reads the same numbers either way (tests/test_merged_generation.py:
+    the same tokens and log-probs). Serves sampling and greedy decoding (nothing here reorders or
+    crops the cache, as beam search would)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self.length == 0 or end > self.key_buffer.shape[-2]:  # the first write, or past the reserved length
+            shape = (*key_states.shape[:-2], max(end, self.capacity), key_states.shape[-1])
+            key_buffer, value_buffer = key_states.new_empty(shape), value_states.new_empty(shape)
+            if self.length:
+                key_buffer[..., : self.length, :], value_buffer[..., : self.length, :] = self.keys, self.values
+            self.key_buffer, self.value_buffer = key_buffer, value_buffer
+        self.key_buffer[..., self.length : end, :] = key_states
+        self.value_buffer[..., self.length : end, :] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+def decoding_cache(model, prefix: list[int], rows: int, capacity: int) -> DynamicCache:
+    """The cache `generate` decodes a batch of `rows` into: a `ReservedLayer` of `capacity` positions
+    per decoder layer (a layer of another kind, e.g. a sliding window, keeps transformers' own),
+    holding the shared `prefix` (run once, written into every row) when there is one."""
+    cache = DynamicCache(config=backbone(model).config)
+    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if prefix:
+        for layer, (keys, values) in enumerate(prefix_states(model, prefix)):  # each [1, heads, P, head_dim]
+            cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+    return cache
+
+
 @torch.no_grad()
 def generate(
     model: PeftModel,
@@ -110,7 +155,7 @@ def generate(
     """The transformers backend: sample one action per prompt from π^adapter (batches of `batch_size`).
 
     Each batch is [shared prefix | left padding | each prompt's own tokens]: with `share_prefix`
-    the prefix every prompt of the batch starts with is run once (`prefix_cache`) and its
+    the prefix every prompt of the batch starts with is run once (`decoding_cache`) and its
     keys/values handed to `generate`, which runs only the rest; the padding in the middle is
     masked and the position ids come from the attention mask, so every token keeps the position
     it has in its own prompt. Off: plain left padding. `progress`: a label for a progress bar
@@ -139,7 +184,7 @@ def generate(
             for row, p in enumerate(own):
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
-            cache = prefix_cache(model, chunk[0][:shared], len(chunk)) if shared else None
+            cache = decoding_cache(model, chunk[0][:shared], len(chunk), width + sampling.max_new_tokens)
             recorder = SampledTokenLogprobs()
             sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
                                        past_key_values=cache, generation_config=config,
@@ -184,16 +229,43 @@ class LowPrecisionLinear(torch.nn.Module):
     is rounded to it for the one matrix product and the output comes back in the input's dtype, so
     only the products run in low precision (on a CPU with bf16 instructions they read half the
     bytes, which is what a decoding step of 16 rows is bound by); norms, rotary embeddings,
-    attention, the key/value cache and the sampling stay in the base's dtype."""
+    attention, the key/value cache and the sampling stay in the base's dtype.
+
+    On a CPU with oneDNN a bfloat16 weight is held in oneDNN's own blocked layout (`load`). Given a
+    weight in the plain [out, in] layout, oneDNN rearranges it inside every product, which for the
+    16 rows of a decoding step is about a quarter of the product's time; the products are the same
+    bit for bit (tests/test_merged_generation.py). That layout is opaque: `dense_weight` reads it."""
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
         super().__init__()
-        self.weight = torch.nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+        self.weight_dtype = dtype
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.load(linear.weight)
+
+    @torch.no_grad()
+    def load(self, weight: torch.Tensor) -> None:
+        """W [out, in], rounded once into the layer's dtype (and packed, see the class docstring)."""
+        weight = weight.detach().to(self.weight_dtype, copy=True)
+        self.packed = weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_packing_available()
+        # the layout oneDNN picks for products of 16 rows; any row count gives the same products
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 16) if self.packed else weight
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight.to_dense() if self.packed else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        if self.packed:
+            y = torch.ops.mkldnn._linear_pointwise(x.to(self.weight_dtype).contiguous(), self.weight, None, "none", [], "")
+        else:
+            y = torch.nn.functional.linear(x.to(self.weight_dtype), self.weight)
+        y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+
+def onednn_packing_available() -> bool:
+    """Whether `LowPrecisionLinear` can hold its weight in oneDNN's layout (agents.onednn_available,
+    and a torch with the operator that packs it)."""
+    return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def with_low_precision_linears(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -234,7 +306,11 @@ class MergedHFGenerator:
         for lora, plain in self.pairs:
             base = lora.get_base_layer().weight
             # summed in float32 and rounded once into the copy's dtype (bf16 base: one rounding, not two)
-            plain.weight.copy_(base if adapter is None else base.float() + lora.get_delta_weight(adapter).float())
+            merged = base if adapter is None else base.float() + lora.get_delta_weight(adapter).float()
+            if isinstance(plain, LowPrecisionLinear):
+                plain.load(merged)
+            else:
+                plain.weight.copy_(merged)
         self.merged = adapter
 
     def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:

@@ -1,16 +1,22 @@
 """Generation with the adapter applied per step (HFGenerator) against the merged copy
 (MergedHFGenerator, --merged_generation), side by side in one process: seconds and tokens/s of
 one agent's turn for a batch of the default task's planner prompts, each measured `--repeats`
-times alternately after a warm-up; and a third path, the merged copy with its linear layers' weights in
-bfloat16 (--merged_weight_dtype). `--model random:models/<x>.json` measures a shape without its
+times alternately after a warm-up; a third path, the merged copy with its linear layers' weights in
+bfloat16 (--merged_weight_dtype); and a fourth, that bf16 copy as it decoded before 2026-11-29: its
+weights in the plain [out, in] layout (not oneDNN's, generation.LowPrecisionLinear) and transformers'
+concatenating key/value cache (not generation.ReservedLayer). Those two changes give the same
+products and cache bit for bit, so the third and fourth paths must sample the same tokens with the
+same log-probs (printed). `--model random:models/<x>.json` measures a shape without its
 weights (as the GPU check does). Prints one line per measurement, each path's rollout log-prob gap
 (the sampled tokens' log-probs against the training model's) and the median ratios."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+from unittest import mock
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,16 +56,24 @@ def main() -> None:
     generators = {"adapter": generation.HFGenerator(model, tokenizer, 64),
                   "merged": generation.MergedHFGenerator(model, tokenizer, 64),
                   "merged-bf16": generation.MergedHFGenerator(model, tokenizer, 64, weight_dtype=torch.bfloat16)}
+    with mock.patch.object(generation, "onednn_packing_available", lambda: False):  # weights in the plain layout
+        generators["merged-bf16-before"] = generation.MergedHFGenerator(model, tokenizer, 64, weight_dtype=torch.bfloat16)
+        generators["merged-bf16-before"].merge("policy_planner")  # merged here, while packing is off
+    before = {"merged-bf16-before": lambda: mock.patch.object(generation, "ReservedLayer",
+                                                              lambda capacity: generation.DynamicLayer())}
+    actions_of: dict[str, list] = {name: [] for name in generators}
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     seconds: dict[str, list[float]] = {name: [] for name in generators}
     for repeat in range(args.repeats + 1):
         for name, generator in generators.items():
             torch.manual_seed(repeat)
             sync()
-            start = time.perf_counter()
-            actions = generator.generate(prompts, "policy_planner", sampling)
-            sync()
-            elapsed = time.perf_counter() - start
+            with before.get(name, contextlib.nullcontext)():  # the concatenating cache for the "before" path
+                start = time.perf_counter()
+                actions = generator.generate(prompts, "policy_planner", sampling)
+                sync()
+                elapsed = time.perf_counter() - start
+            actions_of[name].append(actions)
             tokens = sum(map(len, actions.token_ids))
             if repeat > 0:  # the first round warms up
                 seconds[name].append(elapsed / max(tokens, 1))
@@ -77,6 +91,11 @@ def main() -> None:
         ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds[name])
         print(f"{name} generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
               f"{args.model}, {args.base_dtype})", flush=True)
+    ratio = statistics.median(seconds["merged-bf16-before"]) / statistics.median(seconds["merged-bf16"])
+    same = all(a.token_ids == b.token_ids and a.logprobs == b.logprobs
+               for a, b in zip(actions_of["merged-bf16"], actions_of["merged-bf16-before"]))
+    print(f"merged-bf16 against merged-bf16-before: {ratio:.2f}× the tokens/s; the same tokens and log-probs in every "
+          f"round: {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def test_bfloat16_weights_in_the_copy_decode_within_a_stated_gap_of_the_training
     got = _generate(merged, prompts, role, 1.0)
     lora, plain = merged.pairs[0]
     assert isinstance(plain, generation.LowPrecisionLinear) and plain.weight.dtype == torch.bfloat16
-    assert torch.equal(plain.weight, (lora.get_base_layer().weight + lora.get_delta_weight(role)).to(torch.bfloat16))
+    assert torch.equal(plain.dense_weight(), (lora.get_base_layer().weight + lora.get_delta_weight(role)).to(torch.bfloat16))
     assert merged.scratch.get_output_embeddings().weight.dtype == torch.bfloat16  # the head too
     assert merged.scratch.get_input_embeddings().weight.dtype == torch.float32  # the rest keeps the base's dtype
     gaps = []
@@ -104,6 +104,26 @@ def test_bfloat16_weights_in_the_copy_decode_within_a_stated_gap_of_the_training
     assert max(gaps) > 0  # the rounding is really there: the copy's products ran in bfloat16
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]) and p.dtype == before[name].dtype, name
+
+
+@pytest.mark.skipif(not generation.onednn_packing_available(), reason="needs oneDNN's packed weights (an x86 CPU)")
+def test_a_bfloat16_weight_in_onednns_layout_gives_the_plain_layouts_products_bit_for_bit():
+    """generation.LowPrecisionLinear holds a bfloat16 weight in oneDNN's blocked layout: its output
+    equals torch's product with the plain [out, in] weight exactly, for one row, a decoding step's
+    16, and a prompt's [3, 88] (the layout was chosen for 16), also after `load` replaces the
+    weight (a new merge); `dense_weight` reads back the rounded weight."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 160, bias=True)
+    layer = generation.LowPrecisionLinear(linear, torch.bfloat16)
+    assert layer.packed and layer.weight.layout == torch._mkldnn
+    for weight in (linear.weight.detach(), torch.randn(160, 96)):
+        layer.load(weight)
+        rounded = weight.to(torch.bfloat16)
+        assert torch.equal(layer.dense_weight(), rounded)
+        for shape in ((1, 1, 96), (16, 1, 96), (3, 88, 96)):
+            x = torch.randn(shape)
+            plain = torch.nn.functional.linear(x.to(torch.bfloat16), rounded).float() + linear.bias.detach()
+            assert torch.equal(layer(x), plain), shape
 
 
 def test_training_iterations_with_and_without_merged_generation_log_the_same_metrics(tiny_model_dir, tmp_path):

@@ -219,6 +219,42 @@ def test_generation_with_the_shared_prefix_gives_the_plain_actions_and_log_probs
         assert shared == pytest.approx(recomputed[row, : len(shared)].tolist(), rel=1e-4, abs=1e-5)
 
 
+def test_the_reserved_cache_holds_what_concatenation_holds_even_past_its_reserved_length():
+    """generation.ReservedLayer against the concatenation it replaces (transformers' DynamicLayer):
+    writes of 3, 1, 1 and 2 positions into a layer reserved for 5 (the last write goes past it)
+    return, after each write, exactly the keys and values written so far, in order."""
+    torch.manual_seed(0)
+    layer = generation.ReservedLayer(capacity=5)
+    written_keys, written_values = [], []
+    for length in (3, 1, 1, 2):
+        keys, values = torch.randn(2, 3, length, 4), torch.randn(2, 3, length, 4)  # [n, kv heads, new positions, d]
+        written_keys.append(keys)
+        written_values.append(values)
+        got_keys, got_values = layer.update(keys, values)
+        assert torch.equal(got_keys, torch.cat(written_keys, dim=2)) and torch.equal(got_values, torch.cat(written_values, dim=2))
+        assert layer.get_seq_length() == sum(k.shape[2] for k in written_keys)
+    assert layer.key_buffer.shape[2] == 7  # reserved anew when the fourth write went past 5
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_generation_samples_the_same_tokens_with_the_reserved_cache_as_with_concatenation(chain3, share):
+    """The same seed gives the same tokens and the same log-probs, bit for bit, whether the cache
+    is written in place (generation.decoding_cache, the default) or grown by concatenation at every
+    step (transformers' DynamicLayer): with and without a shared prefix in the cache."""
+    model, tokenizer, heads, org, prompts, responses = chain3
+    role = org.order[1]
+    sampling = generation.Sampling(1.0, 1.0, 8)
+    results = []
+    for layer_class in (generation.ReservedLayer, lambda capacity: generation.DynamicLayer()):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(generation, "ReservedLayer", layer_class)
+            torch.manual_seed(11)
+            results.append(generation.generate(model, tokenizer, prompts[role], role, sampling, 3, share_prefix=share))
+    reserved, concatenated = results
+    assert reserved.token_ids == concatenated.token_ids and reserved.logprobs == concatenated.logprobs
+    assert sum(map(len, reserved.token_ids)) > 3 * len(prompts[role])  # several decoding steps per prompt
+
+
 def test_training_iterations_with_and_without_prefix_sharing_log_the_same_metrics(tiny_model_dir, tmp_path):
     """Two iterations of chain3 on the tiny model, critic + GAE, token level, a format penalty so
     that returns are not zero: every logged number (rewards, losses, KL, explained variance,
