@@ -115,6 +115,7 @@ class ReservedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+            self.length = 0
         end = self.length + key_states.shape[-2]
         if self.length == 0 or end > self.key_buffer.shape[-2]:  # the first write, or past the reserved length
             shape = (*key_states.shape[:-2], max(end, self.capacity), key_states.shape[-1])
@@ -127,6 +128,12 @@ class ReservedLayer(DynamicLayer):
         self.length = end
         self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
         return self.keys, self.values
+
+    def _unsupported(self, *args, **kwargs):
+        raise NotImplementedError("generation.ReservedLayer serves sampling and greedy decoding only: it cannot crop, "
+                                  "reorder or repeat its rows (beam search, assisted decoding, several sequences per prompt)")
+
+    crop = reorder_cache = batch_repeat_interleave = batch_select_indices = _unsupported
 
 
 def decoding_cache(model, prefix: list[int], rows: int, capacity: int) -> DynamicCache:

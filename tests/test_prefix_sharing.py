@@ -234,6 +234,8 @@ def test_the_reserved_cache_holds_what_concatenation_holds_even_past_its_reserve
         assert torch.equal(got_keys, torch.cat(written_keys, dim=2)) and torch.equal(got_values, torch.cat(written_values, dim=2))
         assert layer.get_seq_length() == sum(k.shape[2] for k in written_keys)
     assert layer.key_buffer.shape[2] == 7  # reserved anew when the fourth write went past 5
+    with pytest.raises(NotImplementedError, match="sampling and greedy decoding only"):
+        layer.crop(-1)  # beam search or assisted decoding (a fork's) would need it: a clear error, not a wrong cache
 
 
 @pytest.mark.parametrize("share", [False, True])
