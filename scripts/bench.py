@@ -343,6 +343,8 @@ def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int
             "padding_free_floor_seconds": sum(profile["padding_free_floor_seconds_by_iteration"][warm]) / (iterations - cold),
             "gemm_gflops_per_second": profile["gemm_gflops_per_second"],
             "matmul_mflop_per_token": profile["matmul_flops_per_token"] / 1e6,
+            # the profile run's own unprofiled iterations after the first: the same code and options measured again
+            "profile_run_seconds": profile["warm_seconds_per_iteration"], "profile_run_floor_ratio": profile["floor_ratio"],
             **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")}}
 
 
@@ -640,6 +642,10 @@ def phases_lines(p: dict) -> list[str]:
                          f"(`padding_free_floor_ratio`)" if "padding_free_floor_ratio" in p else "")
                       + ". The profiled iteration's seconds by op family: "
                       + ", ".join(f"{name} {seconds / f['profiled_seconds']:.0%}" for name, seconds in shares.items()) + ".")
+        if "profile_run_seconds" in f:  # reports from before it have none
+            lines[-1] += (f" The same options measured again, the profile run's own unprofiled iterations after its first: "
+                          f"{f['profile_run_seconds']:.1f} s each, **{f['profile_run_floor_ratio']:.1f}× their floor**; "
+                          f"the difference from the phase run's is this machine's spread between runs of the same code.")
     if "default_rollout" in p:
         lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
     if "without_merged_generation" in p:

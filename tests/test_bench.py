@@ -73,6 +73,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"], report["phases"]["floor_ratio"],
                report["phases"]["floor"]["floor_seconds"], report["phases"]["padding_free_floor_ratio"],
+               report["phases"]["floor"]["profile_run_seconds"], report["phases"]["floor"]["profile_run_floor_ratio"],
                report["memory"]["default"]["ratio_4_to_1"]]
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -336,6 +337,10 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     report["floor"]["padding_free_floor_seconds"], report["padding_free_floor_ratio"] = 20.0, 2.5  # 50 s over 20 s
     text = "\n".join(bench.phases_lines(report))
     assert "20.0 s: **2.5× the padding-free floor**" in text and "matrix products 50%" in text
+    assert "measured again" not in text  # a report from before the profile run's own iterations were kept
+    report["floor"] |= {"profile_run_seconds": 45.0, "profile_run_floor_ratio": 3.6}  # 45 s over its floor of 12.5 s
+    text = "\n".join(bench.phases_lines(report))
+    assert "the profile run's own unprofiled iterations after its first: 45.0 s each, **3.6× their floor**" in text
     # The run without the rows sorted by length: a fourth column, its speedup the variant's seconds over the default's.
     report |= {"without_sort_by_length": {**phase, "iteration_seconds_without_eval": 60.0}, "sort_by_length_speedup": 1.2}
     text = "\n".join(bench.phases_lines(report))
