@@ -40,8 +40,8 @@ from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, Logit
                           TopPLogitsWarper)
 from transformers.cache_utils import DynamicLayer
 
-from agents import (BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, onednn_available, prefix_states,
-                    shared_prefix_length)
+from agents import (BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, onednn_available, onednn_product,
+                    prefix_states, shared_prefix_length)
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,8 @@ class ReservedLayer(DynamicLayer):
     per step); the attention reads the same numbers either way (tests/test_merged_generation.py:
     the same tokens and log-probs). Serves sampling and greedy decoding (nothing here reorders or
     crops the cache, as beam search would)."""
+
+    is_croppable = False  # transformers reads it before cropping a cache (`_unsupported` below)
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -238,10 +240,12 @@ class LowPrecisionLinear(torch.nn.Module):
     bytes, which is what a decoding step of 16 rows is bound by); norms, rotary embeddings,
     attention, the key/value cache and the sampling stay in the base's dtype.
 
-    On a CPU with oneDNN a bfloat16 weight is held in oneDNN's own blocked layout (`load`). Given a
-    weight in the plain [out, in] layout, oneDNN rearranges it inside every product, which for the
-    16 rows of a decoding step is about a quarter of the product's time; the products are the same
-    bit for bit (tests/test_merged_generation.py). That layout is opaque: `dense_weight` reads it."""
+    On a CPU whose oneDNN multiplies bf16 a bfloat16 weight is held in oneDNN's own blocked layout
+    (`load`). Given a weight in the plain [out, in] layout, oneDNN rearranges it inside every
+    product, which for the 16 rows of a decoding step is 8–40% of the product's time here
+    (results/speed/bf16-packed-weight-ab.txt); the products are the same bit for bit
+    (tests/test_merged_generation.py). That layout is opaque: `dense_weight` reads it. The weight is
+    a plain attribute, neither a parameter nor a buffer: the copy is never moved, saved or trained."""
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -258,11 +262,12 @@ class LowPrecisionLinear(torch.nn.Module):
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 16) if self.packed else weight
 
     def dense_weight(self) -> torch.Tensor:
+        """W [out, in] in the layer's dtype, in the plain layout (a copy when it is packed)."""
         return self.weight.to_dense() if self.packed else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            y = torch.ops.mkldnn._linear_pointwise(x.to(self.weight_dtype).contiguous(), self.weight, None, "none", [], "")
+            y = onednn_product(x.to(self.weight_dtype), self.weight, None)
         else:
             y = torch.nn.functional.linear(x.to(self.weight_dtype), self.weight)
         y = y.to(x.dtype)
@@ -270,9 +275,11 @@ class LowPrecisionLinear(torch.nn.Module):
 
 
 def onednn_packing_available() -> bool:
-    """Whether `LowPrecisionLinear` can hold its weight in oneDNN's layout (agents.onednn_available,
-    and a torch with the operator that packs it)."""
-    return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    """Whether `LowPrecisionLinear` can hold a bf16 weight in oneDNN's layout: agents.onednn_available,
+    a torch with the operator that packs it, and a CPU on which oneDNN multiplies bf16 (it refuses
+    to pack for one without AVX-512, where such a copy keeps the plain layout)."""
+    return (onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def with_low_precision_linears(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

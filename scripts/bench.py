@@ -644,8 +644,8 @@ def phases_lines(p: dict) -> list[str]:
                       + ", ".join(f"{name} {seconds / f['profiled_seconds']:.0%}" for name, seconds in shares.items()) + ".")
         if "profile_run_seconds" in f:  # reports from before it have none
             lines[-1] += (f" The same options measured again, the profile run's own unprofiled iterations after its first: "
-                          f"{f['profile_run_seconds']:.1f} s each, **{f['profile_run_floor_ratio']:.1f}× their floor**; "
-                          f"the difference from the phase run's is this machine's spread between runs of the same code.")
+                          f"{f['profile_run_seconds']:.1f} s each, **{f['profile_run_floor_ratio']:.1f}× their floor** "
+                          f"(two runs of the same code: their difference is the spread between runs on this machine).")
     if "default_rollout" in p:
         lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
     if "without_merged_generation" in p:

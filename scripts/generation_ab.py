@@ -2,7 +2,7 @@
 (MergedHFGenerator, --merged_generation), side by side in one process: seconds and tokens/s of
 one agent's turn for a batch of the default task's planner prompts, each measured `--repeats`
 times alternately after a warm-up; a third path, the merged copy with its linear layers' weights in
-bfloat16 (--merged_weight_dtype); and a fourth, that bf16 copy as it decoded before 2026-11-29: its
+bfloat16 (--merged_weight_dtype); and a fourth, that bf16 copy as it decoded before commit f6b819a: its
 weights in the plain [out, in] layout (not oneDNN's, generation.LowPrecisionLinear) and transformers'
 concatenating key/value cache (not generation.ReservedLayer). Those two changes give the same
 products and cache bit for bit, so the third and fourth paths must sample the same tokens with the
@@ -16,8 +16,8 @@ import contextlib
 import statistics
 import sys
 import time
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

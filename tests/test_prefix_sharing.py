@@ -236,6 +236,10 @@ def test_the_reserved_cache_holds_what_concatenation_holds_even_past_its_reserve
     assert layer.key_buffer.shape[2] == 7  # reserved anew when the fourth write went past 5
     with pytest.raises(NotImplementedError, match="sampling and greedy decoding only"):
         layer.crop(-1)  # beam search or assisted decoding (a fork's) would need it: a clear error, not a wrong cache
+    layer.reset()  # transformers' reset: the next write starts a new cache of its own length
+    keys, values = torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4)
+    got_keys, got_values = layer.update(keys, values)
+    assert torch.equal(got_keys, keys) and torch.equal(got_values, values) and layer.get_seq_length() == 2
 
 
 @pytest.mark.parametrize("share", [False, True])
