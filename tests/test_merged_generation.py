@@ -158,3 +158,17 @@ def test_on_a_cpu_with_bf16_instructions_the_default_run_decodes_on_the_bf16_cop
         assert 0 < row["charts/rollout_logprob_gap"] < 0.02
         losses = [row["losses/value_loss"], row["losses/policy_loss/planner"], row["losses/policy_loss/solver"]]
         assert all(math.isfinite(loss) for loss in losses)
+
+
+def test_on_a_cpu_whose_onednn_has_no_bf16_the_copy_keeps_the_plain_layout(monkeypatch):
+    """oneDNN refuses to pack a bf16 weight on a CPU without AVX-512 (an AVX2 laptop or runner, where
+    --merged_weight_dtype bfloat16 is still allowed): there the layer keeps the plain layout and
+    gives torch's product."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not generation.onednn_packing_available()
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 160, bias=False)
+    layer = generation.LowPrecisionLinear(linear, torch.bfloat16)
+    assert not layer.packed and layer.weight.layout == torch.strided
+    x = torch.randn(4, 96)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x.to(torch.bfloat16), linear.weight.to(torch.bfloat16)).float())
