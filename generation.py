@@ -104,30 +104,29 @@ class ReservedLayer(DynamicLayer):
     head_dim] reserved at the first write, each step's keys/values written into it in place, and
     the filled part [.., :length, :] handed to attention. transformers' DynamicLayer instead
     concatenates the whole cache with the new step at every step (a copy of all of it, per layer,
-    per step); the attention reads the same numbers either way (tests/test_merged_generation.py:
-    the same tokens and log-probs). Serves sampling and greedy decoding (nothing here reorders or
-    crops the cache, as beam search would)."""
+    per step); the attention reads the same numbers either way (tests/test_prefix_sharing.py: the
+    same tokens and log-probs). Serves sampling and greedy decoding (nothing here reorders or crops
+    the cache, as beam search would)."""
 
     is_croppable = False  # transformers reads it before cropping a cache (`_unsupported` below)
 
     def __init__(self, capacity: int):
         super().__init__()
-        self.capacity, self.length = capacity, 0
+        self.capacity = capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            self.length = 0
-        end = self.length + key_states.shape[-2]
-        if self.length == 0 or end > self.key_buffer.shape[-2]:  # the first write, or past the reserved length
+        start = self.get_seq_length()  # the positions written so far (0 before the first write or after a reset)
+        end = start + key_states.shape[-2]
+        if start == 0 or end > self.key_buffer.shape[-2]:  # the first write, or past the reserved length
             shape = (*key_states.shape[:-2], max(end, self.capacity), key_states.shape[-1])
             key_buffer, value_buffer = key_states.new_empty(shape), value_states.new_empty(shape)
-            if self.length:
-                key_buffer[..., : self.length, :], value_buffer[..., : self.length, :] = self.keys, self.values
+            if start:
+                key_buffer[..., :start, :], value_buffer[..., :start, :] = self.keys, self.values
             self.key_buffer, self.value_buffer = key_buffer, value_buffer
-        self.key_buffer[..., self.length : end, :] = key_states
-        self.value_buffer[..., self.length : end, :] = value_states
-        self.length = end
+        self.key_buffer[..., start:end, :] = key_states
+        self.value_buffer[..., start:end, :] = value_states
         self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
         return self.keys, self.values
 

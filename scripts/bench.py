@@ -127,7 +127,7 @@ def cpu_name() -> str:
     try:
         first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
-        return platform.processor() or platform.machine()
+        first = ""
     fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
     if "model name" not in fields:
         return platform.processor() or platform.machine()
