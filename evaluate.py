@@ -47,10 +47,10 @@ time. The sampling noise is seeded as in training (`heldout_metrics` seeds torch
 `--run R --limit <eval_problems> --samples <eval_samples>` on the arithmetic task plays the
 problems, and draws the noise, of the run's own held-out evaluation at that checkpoint.
 
-Generation: `--backend hf` (default) is transformers `generate` on the policies themselves;
-`--backend vllm` starts one vLLM engine with the policies' adapters (one `LoRARequest` per agent,
-as in training), faster for large evaluations; its samples differ from hf's draws of the same
-policy, its greedy decodes agree in float32 (tests/test_vllm.py).
+Generation: `--backend hf` (default) is generation.decode, a sampling loop over transformers'
+forward, on the policies themselves; `--backend vllm` starts one vLLM engine with the policies'
+adapters (one `LoRARequest` per agent, as in training), faster for large evaluations; its samples
+differ from hf's draws of the same policy, its greedy decodes agree in float32 (tests/test_vllm.py).
 
 Usage:
     python evaluate.py                                                # base model, chain, generated held-out task
@@ -164,7 +164,7 @@ def add_output_options(out) -> None:
     out.add_argument("--generation_batch_size", type=int, default=Config.generation_batch_size,
                      help=f"prompts per generate() call (default: {Config.generation_batch_size})")
     out.add_argument("--backend", default=Config.backend, choices=("hf", "vllm"),
-                     help="generation backend: hf (transformers generate) or vllm (one engine, one LoRARequest per "
+                     help="generation backend: hf (transformers + peft) or vllm (one engine, one LoRARequest per "
                           "agent; MARFT_VLLM=1 bash scripts/setup_env.sh installs it; default: hf)")
     out.add_argument("--vllm_dtype", default=Config.vllm_dtype, choices=("auto", "float32", "bfloat16", "float16"),
                      help=f"vllm: engine weight dtype (default: {Config.vllm_dtype}; bfloat16 is faster on a GPU)")

@@ -8,8 +8,9 @@ token ids, each sampled token's log-prob under logits / T), `sync(model)`, `slee
 and `close()`; `make_backend` builds the one a run's Config names, for training, evaluation and
 the benchmark:
 
-    HFGenerator     transformers `generate` on the training model itself (adapters switched per
-                    agent), left-padded batches whose shared prompt prefix runs once; the default
+    HFGenerator     `decode`, a plain sampling loop over transformers' forward, on the training
+                    model itself (adapters switched per agent), left-padded batches whose shared
+                    prompt prefix runs once; the default
     MergedHFGenerator  the same on a scratch copy with the acting agent's adapter merged in
                     (--merged_generation), its linear layers' weights optionally in bfloat16
                     (--merged_weight_dtype: half the bytes a decoding step reads)
@@ -36,12 +37,14 @@ import torch
 from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from tqdm import tqdm
-from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import DynamicCache, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
 from agents import (BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, onednn_available, onednn_product,
                     prefix_states, shared_prefix_length)
+
+
+SAMPLERS = ("multinomial", "inverse")  # how the hf backend draws a token (`decode`); vLLM has its own
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Sampling:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     max_new_tokens: int = 48
+    sampler: str = "multinomial"  # one of SAMPLERS
 
 
 @dataclass
@@ -73,34 +77,78 @@ def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
     return next((k + 1 for k, token in enumerate(tokens) if token in stop_ids), len(tokens))
 
 
-class SampledTokenLogprobs(LogitsProcessor):
-    """Records log p(sampled token) under the processed scores it was drawn from (logits / T,
-    after top-p), keeping one [n, V] table at a time instead of every step's scores: at each step
-    it reads the previous step's table at the token that was sampled from it. The last processor
-    of `generate`, so it sees exactly the distribution sampled from; returns the scores unchanged."""
+def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` [n, V], drawn from it by the inverse transform: with `uniform`
+    [n] in [0, 1) (float64), u = uniform · Σp, and the first token whose running sum of
+    probabilities exceeds u, [n]. The running sum is in float64, so even a token of probability
+    1e-12 keeps an interval of its own width. A token of probability 0 owns an empty interval and
+    is never drawn; a u that rounds up to the total (the only case no running sum exceeds) takes
+    the last token of positive probability.
 
-    def __init__(self):
-        self.previous: torch.Tensor | None = None  # log-softmax of the last step's scores, [n, V]
-        self.steps: list[torch.Tensor] = []  # log p of the token sampled at each step, each [n]
+    --sampler inverse. torch.multinomial (--sampler multinomial, the default: the draws transformers'
+    `generate` makes) draws the same distribution with one exponential variate per vocabulary entry,
+    49,152 per row per step here, about 1 s of a default chain iteration on the CPU
+    (results/speed/sampling-and-attention.txt); this draws one uniform per row. The two give
+    different tokens for one seed."""
+    cdf = probs.double().cumsum(-1)  # [n, V]
+    u = uniform.unsqueeze(-1) * cdf[:, -1:]  # [n, 1]
+    token = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # [n]: the first i with Σ_{j ≤ i} p_j > u
+    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [n]
+    return torch.minimum(token, last_positive)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self.read(input_ids[:, -1])
-        self.previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
 
-    def read(self, sampled: torch.Tensor) -> None:
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(-1, sampled.unsqueeze(-1)).squeeze(-1))
-            self.previous = None
+def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The scores a sampling step draws from, logits [n, V] → logits / T, then (top_p < 1) the
+    tokens outside the nucleus at −inf (transformers' TopPLogitsWarper). Greedy: the logits."""
+    if sampling.temperature == 0:
+        return logits
+    scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits
+    return TopPLogitsWarper(sampling.top_p)(None, scores) if sampling.top_p < 1.0 else scores  # top-p sorts the vocabulary
 
-    def table(self, sequences: torch.Tensor) -> torch.Tensor:
-        """log p of every generated token, [n, steps], after reading the last step's token."""
-        self.read(sequences[:, -1])
-        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(sequences), 0)
+
+@torch.no_grad()
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, sampling: Sampling,
+           stop_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """a ~ π(· | prompt), token by token, for a batch of prompts [n, W] (attention_mask [n, W]: 0 on
+    padding) whose first `cache.get_seq_length()` positions are in `cache` already. Each step reads
+    the next-token logits of every row, draws from logits / T (`warp_scores`; greedy: the argmax;
+    else torch.multinomial, or `sample_tokens` with sampler "inverse") and records the drawn token's log-prob under that same distribution.
+    A row that has drawn a stop id is finished: it is fed the pad id from then on; the loop ends
+    when every row is finished or after max_new_tokens. Every token's position is its index in its
+    own prompt, padding not counted. Returns (tokens [n, steps], their log-probs [n, steps]); the
+    caller cuts each row after its first stop id."""
+    n, width = input_ids.shape
+    device = input_ids.device
+    done = cache.get_seq_length()  # positions already in the cache: the shared prefix
+    mask = torch.cat([attention_mask, attention_mask.new_ones(n, sampling.max_new_tokens)], dim=1)  # [n, W + steps]
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # [n, W + steps]
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)  # [n]
+    tokens, logprobs = [], []
+    step_ids = input_ids[:, done:]  # the prompts' uncached positions, then one token per step
+    for step in range(sampling.max_new_tokens):
+        end = width + step
+        logits = model(input_ids=step_ids, attention_mask=mask[:, :end], position_ids=positions[:, end - step_ids.shape[1] : end],
+                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()  # [n, V]
+        scores = warp_scores(logits, sampling)  # [n, V]
+        if sampling.temperature == 0:
+            token = scores.argmax(-1)  # [n]
+        elif sampling.sampler == "inverse":
+            token = sample_tokens(torch.softmax(scores, dim=-1), torch.rand(n, dtype=torch.float64, device=device))  # [n]
+        else:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
+        token = token.masked_fill(finished, pad_id)
+        logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))  # [n]
+        tokens.append(token)
+        finished |= torch.isin(token, stops)
+        if finished.all():
+            break
+        step_ids = token.unsqueeze(-1)  # [n, 1]
+    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
 
 class ReservedLayer(DynamicLayer):
-    """One decoder layer's key/value cache for one `generate` call: a buffer [n, heads, capacity,
+    """One decoder layer's key/value cache for one `decode` call: a buffer [n, heads, capacity,
     head_dim] reserved at the first write, each step's keys/values written into it in place, and
     the filled part [.., :length, :] handed to attention. transformers' DynamicLayer instead
     concatenates the whole cache with the new step at every step (a copy of all of it, per layer,
@@ -138,7 +186,7 @@ class ReservedLayer(DynamicLayer):
 
 
 def decoding_cache(model, prefix: list[int], rows: int, capacity: int) -> DynamicCache:
-    """The cache `generate` decodes a batch of `rows` into: a `ReservedLayer` of `capacity` positions
+    """The cache `decode` decodes a batch of `rows` into: a `ReservedLayer` of `capacity` positions
     per decoder layer (a layer of another kind, e.g. a sliding window, keeps transformers' own),
     holding the shared `prefix` (run once, written into every row) when there is one."""
     cache = DynamicCache(config=backbone(model).config)
@@ -164,19 +212,12 @@ def generate(
 
     Each batch is [shared prefix | left padding | each prompt's own tokens]: with `share_prefix`
     the prefix every prompt of the batch starts with is run once (`decoding_cache`) and its
-    keys/values handed to `generate`, which runs only the rest; the padding in the middle is
-    masked and the position ids come from the attention mask, so every token keeps the position
-    it has in its own prompt. Off: plain left padding. `progress`: a label for a progress bar
+    keys/values handed to `decode`, which runs only the rest; the padding in the middle is masked
+    and the position ids come from the attention mask, so every token keeps the position it has in
+    its own prompt. Off: plain left padding. `progress`: a label for a progress bar
     over the batches (shown when there is more than one)."""
     pad_id = tokenizer.pad_token_id
     stop_ids = stop_token_ids(tokenizer.eos_token_id, backbone(model).generation_config.eos_token_id)
-    greedy = sampling.temperature == 0
-    # transformers puts its own temperature and top-p warpers after a caller's processors, so they
-    # are given here, in order, before the recorder: it then sees the distribution sampled from.
-    config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, temperature=1.0, top_p=1.0,
-                              top_k=None if greedy else 0, pad_token_id=pad_id, eos_token_id=stop_ids or None)
-    warpers = ([TemperatureLogitsWarper(sampling.temperature)] if not greedy and sampling.temperature != 1.0 else []) + \
-              ([TopPLogitsWarper(sampling.top_p)] if not greedy and sampling.top_p < 1.0 else [])  # top-p sorts the vocabulary
     out = Actions([], [])
     with active_adapter(model, adapter):
         for start in tqdm(range(0, len(prompt_ids), batch_size), desc=progress, leave=False, dynamic_ncols=True,
@@ -193,15 +234,12 @@ def generate(
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
             cache = decoding_cache(model, chunk[0][:shared], len(chunk), width + sampling.max_new_tokens)
-            recorder = SampledTokenLogprobs()
-            sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
-                                       past_key_values=cache, generation_config=config,
-                                       logits_processor=LogitsProcessorList([*warpers, recorder]))  # [n, W + steps]
-            sampled_logprobs = recorder.table(sequences).cpu()  # [n, steps]
-            for row, tokens in enumerate(sequences[:, width:].cpu().tolist()):
-                keep = _cut_at_stop(tokens, stop_ids)
-                out.token_ids.append(tokens[:keep])
-                out.logprobs.append(sampled_logprobs[row, :keep].tolist())
+            tokens, logprobs = decode(model, input_ids.to(model.device), attention_mask.to(model.device), cache, sampling,
+                                      stop_ids, pad_id)  # [n, steps] each
+            for row, (ids, row_logprobs) in enumerate(zip(tokens.cpu().tolist(), logprobs.cpu().tolist())):
+                keep = _cut_at_stop(ids, stop_ids)
+                out.token_ids.append(ids[:keep])
+                out.logprobs.append(row_logprobs[:keep])
     return out
 
 

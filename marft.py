@@ -242,7 +242,7 @@ def set_up(cfg: Config) -> Job:
     backend = generation.make_backend(cfg, model, tokenizer, policy_adapters,
                                       fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
     return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
-               generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens), start)
+               generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.sampler), start)
 
 
 def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:

@@ -44,6 +44,7 @@ import torch
 
 import agents as agents_lib
 import distributed
+import generation
 import ppo
 import tasks
 import tools
@@ -105,12 +106,14 @@ class Config:
     """sampling temperature of the rollouts (log-probs are computed under the same temperature)"""
     top_p: float = 1.0
     """nucleus sampling threshold of the rollouts"""
+    sampler: str = "multinomial"
+    """how the hf backend draws each token: multinomial (torch.multinomial, one exponential variate per vocabulary entry, as transformers' generate draws) or inverse (one uniform per row located in the running sum of the probabilities: the same distribution, other tokens for a seed, about 1 s less per default chain iteration on the CPU); the vllm backend draws with its own"""
     max_new_tokens: int = 32
     """longest action (response) in tokens"""
     max_prompt_tokens: int = 1024
     """longer unrolled observations keep their last tokens (the same ids are used everywhere)"""
     backend: str = "hf"
-    """generation backend: hf (transformers generate) | vllm (one vLLM engine, one LoRARequest per agent)"""
+    """generation backend: hf (transformers + peft) | vllm (one vLLM engine, one LoRARequest per agent)"""
     vllm_dtype: str = "float32"
     """vllm: engine weight dtype (float32 on a CPU; bfloat16 on a GPU is faster, its log-probs drift further)"""
     vllm_gpu_memory_utilization: float = 0.3
@@ -548,6 +551,9 @@ def check_ranges(cfg: Config, need) -> None:
 def check_choices(cfg: Config, need) -> None:
     """Options that name one of a few choices, and combinations of choices that cannot work."""
     need(0 < cfg.top_p <= 1, "top_p", "must lie in (0, 1]")
+    need(cfg.sampler in generation.SAMPLERS, "sampler", f"choose one of {', '.join(generation.SAMPLERS)}")
+    need(cfg.sampler == "multinomial" or cfg.backend == "hf", "sampler",
+         "chooses the hf backend's draw; vLLM draws with its own sampler: drop --sampler or use --backend hf")
     need(cfg.level in agents_lib.LEVELS, "level", "choose action or token")
     need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")

@@ -600,7 +600,7 @@ def backends_lines(b: dict) -> list[str]:
     if "skipped" in b:
         return [f"Backends: skipped ({b['skipped']}).", ""]
     return [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
-            "| --- | --- |", f"| hf (transformers generate + peft) | {b['hf_tokens_per_second']:.0f} |",
+            "| --- | --- |", f"| hf (generation.decode + peft) | {b['hf_tokens_per_second']:.0f} |",
             f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
             f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
             f"| {b['vllm_tokens_per_second']:.0f} |",

@@ -6,7 +6,8 @@ bfloat16 (--merged_weight_dtype); and a fourth, that bf16 copy as it decoded bef
 weights in the plain [out, in] layout (not oneDNN's, generation.LowPrecisionLinear) and transformers'
 concatenating key/value cache (not generation.ReservedLayer). Those two changes give the same
 products and cache bit for bit, so the third and fourth paths must sample the same tokens with the
-same log-probs (printed). `--model random:models/<x>.json` measures a shape without its
+same log-probs (printed). A fifth, the bf16 copy drawing by the inverse transform (--sampler inverse,
+generation.sample_tokens) instead of torch.multinomial: the same distribution, other tokens. `--model random:models/<x>.json` measures a shape without its
 weights (as the GPU check does). Prints one line per measurement, each path's rollout log-prob gap
 (the sampled tokens' log-probs against the training model's) and the median ratios."""
 from __future__ import annotations
@@ -59,6 +60,8 @@ def main() -> None:
     with mock.patch.object(generation, "onednn_packing_available", lambda: False):  # weights in the plain layout
         generators["merged-bf16-before"] = generation.MergedHFGenerator(model, tokenizer, 64, weight_dtype=torch.bfloat16)
         generators["merged-bf16-before"].merge("policy_planner")  # merged here, while packing is off
+    generators["merged-bf16-inverse"] = generators["merged-bf16"]
+    sampling_of = {"merged-bf16-inverse": generation.Sampling(1.0, 1.0, args.new_tokens, "inverse")}
     before = {"merged-bf16-before": lambda: mock.patch.object(generation, "ReservedLayer",
                                                               lambda capacity: generation.DynamicLayer())}
     actions_of: dict[str, list] = {name: [] for name in generators}
@@ -70,7 +73,7 @@ def main() -> None:
             sync()
             with before.get(name, contextlib.nullcontext)():  # the concatenating cache for the "before" path
                 start = time.perf_counter()
-                actions = generator.generate(prompts, "policy_planner", sampling)
+                actions = generator.generate(prompts, "policy_planner", sampling_of.get(name, sampling))
                 sync()
                 elapsed = time.perf_counter() - start
             actions_of[name].append(actions)
@@ -87,7 +90,7 @@ def main() -> None:
                     sampled[row, : len(logprobs)] = torch.tensor(logprobs)
                 gap = ((recomputed - sampled).abs() * mask).sum() / mask.sum()
                 print(f"{name}: rollout log-prob gap {gap:.5f} nats per token (mean |sampled − training model's|)", flush=True)
-    for name in [name for name in generators if name != "adapter"]:
+    for name in [name for name in generators if name not in ("adapter", "merged-bf16-inverse")]:
         ratio = statistics.median(seconds["adapter"]) / statistics.median(seconds[name])
         print(f"{name} generation: {ratio:.2f}× the adapter path's tokens/s (median of {args.repeats}, {args.device}, "
               f"{args.model}, {args.base_dtype})", flush=True)
@@ -96,6 +99,8 @@ def main() -> None:
                for a, b in zip(actions_of["merged-bf16"], actions_of["merged-bf16-before"]))
     print(f"merged-bf16 against merged-bf16-before: {ratio:.2f}× the tokens/s; the same tokens and log-probs in every "
           f"round: {same}", flush=True)
+    ratio = statistics.median(seconds["merged-bf16"]) / statistics.median(seconds["merged-bf16-inverse"])
+    print(f"merged-bf16-inverse (--sampler inverse) against merged-bf16 (multinomial): {ratio:.2f}× the tokens/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,72 @@ def test_sampling_is_reproducible_with_the_seed(setup):
     assert first == second
 
 
+def test_the_inverse_transform_draws_each_token_on_its_own_interval():
+    """Hand-worked: p = (1/8, 0, 2/8, 5/8, 0), running sums (1/8, 1/8, 3/8, 1, 1). A uniform u
+    takes the first token whose running sum exceeds u; token 1 (p = 0) owns no interval, and a u
+    at the total (what rounding can give) takes token 3, the last of positive probability."""
+    probs = torch.tensor([0.125, 0.0, 0.25, 0.625, 0.0])
+    uniform = torch.tensor([0.0, 0.1249, 0.125, 0.3749, 0.375, 0.99999, 1.0], dtype=torch.float64)
+    tokens = generation.sample_tokens(probs.expand(len(uniform), -1), uniform)
+    assert tokens.tolist() == [0, 0, 2, 2, 3, 3, 3]
+    # unnormalised rows are drawn in proportion: u = 0.5 · 4 = 2 lies in token 1's [1, 3)
+    assert generation.sample_tokens(torch.tensor([[1.0, 2.0, 1.0]]), torch.tensor([0.5], dtype=torch.float64)).tolist() == [1]
+
+
+def test_the_inverse_transform_draws_the_distribution():
+    """40,000 seeded draws from p = (0.5, 0.3, 0.15, 0.05, 0): each frequency within 4 standard
+    errors of its p, and the zero-probability token never."""
+    torch.manual_seed(0)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    draws = 40_000
+    tokens = generation.sample_tokens(p.expand(draws, -1), torch.rand(draws, dtype=torch.float64))
+    frequency = torch.bincount(tokens, minlength=5).double() / draws
+    standard_error = (p.double() * (1 - p.double()) / draws).sqrt()
+    assert ((frequency - p.double()).abs() <= 4 * standard_error).all(), frequency
+    assert frequency[4] == 0
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)])
+def test_decoding_gives_transformers_generate_tokens_and_logprobs(setup, temperature, top_p):
+    """`generation.decode` (positions from the attention mask, the pad id after a stop, the default
+    multinomial draw) against transformers' own `generate` on the same left-padded batch and seed,
+    greedy and sampled: the same tokens, and each token's log-prob the log-softmax of the scores
+    generate drew it from, bit for bit."""
+    model, tokenizer, _ = setup
+    pad = tokenizer.pad_token_id
+    width = max(map(len, PROMPTS))
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in PROMPTS])  # [3, W]
+    attention_mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in PROMPTS]).unsqueeze(1)).long()
+    sampling = generation.Sampling(temperature, top_p, 6)
+    stop_ids = [tokenizer.eos_token_id]
+    drawing = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    with agents.active_adapter(model, "planner"):
+        torch.manual_seed(4)
+        cache = generation.decoding_cache(model, [], len(PROMPTS), width + 6)
+        tokens, logprobs = generation.decode(model, input_ids, attention_mask, cache, sampling, stop_ids, pad)
+        torch.manual_seed(4)
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, pad_token_id=pad,
+                             eos_token_id=stop_ids, output_scores=True, return_dict_in_generate=True, **drawing)
+    expected_tokens = out.sequences[:, width:]  # [3, steps]
+    expected_logprobs = torch.stack([torch.log_softmax(scores.float(), -1).gather(-1, expected_tokens[:, [k]]).squeeze(-1)
+                                     for k, scores in enumerate(out.scores)], dim=1)
+    assert torch.equal(tokens, expected_tokens)
+    assert torch.equal(logprobs, expected_logprobs)
+
+
+def test_the_inverse_sampler_samples_the_same_distribution_with_other_tokens(setup):
+    """--sampler inverse: every sampled token's log-prob is still that of an independent forward
+    pass, and the tokens of a seed differ from the multinomial draw's."""
+    model, tokenizer, _ = setup
+    actions = {}
+    for sampler in generation.SAMPLERS:
+        torch.manual_seed(3)
+        actions[sampler] = generation.generate(model, tokenizer, PROMPTS * 4, "solver", generation.Sampling(1.0, 1.0, 5, sampler), 12)
+    for prompt, response, logprobs in zip(PROMPTS * 4, actions["inverse"].token_ids, actions["inverse"].logprobs):
+        assert logprobs == pytest.approx(reference_logprobs(model, "solver", prompt, response).tolist(), abs=1e-4)
+    assert actions["inverse"].token_ids != actions["multinomial"].token_ids
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature):
     """The backend's own log-probs equal an independent forward pass at logits / T (left padding

@@ -29,6 +29,8 @@ def test_help_documents_every_option(capsys):
 
 @pytest.mark.parametrize("argv, option", [
     (["--credit", "everyone"], "--credit"),
+    (["--sampler", "gumbel"], "--sampler"),
+    (["--sampler", "inverse", "--backend", "vllm"], "--sampler"),  # vLLM draws with its own sampler
     (["--lam", "1.5"], "--lam"),
     (["--batch_size", "0"], "--batch_size"),
     (["--normalisation", "max"], "--normalisation"),
