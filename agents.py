@@ -204,8 +204,9 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
         raise ValueError(f"model {name_or_path!r} has no chat template; MARFT prompts are chat messages")
     # The rollout distribution is set by marft alone (Sampling): a generation_config.json that says
     # temperature 0.6, top_k 20, a repetition penalty, … must not change it behind the trainer's
-    # back, and transformers fills every field a GenerationConfig leaves unset from the model's.
-    # Only its end-of-turn ids are kept: they say where a response ends (`stop_token_ids`).
+    # back (generation.decode reads none of it; transformers' own `generate` would fill every field
+    # a GenerationConfig leaves unset from the model's). Only its end-of-turn ids are kept: they
+    # say where a response ends (`stop_token_ids`).
     model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id)
     if model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(GROUPED_KV_SDPA)

@@ -83,7 +83,8 @@ def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     probabilities exceeds u, [n]. The running sum is in float64, so even a token of probability
     1e-12 keeps an interval of its own width. A token of probability 0 owns an empty interval and
     is never drawn; a u that rounds up to the total (the only case no running sum exceeds) takes
-    the last token of positive probability.
+    the last token of positive probability. A row that is not finite or sums to 0 raises, as
+    torch.multinomial does.
 
     --sampler inverse. torch.multinomial (--sampler multinomial, the default: the draws transformers'
     `generate` makes) draws the same distribution with one exponential variate per vocabulary entry,
@@ -91,10 +92,15 @@ def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     (results/speed/sampling-and-attention.txt); this draws one uniform per row. The two give
     different tokens for one seed."""
     cdf = probs.double().cumsum(-1)  # [n, V]
-    u = uniform.unsqueeze(-1) * cdf[:, -1:]  # [n, 1]
+    total = cdf[:, -1:]  # [n, 1]
+    if not (torch.isfinite(total) & (total > 0)).all():  # what torch.multinomial refuses too
+        raise ValueError("sample_tokens: a row of probabilities is not finite or sums to 0 (inf or nan in the logits)")
+    u = uniform.unsqueeze(-1) * total  # [n, 1]
     token = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # [n]: the first i with Σ_{j ≤ i} p_j > u
-    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [n]
-    return torch.minimum(token, last_positive)
+    if (token == probs.shape[-1]).any():  # u rounded up to the total: no running sum exceeds it
+        last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [n]
+        token = torch.minimum(token, last_positive)
+    return token
 
 
 def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -112,9 +118,10 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     """a ~ π(· | prompt), token by token, for a batch of prompts [n, W] (attention_mask [n, W]: 0 on
     padding) whose first `cache.get_seq_length()` positions are in `cache` already. Each step reads
     the next-token logits of every row, draws from logits / T (`warp_scores`; greedy: the argmax;
-    else torch.multinomial, or `sample_tokens` with sampler "inverse") and records the drawn token's log-prob under that same distribution.
-    A row that has drawn a stop id is finished: it is fed the pad id from then on; the loop ends
-    when every row is finished or after max_new_tokens. Every token's position is its index in its
+    else torch.multinomial, or `sample_tokens` with sampler "inverse") and records the drawn
+    token's log-prob under that same distribution. A row that has drawn a stop id is finished: it
+    is fed the pad id from then on; the loop ends when every row is finished or after
+    max_new_tokens. Every token's position is its index in its
     own prompt, padding not counted. Returns (tokens [n, steps], their log-probs [n, steps]); the
     caller cuts each row after its first stop id."""
     n, width = input_ids.shape
@@ -133,10 +140,12 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
         scores = warp_scores(logits, sampling)  # [n, V]
         if sampling.temperature == 0:
             token = scores.argmax(-1)  # [n]
+        elif sampling.sampler == "multinomial":
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
         elif sampling.sampler == "inverse":
             token = sample_tokens(torch.softmax(scores, dim=-1), torch.rand(n, dtype=torch.float64, device=device))  # [n]
         else:
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
+            raise ValueError(f"Sampling.sampler={sampling.sampler!r}: choose one of {', '.join(SAMPLERS)}")
         token = token.masked_fill(finished, pad_id)
         logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))  # [n]
         tokens.append(token)
@@ -144,6 +153,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
         if finished.all():
             break
         step_ids = token.unsqueeze(-1)  # [n, 1]
+    if not tokens:  # max_new_tokens = 0
+        return input_ids.new_empty(n, 0), torch.zeros(n, 0, device=device)
     return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
 

@@ -107,7 +107,7 @@ class Config:
     top_p: float = 1.0
     """nucleus sampling threshold of the rollouts"""
     sampler: str = "multinomial"
-    """how the hf backend draws each token: multinomial (torch.multinomial, one exponential variate per vocabulary entry, as transformers' generate draws) or inverse (one uniform per row located in the running sum of the probabilities: the same distribution, other tokens for a seed, about 1 s less per default chain iteration on the CPU); the vllm backend draws with its own"""
+    """how the hf backend draws each token: multinomial (torch.multinomial, one exponential variate per vocabulary entry, as transformers' generate draws) or inverse (one uniform per row located in the running sum of the probabilities: the same distribution, other tokens for a seed, about 0.7 s less per default chain iteration on the CPU); the vllm backend draws with its own"""
     max_new_tokens: int = 32
     """longest action (response) in tokens"""
     max_prompt_tokens: int = 1024
@@ -399,7 +399,7 @@ def merged_bf16_by_default(cfg: Config) -> bool:
 
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
 # which extends the run). Everything else comes from the run's config.json.
-RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
+RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "sampler", "vllm_dtype", "vllm_gpu_memory_utilization",
                    "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir", "vllm_sleep",
                    "dist_timeout_minutes")
 
@@ -491,6 +491,10 @@ def resumed_config(cli: Config, argv: list[str]) -> Config:
     if saved.backend != "hf" and saved.merged_generation:  # the run decoded on the hf backend's merged copy; vLLM applies LoRA itself
         saved.merged_generation, saved.merged_weight_dtype = False, ""
         print(f"[options] --merged_generation steps aside: the run continues on --backend {saved.backend}", file=sys.stderr)
+    if saved.backend != "hf" and saved.sampler != "multinomial":  # the hf backend's own draw; vLLM draws with its own sampler
+        saved.sampler = "multinomial"
+        print(f"[options] --sampler steps aside: the run continues on --backend {saved.backend}, which draws with its own sampler",
+              file=sys.stderr)
     return saved
 
 

@@ -6,7 +6,7 @@ NPROC="${NPROC:-1}"                  # processes (ranks) on this node: G > 1 lau
 case "$NPROC" in
   '' | *[!0-9]* | 0) echo "NPROC=$NPROC: give the number of processes on this node, a whole number ≥ 1 (e.g. NPROC=2)" >&2; exit 2 ;;
 esac
-BACKEND="${BACKEND:-hf}"             # hf (transformers generate) | vllm (installed on first use)
+BACKEND="${BACKEND:-hf}"             # hf (transformers + peft) | vllm (installed on first use)
 if [ "$BACKEND" = "vllm" ]; then export MARFT_VLLM=1; fi
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 

@@ -125,6 +125,9 @@ def test_the_inverse_transform_draws_each_token_on_its_own_interval():
     assert tokens.tolist() == [0, 0, 2, 2, 3, 3, 3]
     # unnormalised rows are drawn in proportion: u = 0.5 · 4 = 2 lies in token 1's [1, 3)
     assert generation.sample_tokens(torch.tensor([[1.0, 2.0, 1.0]]), torch.tensor([0.5], dtype=torch.float64)).tolist() == [1]
+    for bad in ([0.0, 0.0, 0.0], [float("nan"), 0.5, 0.5]):  # refused, as torch.multinomial refuses them
+        with pytest.raises(ValueError, match="not finite or sums to 0"):
+            generation.sample_tokens(torch.tensor([bad]), torch.tensor([0.5], dtype=torch.float64))
 
 
 def test_the_inverse_transform_draws_the_distribution():
@@ -168,9 +171,50 @@ def test_decoding_gives_transformers_generate_tokens_and_logprobs(setup, tempera
     assert torch.equal(logprobs, expected_logprobs)
 
 
-def test_the_inverse_sampler_samples_the_same_distribution_with_other_tokens(setup):
+def test_decoding_stops_rows_like_transformers_generate(setup):
+    """Rows that draw a stop id: fed the pad id from then on, and the loop ends once every row has
+    stopped; tokens and log-probs again those of transformers' generate. The stop ids are chosen
+    from a first greedy decode: the token row 0 draws at step 2 (row 0 stops early), then every
+    row's first token (all stop at once: one step); and no step at all with max_new_tokens 0."""
+    model, tokenizer, _ = setup
+    pad = tokenizer.pad_token_id
+    width = max(map(len, PROMPTS))
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in PROMPTS])  # [3, W]
+    attention_mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in PROMPTS]).unsqueeze(1)).long()
+    greedy = generation.Sampling(0.0, 1.0, 6)
+
+    def both(stop_ids):
+        with agents.active_adapter(model, "planner"):
+            cache = generation.decoding_cache(model, [], len(PROMPTS), width + greedy.max_new_tokens)
+            ours = generation.decode(model, input_ids, attention_mask, cache, greedy, stop_ids, pad)
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=greedy.max_new_tokens,
+                                 pad_token_id=pad, eos_token_id=stop_ids, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True)
+        theirs = out.sequences[:, width:]
+        logprobs = torch.stack([torch.log_softmax(scores.float(), -1).gather(-1, theirs[:, [k]]).squeeze(-1)
+                                for k, scores in enumerate(out.scores)], dim=1)
+        return ours, (theirs, logprobs)
+
+    (first, _), _ = both([tokenizer.eos_token_id])
+    early = int(first[0, 2])
+    stop = int((first[0] == early).nonzero()[0])  # the step at which row 0 first draws it (≤ 2)
+    (tokens, logprobs), (expected_tokens, expected_logprobs) = both([tokenizer.eos_token_id, early])
+    assert torch.equal(tokens, expected_tokens) and torch.equal(logprobs, expected_logprobs)
+    assert tokens[0, stop] == early and (tokens[0, stop + 1 :] == pad).all()  # row 0 stopped there …
+    assert tokens.shape[1] > stop + 1  # … and the others ran on
+    (tokens, logprobs), (expected_tokens, expected_logprobs) = both([tokenizer.eos_token_id, *first[:, 0].tolist()])
+    assert tokens.shape == (3, 1) and torch.equal(tokens, expected_tokens) and torch.equal(logprobs, expected_logprobs)
+    with agents.active_adapter(model, "planner"):  # (transformers' generate refuses 0)
+        cache = generation.decoding_cache(model, [], len(PROMPTS), width)
+        tokens, logprobs = generation.decode(model, input_ids, attention_mask, cache, generation.Sampling(0.0, 1.0, 0),
+                                             [tokenizer.eos_token_id], pad)
+    assert tokens.shape == logprobs.shape == (3, 0)
+
+
+def test_the_inverse_sampler_draws_other_tokens_for_a_seed(setup):
     """--sampler inverse: every sampled token's log-prob is still that of an independent forward
-    pass, and the tokens of a seed differ from the multinomial draw's."""
+    pass, and the tokens of a seed differ from the multinomial draw's (the temperature and top-p
+    tests below run both samplers)."""
     model, tokenizer, _ = setup
     actions = {}
     for sampler in generation.SAMPLERS:
@@ -181,13 +225,14 @@ def test_the_inverse_sampler_samples_the_same_distribution_with_other_tokens(set
     assert actions["inverse"].token_ids != actions["multinomial"].token_ids
 
 
+@pytest.mark.parametrize("sampler", generation.SAMPLERS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature):
+def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature, sampler):
     """The backend's own log-probs equal an independent forward pass at logits / T (left padding
-    in the generation batch must not shift them)."""
+    in the generation batch must not shift them), by either sampler."""
     model, tokenizer, _ = setup
     torch.manual_seed(3)
-    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(temperature, 1.0, 5), batch_size=3)
+    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(temperature, 1.0, 5, sampler), batch_size=3)
     for prompt, response, logprobs in zip(PROMPTS, actions.token_ids, actions.logprobs):
         assert len(logprobs) == len(response)
         with agents.active_adapter(model, "solver"), torch.no_grad():
@@ -394,14 +439,15 @@ def test_the_entropy_carries_a_gradient_only_for_an_entropy_bonus(setup):
     assert sum(g.abs().sum() for g in grads) > 0
 
 
-def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_p(setup):
+@pytest.mark.parametrize("sampler", generation.SAMPLERS)
+def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_p(setup, sampler):
     """With top-p the recorded log-prob is the token's under the renormalised nucleus: larger than
     under the whole vocabulary by −log(nucleus mass), the same for every step of a row (the tiny
     random model's next-token distributions are close to uniform, so half the mass is about half
-    the vocabulary and the gap about log 2)."""
+    the vocabulary and the gap about log 2); by either sampler, so each draws inside the nucleus."""
     model, tokenizer, _ = setup
     torch.manual_seed(5)
-    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 0.5, 4), batch_size=3)
+    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 0.5, 4, sampler), batch_size=3)
     whole, _, _ = agents.token_logprobs(model, PROMPTS, actions.token_ids, "solver", tokenizer.pad_token_id, 1.0)
     for row, logprobs in enumerate(actions.logprobs):
         gaps = [recorded - whole[row, k].item() for k, recorded in enumerate(logprobs)]

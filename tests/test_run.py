@@ -17,6 +17,19 @@ import run
 # Command line
 # ---------------------------------------------------------------------------------------------
 
+def test_a_run_drawn_by_the_inverse_sampler_resumes_on_either_backend(tmp_path, capsys):
+    """--sampler is the hf backend's: a run trained with --sampler inverse resumes with it, may
+    switch samplers on resume (a runtime option, like --backend), and resumed onto vLLM sets it
+    aside, saying so, instead of refusing the combination the run itself never asked for."""
+    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "inverse", "--sampler", "inverse"]))
+    assert run.parse_args(["--resume", str(tmp_path / "inverse")]).sampler == "inverse"
+    assert run.parse_args(["--resume", str(tmp_path / "inverse"), "--sampler", "multinomial"]).sampler == "multinomial"
+    capsys.readouterr()
+    resumed = run.parse_args(["--resume", str(tmp_path / "inverse"), "--backend", "vllm"])
+    assert (resumed.backend, resumed.sampler) == ("vllm", "multinomial")
+    assert "--sampler steps aside" in capsys.readouterr().err
+
+
 def test_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
         run.parse_args(["--help"])
