@@ -121,9 +121,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     else torch.multinomial, or `sample_tokens` with sampler "inverse") and records the drawn
     token's log-prob under that same distribution. A row that has drawn a stop id is finished: it
     is fed the pad id from then on; the loop ends when every row is finished or after
-    max_new_tokens. Every token's position is its index in its
-    own prompt, padding not counted. Returns (tokens [n, steps], their log-probs [n, steps]); the
-    caller cuts each row after its first stop id."""
+    max_new_tokens. Every token's position is its index in its own prompt, padding not counted.
+    Returns (tokens [n, steps], their log-probs [n, steps]); the caller cuts each row after its
+    first stop id."""
     n, width = input_ids.shape
     device = input_ids.device
     done = cache.get_seq_length()  # positions already in the cache: the shared prefix
@@ -138,6 +138,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
         logits = model(input_ids=step_ids, attention_mask=mask[:, :end], position_ids=positions[:, end - step_ids.shape[1] : end],
                        past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()  # [n, V]
         scores = warp_scores(logits, sampling)  # [n, V]
+        # p = softmax(scores) for the draw and log p for the record, each as its own op: exp(log p)
+        # would round differently from the softmax transformers' generate draws from
         if sampling.temperature == 0:
             token = scores.argmax(-1)  # [n]
         elif sampling.sampler == "multinomial":

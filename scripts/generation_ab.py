@@ -6,10 +6,11 @@ bfloat16 (--merged_weight_dtype); and a fourth, that bf16 copy as it decoded bef
 weights in the plain [out, in] layout (not oneDNN's, generation.LowPrecisionLinear) and transformers'
 concatenating key/value cache (not generation.ReservedLayer). Those two changes give the same
 products and cache bit for bit, so the third and fourth paths must sample the same tokens with the
-same log-probs (printed). A fifth, the bf16 copy drawing by the inverse transform (--sampler inverse,
-generation.sample_tokens) instead of torch.multinomial: the same distribution, other tokens. `--model random:models/<x>.json` measures a shape without its
-weights (as the GPU check does). Prints one line per measurement, each path's rollout log-prob gap
-(the sampled tokens' log-probs against the training model's) and the median ratios."""
+same log-probs (printed). A fifth, the bf16 copy drawing by the inverse transform (--sampler
+inverse, generation.sample_tokens) instead of torch.multinomial: the same distribution, other
+tokens, so it is compared per decoding step. `--model random:models/<x>.json` measures a shape
+without its weights (as the GPU check does). Prints one line per measurement, each path's rollout
+log-prob gap (the sampled tokens' log-probs against the training model's) and the median ratios."""
 from __future__ import annotations
 
 import argparse
@@ -79,7 +80,7 @@ def main() -> None:
                 elapsed = time.perf_counter() - start
             actions_of[name].append(actions)
             tokens = sum(map(len, actions.token_ids))
-            steps = max(map(len, actions.token_ids), default=0)  # the one batch's decoding steps (its longest response)
+            steps = max(map(len, actions.token_ids), default=0)  # decoding steps: all prompts are one batch (of 64)
             if repeat > 0:  # the first round warms up
                 seconds[name].append(elapsed / max(tokens, 1))
                 step_seconds[name].append(elapsed / max(steps, 1))
