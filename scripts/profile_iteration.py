@@ -44,8 +44,19 @@ up to which agent the random order leaves last), and ppo_epochs forward + backwa
 all at the same GEMM rate. Every learning agent counts as updated each iteration
 (--agent_iteration_interval is not modelled).
 
-Writes <out>/profile.json and <out>/profile.md. A performance figure: run it on an idle machine. The
-profiler holds every op of the iteration with its shapes: about 14 GB of memory for the default job.
+The pass ceiling (`pass_ceiling`): what the floor ratio of an iteration can come down to by
+rearranging its passes alone. After the training, one plain pass of the trained model under its first
+policy adapter, over 8 rows of 16 prompt + 32 response tokens (384 positions: the default micro-batch
+budget; random token ids, no shared prefix, no padding), the log-probs of the 32 response tokens of
+each row, is timed forward and forward + backward (the best of `--ceiling_repeats`) and its matrix
+products counted as above, at the same GEMM rate. An iteration made of nothing but such passes would
+take their ratio; what it adds beyond them (the rollout's token-by-token decoding, optimiser steps,
+shorter passes, Python) only raises its own. `--ceiling_only` measures the ceiling alone, on a freshly
+built model (no training): for a model too large to train here, e.g. `--model random:<config.json>`.
+
+Writes <out>/profile.json and <out>/profile.md (--ceiling_only: <out>/ceiling.json). A performance
+figure: run it on an idle machine. The profiler holds every op of the iteration with its shapes: about
+14 GB of memory for the default job.
 """
 from __future__ import annotations
 
@@ -66,6 +77,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import agents  # noqa: E402
+import distributed  # noqa: E402
 import marft  # noqa: E402
 import run as run_lib  # noqa: E402
 
@@ -74,6 +86,7 @@ FAMILIES = ("matrix products", "attention", "elementwise", "copies & layout", "a
 ONEDNN_LINEAR = "mkldnn::_linear_pointwise"  # --onednn_linear's product (agents.OneDnnLinear), whose FLOPs the profiler does not count
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", ONEDNN_LINEAR}
 TOP_OPS = 12  # ops listed by self time under the table
+CEILING_ROWS, CEILING_PROMPT_TOKENS, CEILING_RESPONSE_TOKENS = 8, 16, 32  # the pass ceiling's pass: 8 × 48 = 384 positions
 COUNTED_FLOPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", ONEDNN_LINEAR}  # aten::matmul / linear call these
 LAYOUT = {"aten::" + name for name in (
     "copy_", "_to_copy", "to", "contiguous", "clone", "cat", "stack", "index", "index_select", "gather", "scatter",
@@ -259,6 +272,55 @@ def agent_tokens(org, rollout, cfg) -> list[AgentTokens]:
     return rows
 
 
+def counted_flops(events) -> int:
+    """The matrix-product FLOPs of profiled events (kineto's), counted as the floor counts them."""
+    return sum(event_flops(e.name(), e.flops(), e.shapes()) for e in events if e.name() in COUNTED_FLOPS)
+
+
+def pass_ceiling(model, adapter: str, pad_id: int, gemm_rate: float, repeats: int) -> dict:
+    """The plainest pass's seconds against its floor (module docstring), forward and forward +
+    backward: {"forward": {...}, "forward_backward": {...}}, each with its best seconds, its matrix
+    GFLOP, their floor at `gemm_rate` and the ratio."""
+    vocab = agents.backbone(model).config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    draw = lambda length: torch.randint(0, vocab, (CEILING_ROWS, length), generator=generator).tolist()
+    prompts, responses = draw(CEILING_PROMPT_TOKENS), draw(CEILING_RESPONSE_TOKENS)  # [8, 16], [8, 32]
+
+    def one_pass(backward: bool) -> float:
+        t0 = time.perf_counter()
+        with torch.set_grad_enabled(backward):
+            out = agents.policy_logprobs(model, prompts, responses, adapter, pad_id, "action", "sum", 1.0, share_prefix=False)
+            if backward:
+                out.logprob.sum().backward()
+        seconds = time.perf_counter() - t0
+        model.zero_grad(set_to_none=True)
+        return seconds
+
+    result = {"rows": CEILING_ROWS, "prompt_tokens": CEILING_PROMPT_TOKENS, "response_tokens": CEILING_RESPONSE_TOKENS,
+              "adapter": adapter}
+    for name, backward in (("forward", False), ("forward_backward", True)):
+        one_pass(backward)  # warm-up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as profiler:
+            one_pass(backward)
+        flops = counted_flops(profiler.profiler.kineto_results.events())
+        seconds = min(one_pass(backward) for _ in range(repeats))
+        result[name] = {"seconds": seconds, "gflop": flops / 1e9}
+    return at_gemm_rate(result, gemm_rate)
+
+
+def at_gemm_rate(ceiling: dict, gemm_rate: float) -> dict:
+    """The pass ceiling's passes with their floor at `gemm_rate` (FLOP/s) and their ratio to it."""
+    passes = {name: {"seconds": p["seconds"], "gflop": p["gflop"], "floor_seconds": p["gflop"] * 1e9 / gemm_rate,
+                     "ratio": p["seconds"] * gemm_rate / (p["gflop"] * 1e9)}
+              for name, p in ceiling.items() if name in ("forward", "forward_backward")}
+    return {**ceiling, **passes}
+
+
+def first_policy_adapter(optimisers: dict) -> str:
+    """The adapter the pass ceiling runs: the first agent's policy (marft.build names them first)."""
+    return next(iter(optimisers))
+
+
 def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
     """Train `iterations` iterations with the last under the profiler; returns the phase table,
     the unprofiled iterations' seconds and tokens, the model's shape and the GEMM rate before the
@@ -279,6 +341,7 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
         seen["shape"] = {"hidden": config.hidden_size, "intermediate": config.intermediate_size, "dtype": weight.dtype}
         seen["model_shape"] = model_shape(built[1])
         seen["gemm_before"] = gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, gemm_repeats)
+        seen["built"] = built
         return built
 
     def init(timer, *args, **kwargs):
@@ -310,7 +373,7 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
     return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"],
             "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"],
-            "gemm_before": seen["gemm_before"]}
+            "gemm_before": seen["gemm_before"], "built": seen["built"]}
 
 
 def report(measured: dict, gemm_rate: float) -> dict:
@@ -379,7 +442,22 @@ def markdown(result: dict) -> str:
                   f"(`padding_free_floor_ratio`); in the profiled iteration, per phase at the GEMM rate: "
                   + ", ".join(f"{phase.replace('_', ' ')} {flops / 1e9 / result['gemm_gflops_per_second']:.2f} s"
                               for phase, flops in last.items()) + "."]
+    if "pass_ceiling" in result:  # profiles from before it have none
+        lines += ["", ceiling_sentence(result)]
     return "\n".join(lines) + "\n"
+
+
+def ceiling_sentence(result: dict) -> str:
+    """The pass ceiling (module docstring) in one paragraph."""
+    c = result["pass_ceiling"]
+    f, fb = c["forward"], c["forward_backward"]
+    return (f"The pass ceiling (`pass_ceiling`; {result['model']}, {result['threads']} threads, GEMM rate "
+            f"{result['gemm_gflops_per_second']:.1f} GFLOP/s): one plain pass under {c['adapter']}, {c['rows']} rows of "
+            f"{c['prompt_tokens']} prompt + {c['response_tokens']} response tokens (no shared prefix, no padding), "
+            f"forward {f['seconds'] * 1000:.0f} ms against a floor of {f['floor_seconds'] * 1000:.0f} ms "
+            f"(**{f['ratio']:.2f}×**), forward + backward {fb['seconds'] * 1000:.0f} ms against "
+            f"{fb['floor_seconds'] * 1000:.0f} ms (**{fb['ratio']:.2f}×**): an iteration made of such passes alone, "
+            "no decoding, no optimiser, would take between the two ratios, by its mix of passes with and without gradient.")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -389,6 +467,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(ROOT / "results" / "speed" / "profile"), help="report folder")
     parser.add_argument("--iterations", type=int, default=3, help="iterations to train; the last is profiled (at least 2)")
     parser.add_argument("--gemm_repeats", type=int, default=20, help="matrix products timed for the GEMM rate (the best counts)")
+    parser.add_argument("--ceiling_repeats", type=int, default=5, help="timed repeats of each pass of the pass ceiling (the best counts)")
+    parser.add_argument("--ceiling_only", action="store_true",
+                        help="measure the pass ceiling alone on a freshly built model, no training (writes <out>/ceiling.json)")
     args = parser.parse_args(own)
     if args.iterations < 2:
         raise SystemExit(f"--iterations {args.iterations}: at least 2 (the last is profiled, the others timed without the profiler)")
@@ -401,15 +482,33 @@ def main(argv: list[str] | None = None) -> dict:
                               "--run_name", "profiled", *marft_argv])
     if agents.resolve_device(cfg.device).startswith("cuda"):
         raise SystemExit("profile_iteration.py profiles the CPU (op times, the CPU's GEMM rate): give --device cpu after `--`")
+    in_checkout = [str(Path(a).relative_to(ROOT)) if Path(a).is_absolute() and Path(a).is_relative_to(ROOT) else a for a in argv]
+    provenance = {"command": " ".join(in_checkout), "model": cfg.model,
+                  "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                           text=True).stdout.strip()}
+    out.mkdir(parents=True, exist_ok=True)
+    if args.ceiling_only:
+        torch.set_num_threads(distributed.local_threads(cfg.threads))
+        _, model, tokenizer, _, optimisers = marft.build(cfg)
+        config, weight = model.get_base_model().config, next(model.get_base_model().parameters())
+        rates = [gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats)]
+        ceiling = pass_ceiling(model, first_policy_adapter(optimisers), tokenizer.pad_token_id, 1.0, args.ceiling_repeats)
+        rates.append(gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats))
+        result = {"pass_ceiling": at_gemm_rate(ceiling, max(rates)), "gemm_gflops_per_second": max(rates) / 1e9,
+                  "gemm_gflops_per_second_before_and_after": [rate / 1e9 for rate in rates],
+                  "threads": torch.get_num_threads(), **provenance}
+        (out / "ceiling.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(ceiling_sentence(result))
+        return result
     measured = profile(cfg, args.iterations, args.gemm_repeats)
     shape, before = measured.pop("shape"), measured.pop("gemm_before")
+    _, model, tokenizer, _, optimisers = measured.pop("built")
     after = gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats)
     result = report(measured, max(before, after))
-    in_checkout = [str(Path(a).relative_to(ROOT)) if Path(a).is_absolute() and Path(a).is_relative_to(ROOT) else a for a in argv]
-    result |= {"command": " ".join(in_checkout), "gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9],
-               "threads": torch.get_num_threads(), "model": cfg.model,
-               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()}
-    out.mkdir(parents=True, exist_ok=True)
+    result |= {"gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9],
+               "threads": torch.get_num_threads(), **provenance,
+               "pass_ceiling": pass_ceiling(model, first_policy_adapter(optimisers), tokenizer.pad_token_id,
+                                            max(before, after), args.ceiling_repeats)}
     (out / "profile.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "profile.md").write_text(markdown(result))
     print(markdown(result))
