@@ -345,7 +345,9 @@ def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int
             "matmul_mflop_per_token": profile["matmul_flops_per_token"] / 1e6,
             # the profile run's own unprofiled iterations after the first: the same code and options measured again
             "profile_run_seconds": profile["warm_seconds_per_iteration"], "profile_run_floor_ratio": profile["floor_ratio"],
-            **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")}}
+            **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")},
+            # one plain pass of the same model against its floor (profile_iteration.pass_ceiling)
+            "pass_ceiling_ratios": {name: profile["pass_ceiling"][name]["ratio"] for name in ("forward", "forward_backward")}}
 
 
 def prompt_lengths_by_position(tokenizer) -> list[float]:
@@ -646,6 +648,11 @@ def phases_lines(p: dict) -> list[str]:
             lines[-1] += (f" The same options measured again, the profile run's own unprofiled iterations after its first: "
                           f"{f['profile_run_seconds']:.1f} s each, **{f['profile_run_floor_ratio']:.1f}× their floor** "
                           f"(two runs of the same code: their difference is the spread between runs on this machine).")
+        if "pass_ceiling_ratios" in f:  # reports from before it have none
+            c = f["pass_ceiling_ratios"]
+            lines[-1] += (f" One plain pass of the same model (8 rows of 48 tokens, no shared prefix, no padding) takes "
+                          f"**{c['forward']:.2f}×** its floor forward and **{c['forward_backward']:.2f}×** forward + backward "
+                          f"(`pass_ceiling_ratios`): an iteration of such passes alone would take between the two.")
     if "default_rollout" in p:
         lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
     if "without_merged_generation" in p:

@@ -443,8 +443,20 @@ def markdown(result: dict) -> str:
                   + ", ".join(f"{phase.replace('_', ' ')} {flops / 1e9 / result['gemm_gflops_per_second']:.2f} s"
                               for phase, flops in last.items()) + "."]
     if "pass_ceiling" in result:  # profiles from before it have none
-        lines += ["", ceiling_sentence(result)]
+        lines += ["", ceiling_sentence(result) + " Each phase against its products at the ceiling's ratio (forward for the "
+                  "rollout and the values, forward + backward for the updates), warm unprofiled seconds: "
+                  + ", ".join(f"{phase.replace('_', ' ')} {result['warm_seconds_by_phase'][phase]:.1f} s against "
+                              f"{seconds:.1f} s" for phase, seconds in at_the_ceiling(result).items()) + "."]
     return "\n".join(lines) + "\n"
+
+
+def at_the_ceiling(result: dict) -> dict[str, float]:
+    """Seconds each phase's profiled matrix products would take at the pass ceiling's ratio: the forward
+    pass's for the rollout and the values (no gradient), the forward + backward pass's for the updates."""
+    ratio = {"rollout": "forward", "values": "forward", "policy_update": "forward_backward", "critic_update": "forward_backward"}
+    return {phase: result["phases"][phase]["matmul_flops"] / 1e9 / result["gemm_gflops_per_second"]
+                   * result["pass_ceiling"][kind]["ratio"]
+            for phase, kind in ratio.items() if phase in result["phases"]}
 
 
 def ceiling_sentence(result: dict) -> str:

@@ -74,6 +74,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"], report["phases"]["floor_ratio"],
                report["phases"]["floor"]["floor_seconds"], report["phases"]["padding_free_floor_ratio"],
                report["phases"]["floor"]["profile_run_seconds"], report["phases"]["floor"]["profile_run_floor_ratio"],
+               *report["phases"]["floor"]["pass_ceiling_ratios"].values(),
                report["memory"]["default"]["ratio_4_to_1"]]
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -341,6 +342,10 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     report["floor"] |= {"profile_run_seconds": 45.0, "profile_run_floor_ratio": 3.6}  # 45 s over its floor of 12.5 s
     text = "\n".join(bench.phases_lines(report))
     assert "the profile run's own unprofiled iterations after its first: 45.0 s each, **3.6× their floor**" in text
+    assert "One plain pass" not in text  # a report from before the pass ceiling
+    report["floor"]["pass_ceiling_ratios"] = {"forward": 1.5, "forward_backward": 1.75}
+    text = "\n".join(bench.phases_lines(report))
+    assert "takes **1.50×** its floor forward and **1.75×** forward + backward (`pass_ceiling_ratios`)" in text
     # The run without the rows sorted by length: a fourth column, its speedup the variant's seconds over the default's.
     report |= {"without_sort_by_length": {**phase, "iteration_seconds_without_eval": 60.0}, "sort_by_length_speedup": 1.2}
     text = "\n".join(bench.phases_lines(report))
@@ -466,6 +471,50 @@ def test_model_shape_counts_projections_adapters_and_the_output_layer():
     model = agents.attach_adapters(LlamaForCausalLM(config), ["policy_planner", "critic"],
                                    agents.lora_config(2, 4, ["q_proj", "v_proj"]))
     assert profile_iteration.model_shape(model) == (576, 56, 256)
+
+
+def test_the_pass_ceiling_counts_one_plain_passs_products_by_hand(tiny_model_dir):
+    """The pass ceiling's pass on the tiny Llama (hidden 32, intermediate 64, 2 layers, 2 heads of 16,
+    1 key/value head), LoRA rank 2 on all seven projections, counted by hand."""
+    import marft
+    import run
+
+    cfg = run.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--threads", "1"])
+    _, model, tokenizer, _, optimisers = marft.build(cfg)
+    adapter = profile_iteration.first_policy_adapter(optimisers)
+    assert adapter == "policy_planner"  # the chain's first agent
+    ceiling = profile_iteration.pass_ceiling(model, adapter, tokenizer.pad_token_id, 1e9, repeats=1)
+    # Per layer: q, o 32 × 32; k, v 32 × 16; gate, up, down 32 × 64 → W = 2 · (1024·2 + 512·2 + 2048·3) = 18432.
+    # LoRA rank 2, r·(in + out) per projection: q, o 128; k, v 96; gate, up, down 192 → A = 2 · 1024 = 2048.
+    W, A, Vd = 18432, 2048, len(tokenizer) * 32
+    positions, logits = 8 * 48, 8 * 32  # 8 rows of 16 + 32 tokens; the head at the 32 positions predicting a response token
+    forward = 2 * (W + A) * positions + 2 * Vd * logits
+    # The backward: ∂/∂x of every frozen product (2 W), the LoRA products' four (4 A), the head's ∂/∂x (2 V·d); but the
+    # first layer's q, k, v read the embeddings, which need no gradient: no ∂/∂x of their base products (32 · (32 + 16 + 16)
+    # weights) nor through their A matrices (r · in = 2 · 32 each).
+    first_layer = 2 * 32 * (32 + 16 + 16) * positions + 3 * 2 * (2 * 32) * positions
+    backward = (2 * W + 4 * A) * positions + 2 * Vd * logits - first_layer
+    assert ceiling["forward"]["gflop"] * 1e9 == forward
+    assert ceiling["forward_backward"]["gflop"] * 1e9 == forward + backward
+    for name in ("forward", "forward_backward"):
+        p = ceiling[name]
+        assert p["seconds"] > 0 and p["floor_seconds"] == pytest.approx(p["gflop"])  # at 1e9 FLOP/s: GFLOP = seconds
+        assert p["ratio"] == pytest.approx(p["seconds"] / p["floor_seconds"])
+    assert all(param.grad is None for param in model.parameters())  # the passes leave no gradient behind
+
+
+def test_the_pass_ceiling_at_another_gemm_rate():
+    # 100 GFLOP in 2 s and 200 GFLOP in 6 s at 1e11 FLOP/s: floors 1 s and 2 s, ratios 2 and 3.
+    measured = {"rows": 8, "forward": {"seconds": 2.0, "gflop": 100.0}, "forward_backward": {"seconds": 6.0, "gflop": 200.0}}
+    ceiling = profile_iteration.at_gemm_rate(measured, 1e11)
+    assert ceiling["rows"] == 8
+    assert (ceiling["forward"]["floor_seconds"], ceiling["forward"]["ratio"]) == pytest.approx((1.0, 2.0))
+    assert (ceiling["forward_backward"]["floor_seconds"], ceiling["forward_backward"]["ratio"]) == pytest.approx((2.0, 3.0))
+    # A phase at the ceiling: its products at the GEMM rate times the ratio of its kind of pass. The rollout's
+    # 2e11 FLOPs at 1e11 FLOP/s: 2 s, forward (2×) → 4 s; the policy update's 1e11: 1 s, forward + backward (3×) → 3 s.
+    result = {"pass_ceiling": ceiling, "gemm_gflops_per_second": 100.0,
+              "phases": {"rollout": {"matmul_flops": 2e11}, "policy_update": {"matmul_flops": 1e11}, "advantages": {"matmul_flops": 0}}}
+    assert profile_iteration.at_the_ceiling(result) == pytest.approx({"rollout": 4.0, "policy_update": 3.0})
 
 
 def test_merging_a_phases_run_keeps_the_earlier_memory_section(tmp_path, monkeypatch):
