@@ -52,7 +52,9 @@ each row, is timed forward and forward + backward (the best of `--ceiling_repeat
 products counted as above, at the same GEMM rate. An iteration made of nothing but such passes would
 take their ratio; what it adds beyond them (the rollout's token-by-token decoding, optimiser steps,
 shorter passes, Python) only raises its own. `--ceiling_only` measures the ceiling alone, on a freshly
-built model (no training): for a model too large to train here, e.g. `--model random:<config.json>`.
+built model (no training) in a process set up as a run's (run.return_freed_memory's allocator
+setting, which the pass's time depends on): for a model too large to train here, e.g. `--model
+random:<config.json>`.
 
 Writes <out>/profile.json and <out>/profile.md (--ceiling_only: <out>/ceiling.json). A performance
 figure: run it on an idle machine. The profiler holds every op of the iteration with its shapes: about
@@ -501,6 +503,8 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if args.ceiling_only:
         torch.set_num_threads(distributed.local_threads(cfg.threads))
+        run_lib.return_freed_memory()  # the process as marft.set_up makes it: the allocator's and oneDNN's settings
+        run_lib.bound_onednn_caches()
         _, model, tokenizer, _, optimisers = marft.build(cfg)
         config, weight = model.get_base_model().config, next(model.get_base_model().parameters())
         rates = [gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats)]
