@@ -347,7 +347,9 @@ def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int
             "profile_run_seconds": profile["warm_seconds_per_iteration"], "profile_run_floor_ratio": profile["floor_ratio"],
             **{key: profile[key] for key in ("profiled_seconds", "profiled_seconds_by_family")},
             # one plain pass of the same model against its floor (profile_iteration.pass_ceiling)
-            "pass_ceiling_ratios": {name: profile["pass_ceiling"][name]["ratio"] for name in ("forward", "forward_backward")}}
+            "pass_ceiling_ratios": {name: profile["pass_ceiling"][name]["ratio"] for name in ("forward", "forward_backward")},
+            "pass_ceiling_rows_and_tokens": [profile["pass_ceiling"]["rows"],
+                                             profile["pass_ceiling"]["prompt_tokens"] + profile["pass_ceiling"]["response_tokens"]]}
 
 
 def prompt_lengths_by_position(tokenizer) -> list[float]:
@@ -649,10 +651,10 @@ def phases_lines(p: dict) -> list[str]:
                           f"{f['profile_run_seconds']:.1f} s each, **{f['profile_run_floor_ratio']:.1f}× their floor** "
                           f"(two runs of the same code: their difference is the spread between runs on this machine).")
         if "pass_ceiling_ratios" in f:  # reports from before it have none
-            c = f["pass_ceiling_ratios"]
-            lines[-1] += (f" One plain pass of the same model (8 rows of 48 tokens, no shared prefix, no padding) takes "
-                          f"**{c['forward']:.2f}×** its floor forward and **{c['forward_backward']:.2f}×** forward + backward "
-                          f"(`pass_ceiling_ratios`): an iteration of such passes alone would take between the two.")
+            c, (rows, tokens) = f["pass_ceiling_ratios"], f["pass_ceiling_rows_and_tokens"]
+            lines[-1] += (f" One plain pass of the same model ({rows} rows of {tokens} tokens, no shared prefix, no padding) "
+                          f"takes **{c['forward']:.2f}×** its floor forward and **{c['forward_backward']:.2f}×** forward + "
+                          f"backward (`pass_ceiling_ratios`): an iteration of such passes alone would take about these ratios.")
     if "default_rollout" in p:
         lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
     if "without_merged_generation" in p:

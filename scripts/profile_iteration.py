@@ -50,8 +50,10 @@ policy adapter, over 8 rows of 16 prompt + 32 response tokens (384 positions: th
 budget; random token ids, no shared prefix, no padding), the log-probs of the 32 response tokens of
 each row, is timed forward and forward + backward (the best of `--ceiling_repeats`) and its matrix
 products counted as above, at the same GEMM rate. An iteration made of nothing but such passes would
-take their ratio; what it adds beyond them (the rollout's token-by-token decoding, optimiser steps,
-shorter passes, Python) only raises its own. `--ceiling_only` measures the ceiling alone, on a freshly
+take about their ratios (forward for the passes without gradient, forward + backward for the
+updates'); what it adds beyond them (the rollout's token-by-token decoding, optimiser steps,
+shorter passes, Python) mostly raises its own, though a larger pass (the rollout's prefill, a
+larger micro-batch) can run nearer the GEMM rate. `--ceiling_only` measures the ceiling alone, on a freshly
 built model (no training) in a process set up as a run's (run.return_freed_memory's allocator
 setting, which the pass's time depends on): for a model too large to train here, e.g. `--model
 random:<config.json>`.
@@ -279,10 +281,11 @@ def counted_flops(events) -> int:
     return sum(event_flops(e.name(), e.flops(), e.shapes()) for e in events if e.name() in COUNTED_FLOPS)
 
 
-def pass_ceiling(model, adapter: str, pad_id: int, gemm_rate: float, repeats: int) -> dict:
-    """The plainest pass's seconds against its floor (module docstring), forward and forward +
-    backward: {"forward": {...}, "forward_backward": {...}}, each with its best seconds, its matrix
-    GFLOP, their floor at `gemm_rate` and the ratio."""
+def pass_ceiling(model, adapter: str, pad_id: int, repeats: int) -> dict:
+    """The plain pass of the pass ceiling (module docstring) timed and counted, forward and forward +
+    backward: {"forward": {...}, "forward_backward": {...}}, each with its best seconds of `repeats`
+    and its matrix FLOPs (`at_gemm_rate` adds the floor and the ratio). Under --gradient_checkpointing
+    the forward + backward includes the recomputed forward, as the updates' passes do."""
     vocab = agents.backbone(model).config.vocab_size
     generator = torch.Generator().manual_seed(0)
     draw = lambda length: torch.randint(0, vocab, (CEILING_ROWS, length), generator=generator).tolist()
@@ -306,21 +309,22 @@ def pass_ceiling(model, adapter: str, pad_id: int, gemm_rate: float, repeats: in
             one_pass(backward)
         flops = counted_flops(profiler.profiler.kineto_results.events())
         seconds = min(one_pass(backward) for _ in range(repeats))
-        result[name] = {"seconds": seconds, "gflop": flops / 1e9}
-    return at_gemm_rate(result, gemm_rate)
+        result[name] = {"seconds": seconds, "flops": flops}
+    return result
 
 
 def at_gemm_rate(ceiling: dict, gemm_rate: float) -> dict:
-    """The pass ceiling's passes with their floor at `gemm_rate` (FLOP/s) and their ratio to it."""
-    passes = {name: {"seconds": p["seconds"], "gflop": p["gflop"], "floor_seconds": p["gflop"] * 1e9 / gemm_rate,
-                     "ratio": p["seconds"] * gemm_rate / (p["gflop"] * 1e9)}
+    """The pass ceiling's passes (`pass_ceiling`) with their GFLOP, their floor at `gemm_rate`
+    (FLOP/s) and their ratio to it."""
+    passes = {name: {**p, "gflop": p["flops"] / 1e9, "floor_seconds": p["flops"] / gemm_rate,
+                     "ratio": p["seconds"] * gemm_rate / p["flops"]}
               for name, p in ceiling.items() if name in ("forward", "forward_backward")}
     return {**ceiling, **passes}
 
 
-def first_policy_adapter(optimisers: dict) -> str:
-    """The adapter the pass ceiling runs: the first agent's policy (marft.build names them first)."""
-    return next(iter(optimisers))
+def first_policy_adapter(org, cfg) -> str:
+    """The adapter the pass ceiling runs: the first learning agent's policy (every adapter has the same shape)."""
+    return agents.policy_adapter_names(org.learners, cfg.shared_adapter)[0]
 
 
 def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
@@ -454,7 +458,9 @@ def markdown(result: dict) -> str:
 
 def at_the_ceiling(result: dict) -> dict[str, float]:
     """Seconds each phase's profiled matrix products would take at the pass ceiling's ratio: the forward
-    pass's for the rollout and the values (no gradient), the forward + backward pass's for the updates."""
+    pass's for the rollout and the values (no gradient), the forward + backward pass's for the updates.
+    The products are the profiled iteration's, the seconds they stand beside the warm unprofiled
+    iterations' (the same job on other problems, whose floors differ by about 1%)."""
     ratio = {"rollout": "forward", "values": "forward", "policy_update": "forward_backward", "critic_update": "forward_backward"}
     return {phase: result["phases"][phase]["matmul_flops"] / 1e9 / result["gemm_gflops_per_second"]
                    * result["pass_ceiling"][kind]["ratio"]
@@ -471,7 +477,7 @@ def ceiling_sentence(result: dict) -> str:
             f"forward {f['seconds'] * 1000:.0f} ms against a floor of {f['floor_seconds'] * 1000:.0f} ms "
             f"(**{f['ratio']:.2f}×**), forward + backward {fb['seconds'] * 1000:.0f} ms against "
             f"{fb['floor_seconds'] * 1000:.0f} ms (**{fb['ratio']:.2f}×**): an iteration made of such passes alone, "
-            "no decoding, no optimiser, would take between the two ratios, by its mix of passes with and without gradient.")
+            "no decoding, no optimiser, would take about these ratios, by its mix of passes with and without gradient.")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -479,7 +485,8 @@ def main(argv: list[str] | None = None) -> dict:
     own, marft_argv = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "results" / "speed" / "profile"), help="report folder")
-    parser.add_argument("--iterations", type=int, default=3, help="iterations to train; the last is profiled (at least 2)")
+    parser.add_argument("--iterations", type=int, default=3,
+                        help="iterations to train; the last is profiled (at least 2; none with --ceiling_only)")
     parser.add_argument("--gemm_repeats", type=int, default=20, help="matrix products timed for the GEMM rate (the best counts)")
     parser.add_argument("--ceiling_repeats", type=int, default=5, help="timed repeats of each pass of the pass ceiling (the best counts)")
     parser.add_argument("--ceiling_only", action="store_true",
@@ -505,10 +512,10 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(distributed.local_threads(cfg.threads))
         run_lib.return_freed_memory()  # the process as marft.set_up makes it: the allocator's and oneDNN's settings
         run_lib.bound_onednn_caches()
-        _, model, tokenizer, _, optimisers = marft.build(cfg)
+        org, model, tokenizer, _, _ = marft.build(cfg)
         config, weight = model.get_base_model().config, next(model.get_base_model().parameters())
         rates = [gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats)]
-        ceiling = pass_ceiling(model, first_policy_adapter(optimisers), tokenizer.pad_token_id, 1.0, args.ceiling_repeats)
+        ceiling = pass_ceiling(model, first_policy_adapter(org, cfg), tokenizer.pad_token_id, args.ceiling_repeats)
         rates.append(gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats))
         result = {"pass_ceiling": at_gemm_rate(ceiling, max(rates)), "gemm_gflops_per_second": max(rates) / 1e9,
                   "gemm_gflops_per_second_before_and_after": [rate / 1e9 for rate in rates],
@@ -518,13 +525,13 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     measured = profile(cfg, args.iterations, args.gemm_repeats)
     shape, before = measured.pop("shape"), measured.pop("gemm_before")
-    _, model, tokenizer, _, optimisers = measured.pop("built")
+    org, model, tokenizer, _, _ = measured.pop("built")
     after = gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats)
     result = report(measured, max(before, after))
     result |= {"gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9],
                "threads": torch.get_num_threads(), **provenance,
-               "pass_ceiling": pass_ceiling(model, first_policy_adapter(optimisers), tokenizer.pad_token_id,
-                                            max(before, after), args.ceiling_repeats)}
+               "pass_ceiling": at_gemm_rate(pass_ceiling(model, first_policy_adapter(org, cfg), tokenizer.pad_token_id,
+                                                         args.ceiling_repeats), max(before, after))}
     (out / "profile.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "profile.md").write_text(markdown(result))
     print(markdown(result))
