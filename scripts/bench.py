@@ -94,7 +94,7 @@ from run import Config  # noqa: E402
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
 DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
-            phase_cold_iterations=1,
+            phase_cold_iterations=1, ceiling_repeats=5,
             phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
                             "onednn_linear"), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
@@ -103,6 +103,7 @@ FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens,
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the phase run's
 # variants but the one without prefix sharing are left out (tests compare each option's numbers on and off).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_cold_iterations=0, phase_variants=(),
+             ceiling_repeats=1,
              eval_problems=1, learning_minutes=0.1,
              learning_runs=("chain-group",), learning_seeds=(1,))
 
@@ -293,7 +294,8 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
             phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows, sizes["phase_cold_iterations"]), "peak_rss_mib": plain_peak}
             phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
                                                      / phase_table["iteration_seconds_without_eval"])
-            phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], sizes["phase_cold_iterations"], threads)
+            phase_table["floor"] = iteration_floor(out, args, sizes["phase_iterations"], sizes["phase_cold_iterations"], threads,
+                                                   sizes["ceiling_repeats"])
             phase_table["floor_ratio"] = phase_table["iteration_seconds_without_eval"] / phase_table["floor"]["floor_seconds"]
             phase_table["padding_free_floor_ratio"] = (phase_table["iteration_seconds_without_eval"]
                                                        / phase_table["floor"]["padding_free_floor_seconds"])
@@ -323,15 +325,16 @@ def rollout_path(run_dir: Path) -> str:
     return f"the merged copy, its weights in {config['merged_weight_dtype'] or config['base_dtype']}"
 
 
-def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int, threads: int) -> dict:
+def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int, threads: int, ceiling_repeats: int) -> dict:
     """The phase run's floor (scripts/profile_iteration.py): the same options and seed, one more
     iteration, the last under the profiler; its matrix FLOPs per token at this machine's GEMM rate
     over the tokens of the phase run's iterations after its first `cold` ones (the same problems:
-    the same seed), and the profiled iteration's seconds by op family."""
+    the same seed), the profiled iteration's seconds by op family, and the pass ceiling's ratios (the
+    best of `ceiling_repeats` passes each)."""
     options = [a for i, a in enumerate(phase_args) if a != "--iterations" and phase_args[i - 1 : i] != ["--iterations"]]
     folder = out / "profile"
     command = [sys.executable, str(ROOT / "scripts" / "profile_iteration.py"), "--iterations", str(iterations + 1),
-               "--out", str(folder), "--", *options, "--threads", str(threads)]
+               "--ceiling_repeats", str(ceiling_repeats), "--out", str(folder), "--", *options, "--threads", str(threads)]
     env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}  # as run_marft
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
