@@ -54,6 +54,11 @@ class Sampling:
     max_new_tokens: int = 48
     sampler: str = "multinomial"  # one of SAMPLERS
 
+    @classmethod
+    def of(cls, cfg) -> "Sampling":
+        """The rollouts' sampling of a run.Config."""
+        return cls(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.sampler)
+
 
 @dataclass
 class Actions:

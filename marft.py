@@ -222,10 +222,7 @@ def set_up(cfg: Config) -> Job:
     """This rank's device (current before anything touches CUDA), the task's problems, the run
     folder, the model with its adapters, critic and optimisers (restored from the last checkpoint
     with --resume), and the generation backend serving the adapters."""
-    device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
-    torch.set_num_threads(distributed.local_threads(cfg.threads))
-    run_lib.return_freed_memory()
-    run_lib.bound_onednn_caches()
+    device = set_up_process(cfg)
     train_problems, held_out = load_task(cfg)
     run = run_lib.Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
@@ -242,7 +239,18 @@ def set_up(cfg: Config) -> Job:
     backend = generation.make_backend(cfg, model, tokenizer, policy_adapters,
                                       fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
     return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
-               generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.sampler), start)
+               generation.Sampling.of(cfg), start)
+
+
+def set_up_process(cfg: Config) -> str:
+    """This rank's device (current before anything touches CUDA), its torch threads, and the
+    allocator's and oneDNN's settings a run's speed and memory depend on (run.return_freed_memory,
+    run.bound_onednn_caches)."""
+    device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
+    torch.set_num_threads(distributed.local_threads(cfg.threads))
+    run_lib.return_freed_memory()
+    run_lib.bound_onednn_caches()
+    return device
 
 
 def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:

@@ -548,7 +548,7 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         samples = cfg.eval_samples
         torch.manual_seed(cfg.seed + 424242)
         sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,
-                               generation.Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.sampler), cfg)
+                               generation.Sampling.of(cfg), cfg)
         counts = solved_counts(sampled, len(problems))
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)

@@ -81,7 +81,6 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import agents  # noqa: E402
-import distributed  # noqa: E402
 import marft  # noqa: E402
 import run as run_lib  # noqa: E402
 
@@ -176,6 +175,12 @@ def phase_table(events: list[Event]) -> dict:
         while stack:
             close(*stack.pop())
     return out
+
+
+def model_gemm_rate(model, repeats: int) -> float:
+    """`gemm_flops_per_second` on the model's MLP shape, in its base dtype."""
+    config, weight = model.get_base_model().config, next(model.get_base_model().parameters())
+    return gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, repeats)
 
 
 def gemm_flops_per_second(hidden: int, intermediate: int, dtype: torch.dtype, repeats: int) -> float:
@@ -343,10 +348,8 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
 
     def build(cfg):  # the model's MLP shape and base dtype, for the GEMM rate
         built = original_build(cfg)
-        config, weight = built[1].get_base_model().config, next(built[1].get_base_model().parameters())
-        seen["shape"] = {"hidden": config.hidden_size, "intermediate": config.intermediate_size, "dtype": weight.dtype}
         seen["model_shape"] = model_shape(built[1])
-        seen["gemm_before"] = gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, gemm_repeats)
+        seen["gemm_before"] = model_gemm_rate(built[1], gemm_repeats)
         seen["built"] = built
         return built
 
@@ -377,7 +380,7 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
         vars(marft).update(originals)
     events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), event_flops(e.name(), e.flops(), e.shapes()))
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
-    return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"], "shape": seen["shape"],
+    return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"],
             "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"],
             "gemm_before": seen["gemm_before"], "built": seen["built"]}
 
@@ -509,14 +512,11 @@ def main(argv: list[str] | None = None) -> dict:
                                            text=True).stdout.strip()}
     out.mkdir(parents=True, exist_ok=True)
     if args.ceiling_only:
-        torch.set_num_threads(distributed.local_threads(cfg.threads))
-        run_lib.return_freed_memory()  # the process as marft.set_up makes it: the allocator's and oneDNN's settings
-        run_lib.bound_onednn_caches()
+        marft.set_up_process(cfg)  # threads, the allocator's and oneDNN's settings: the pass's time depends on them
         org, model, tokenizer, _, _ = marft.build(cfg)
-        config, weight = model.get_base_model().config, next(model.get_base_model().parameters())
-        rates = [gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats)]
+        rates = [model_gemm_rate(model, args.gemm_repeats)]
         ceiling = pass_ceiling(model, first_policy_adapter(org, cfg), tokenizer.pad_token_id, args.ceiling_repeats)
-        rates.append(gemm_flops_per_second(config.hidden_size, config.intermediate_size, weight.dtype, args.gemm_repeats))
+        rates.append(model_gemm_rate(model, args.gemm_repeats))
         result = {"pass_ceiling": at_gemm_rate(ceiling, max(rates)), "gemm_gflops_per_second": max(rates) / 1e9,
                   "gemm_gflops_per_second_before_and_after": [rate / 1e9 for rate in rates],
                   "threads": torch.get_num_threads(), **provenance}
@@ -524,9 +524,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(ceiling_sentence(result))
         return result
     measured = profile(cfg, args.iterations, args.gemm_repeats)
-    shape, before = measured.pop("shape"), measured.pop("gemm_before")
+    before = measured.pop("gemm_before")
     org, model, tokenizer, _, _ = measured.pop("built")
-    after = gemm_flops_per_second(shape["hidden"], shape["intermediate"], shape["dtype"], args.gemm_repeats)
+    after = model_gemm_rate(model, args.gemm_repeats)
     result = report(measured, max(before, after))
     result |= {"gemm_gflops_per_second_before_and_after": [before / 1e9, after / 1e9],
                "threads": torch.get_num_threads(), **provenance,
