@@ -56,7 +56,9 @@ new organisation added to an earlier comparison: same machine, same `--learning_
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_page` (old name:
 `--update_readme`) puts bench.md between the `<!-- bench:start -->` and `<!-- bench:end -->`
 lines of docs/benchmark.md; `--render_only` rewrites bench.md (and, with `--update_page`, the
-page's block) from an existing bench.json. `--quick`
+page's block) from an existing bench.json. `--model` measures another base model in every section
+(marft.py's option: a local folder, or `random:models/qwen2.5-0.5b.json`, that shape with random
+weights, whose seconds and bytes are real and whose accuracies mean nothing). `--quick`
 is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
 section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the
 full mode takes about three and a half hours on 2 cores (16 learning runs of 10 minutes).
@@ -89,10 +91,10 @@ import generation  # noqa: E402
 import tasks  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
-from run import Config  # noqa: E402
+from run import Config, random_config_error  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
-DEFAULTS = Config()  # every section measures the default model, organisation, LoRA shape and prompts
+DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (default: the default model)
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
             phase_cold_iterations=1, ceiling_repeats=5,
             phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
@@ -148,9 +150,9 @@ def lora_config():
     return agents.lora_config(DEFAULTS.lora_rank, DEFAULTS.lora_alpha, DEFAULTS.lora_targets.split(","))
 
 
-def policies_with_random_adapters(roles: list[str]):
-    """The default model with one adapter per role whose A and B are random (as after training)."""
-    base, tokenizer = agents.load_base_model(DEFAULTS.model)
+def policies_with_random_adapters(model_name: str, roles: list[str]):
+    """The base model with one adapter per role whose A and B are random (as after training)."""
+    base, tokenizer = agents.load_base_model(model_name)
     torch.manual_seed(0)
     config = lora_config()
     config.init_lora_weights = False
@@ -167,7 +169,7 @@ def tokens_per_second(generate, prompts) -> tuple[float, int]:
 
 
 def throughput(sizes: dict, threads: int) -> dict:
-    model, tokenizer = policies_with_random_adapters(["planner", "critic"])
+    model, tokenizer = policies_with_random_adapters(sizes["model"], ["planner", "critic"])
     prompts = planner_prompts(tokenizer, sizes["prompts"])
     sampling = generation.Sampling(1.0, 1.0, sizes["new_tokens"])
     rollout_tps, _ = tokens_per_second(lambda p: generation.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
@@ -200,12 +202,12 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
     except ImportError as err:
         return {"skipped": f"vLLM not importable ({err}); MARFT_VLLM=1 bash scripts/setup_env.sh installs it"}
     roles = ["planner", "solver"]
-    model, tokenizer = policies_with_random_adapters(roles)
+    model, tokenizer = policies_with_random_adapters(sizes["model"], roles)
     prompts = planner_prompts(tokenizer, sizes["prompts"])
     sampling = generation.Sampling(1.0, 1.0, sizes["new_tokens"])
     hf_tps, hf_tokens = tokens_per_second(lambda p: generation.generate(model, tokenizer, p, "planner", sampling, 64), prompts)
     started = time.perf_counter()
-    vllm_config = Config(backend="vllm", seed=0, max_new_tokens=sizes["new_tokens"], threads=threads)
+    vllm_config = Config(model=sizes["model"], backend="vllm", seed=0, max_new_tokens=sizes["new_tokens"], threads=threads)
     engine = generation.make_backend(vllm_config, model, tokenizer, roles, fallback_sync_dir=out / "runs" / "vllm-sync")
     startup = time.perf_counter() - started
     try:
@@ -214,7 +216,7 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
     finally:
         engine.close()
     return {"threads": threads, "prompts": len(prompts), "max_new_tokens": sizes["new_tokens"],
-            "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""),
+            "hf_decoding": "generation.decode + peft", "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""),
             "hf_tokens_per_second": hf_tps, "vllm_tokens_per_second": vllm_tps,
             "vllm_without_lora_tokens_per_second": base_tps, "vllm_startup_seconds": startup,
             "tokens": {"hf": hf_tokens, "vllm": vllm_tokens}}
@@ -241,7 +243,7 @@ def run_marft(out: Path, name: str, args: list[str], threads: int) -> tuple[list
 
 
 def short_run_args(sizes: dict, agents_name: str, iterations: int) -> list[str]:
-    return ["--agents", agents_name, "--iterations", str(iterations), "--batch_size", str(sizes["batch_size"]),
+    return ["--model", sizes["model"], "--agents", agents_name, "--iterations", str(iterations), "--batch_size", str(sizes["batch_size"]),
             "--max_new_tokens", str(sizes["new_tokens"]), "--max_prompt_tokens", str(sizes["prompt_tokens"]),
             "--eval_problems", str(sizes["eval_problems"]), "--eval_samples", "1", "--no-eval_greedy"]
 
@@ -308,7 +310,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
     if "memory" in skip:
         return phase_table, {}
     memory["default"]["ratio_4_to_1"] = memory["default"]["4_agents"]["peak_rss_mib"] / memory["default"]["1_agents"]["peak_rss_mib"]
-    base, tokenizer = agents.load_base_model(DEFAULTS.model)
+    base, tokenizer = agents.load_base_model(sizes["model"])
     memory["base_model_mib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
     model = agents.attach_adapters(base, ["one"], lora_config())
     memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
@@ -475,7 +477,7 @@ def majority_vote_baseline(sizes: dict, threads: int, out: Path, quick: bool) ->
     baseline = {}
     for seed in sizes["learning_seeds"]:
         path = out / "learning" / f"baseline-single-seed{seed}.json"
-        command = [sys.executable, str(ROOT / "evaluate.py"), "--agents", "single", "--samples", str(samples), "--no-greedy",
+        command = [sys.executable, str(ROOT / "evaluate.py"), "--model", sizes["model"], "--agents", "single", "--samples", str(samples), "--no-greedy",
                    "--seed", str(seed), "--limit", str(sizes["eval_problems"] if quick else DEFAULTS.eval_problems),
                    "--transcripts", "0", "--threads", str(threads), "--out", str(path)]
         if quick:
@@ -515,7 +517,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
         episodes = 2 if quick else DEFAULTS.batch_size  # per iteration, for both estimators
         group_size = (2 if quick else 4) if estimator == "group" else 1
         for seed in sizes["learning_seeds"]:
-            args = ["--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes),
+            args = ["--model", sizes["model"], "--agents", agents_name, "--iterations", "1000", "--time_limit_minutes", str(minutes),
                     "--seed", str(seed), "--batch_size", str(episodes // group_size)]
             if estimator == "group":
                 args += ["--advantage", "group", "--group_size", str(group_size), "--credit", "shared"]
@@ -581,6 +583,7 @@ def markdown(report: dict) -> str:
     if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"] or name in other_cpu}:
         lines[0] += " Measured again by a later `--merge`: " + ", ".join(
             f"{name} on {day}" + (f" ({other_cpu[name]})" if name in other_cpu else "") for name, day in later.items()) + "."
+    lines[0] += " " + model_sentence(report.get("model", DEFAULTS.model))
     if t := report.get("throughput"):
         lines += throughput_lines(t)
     if b := report.get("backends"):
@@ -594,9 +597,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def model_sentence(model: str) -> str:
+    """What every section measured (--model; reports without the key measured the default)."""
+    if model == DEFAULTS.model:
+        return "Model: the embedded SmolLM2-135M-Instruct (the default)."
+    if model.startswith(agents.RANDOM_MODEL):
+        return f"Model: `{model}`, random weights: its seconds and bytes mean something, its accuracies nothing."
+    return f"Model: `{model}`."
+
+
 def throughput_lines(t: dict) -> list[str]:
     """The throughput section of the report (markdown lines)."""
-    return ["| throughput (embedded SmolLM2-135M, hf backend) | tokens/s |", "| --- | --- |",
+    return ["| throughput (hf backend) | tokens/s |", "| --- | --- |",
             f"| rollout (generation, {t['prompts']} prompts × ≤ {t['max_new_tokens']} tokens) | {t['rollout_tokens_per_second']:.0f} |",
             f"| policy update (forward + backward, prompt + response tokens) | {t['policy_update_tokens_per_second']:.0f} |",
             f"| critic update (forward + backward) | {t['critic_update_tokens_per_second']:.0f} |", ""]
@@ -607,7 +619,8 @@ def backends_lines(b: dict) -> list[str]:
     if "skipped" in b:
         return [f"Backends: skipped ({b['skipped']}).", ""]
     return [f"| generation backend ({b['prompts']} prompts, same random adapters, {b['threads']} threads) | tokens/s |",
-            "| --- | --- |", f"| hf (generation.decode + peft) | {b['hf_tokens_per_second']:.0f} |",
+            # reports older than the key measured transformers' generate (before generation.decode)
+            "| --- | --- |", f"| hf ({b.get('hf_decoding', 'transformers generate + peft')}) | {b['hf_tokens_per_second']:.0f} |",
             f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
             f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
             f"| {b['vllm_tokens_per_second']:.0f} |",
@@ -778,12 +791,12 @@ def main(argv: list[str] | None = None) -> dict:
         if not (out / "bench.json").is_file():
             raise SystemExit(f"--render_only: no {out / 'bench.json'}; run the suite first")
         return publish(json.loads((out / "bench.json").read_text()), out, args.update_page)
-    earlier = earlier_report(out, args.quick) if args.merge else {}
+    earlier = earlier_report(out, args.quick, sizes["model"]) if args.merge else {}
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     print(f"bench: {'quick' if args.quick else 'full'} mode, {args.threads} threads, sections "
           f"{[s for s in SECTIONS if s not in skip]}; learning runs {minutes} min each", flush=True)
-    report: dict = earlier or {"mode": "quick" if args.quick else "full", "machine": machine()}
+    report: dict = earlier or {"mode": "quick" if args.quick else "full", "model": sizes["model"], "machine": machine()}
     started = time.perf_counter()
 
     def record(name, result):
@@ -821,6 +834,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="smoke test of every section in a few minutes")
     parser.add_argument("--out", default=str(ROOT / "results"), help="folder for bench.json, bench.md, figures and runs/")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch (and vLLM) threads")
+    parser.add_argument("--model", default=DEFAULTS.model,
+                        help="the base model of every section, as marft.py's --model (smollm2, a local folder, or "
+                             "random:<config.json>: that shape with random weights, for seconds and bytes)")
     parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {', '.join(SECTIONS)}")
     parser.add_argument("--learning_minutes", type=float, default=None, help="wall time of each learning run (default: 10, quick 0.1)")
     parser.add_argument("--learning_runs", default=None,
@@ -836,12 +852,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, list[str]]:
-    """(sections to skip, the mode's sizes with --learning_seeds, minutes per learning run, learning
+    """(sections to skip, the mode's sizes with --learning_seeds and --model, minutes per learning run, learning
     runs), each checked: a value that cannot work stops here, naming the option."""
     skip = {s for s in args.skip.split(",") if s}
     if unknown := skip - set(SECTIONS):
         raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
-    sizes = QUICK if args.quick else FULL
+    sizes = {**(QUICK if args.quick else FULL), "model": args.model}
+    if args.model.startswith(agents.RANDOM_MODEL) and (error := random_config_error(args.model.removeprefix(agents.RANDOM_MODEL))):
+        raise SystemExit(f"--model={args.model}: {error}; give random:<a transformers config.json>, e.g. random:models/qwen2.5-0.5b.json")
     minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
     runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
     if args.learning_seeds:
@@ -857,13 +875,16 @@ def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, li
     return skip, sizes, minutes, runs
 
 
-def earlier_report(out: Path, quick: bool) -> dict:
+def earlier_report(out: Path, quick: bool, model: str) -> dict:
     """--merge: the existing <out>/bench.json, of the same mode, whose sections this run keeps."""
     if not (out / "bench.json").is_file():
         raise SystemExit(f"--merge: no {out / 'bench.json'} to merge into; run without --merge first")
     earlier = json.loads((out / "bench.json").read_text())
     if earlier.get("mode") != ("quick" if quick else "full"):
         raise SystemExit(f"--merge: {out / 'bench.json'} is a {earlier.get('mode')} report; merge runs of the same mode")
+    if earlier.get("model", DEFAULTS.model) != model:
+        raise SystemExit(f"--merge: {out / 'bench.json'} measured --model={earlier.get('model', DEFAULTS.model)}, this run "
+                         f"--model={model}; merge runs of the same model")
     return earlier
 
 

@@ -60,15 +60,35 @@ def test_render_only_needs_a_report(tmp_path):
         bench.main(["--render_only", "--out", str(tmp_path)])
 
 
+def tiny_random_model(folder: Path) -> str:
+    """`--model random:<config>` of a 2-layer, 64-wide SmolLM2 (heads of 32, the smallest vLLM's
+    CPU attention takes): every section's code on the default model's tokenizer, in seconds."""
+    config = json.loads((ROOT / "models" / "smollm2-135m.json").read_text())
+    config.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=32)
+    (folder / "tiny-smollm2.json").write_text(json.dumps(config))
+    return f"random:{folder / 'tiny-smollm2.json'}"
+
+
+def test_a_bench_model_that_cannot_load_is_refused_before_any_section(tmp_path):
+    with pytest.raises(SystemExit, match=r"--model=random:nowhere.json: no such file 'nowhere.json'"):
+        bench.main(["--quick", "--model", "random:nowhere.json", "--out", str(tmp_path)])
+    assert not (tmp_path / "bench.json").exists()
+
+
 @pytest.mark.slow
 def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
-    """The CI smoke: every section runs and reports finite numbers (no claim about their size)."""
+    """The CI smoke: every section runs and reports finite numbers (no claim about their size), on a
+    tiny random model (--model): the same code as on the default model, at a fraction of its cost."""
     # One thread: the suite runs two test files at once on 2 cores (figures of a smoke say nothing anyway).
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--threads", "1", "--out", str(tmp_path)],
-                            capture_output=True, text=True, cwd=ROOT)
+    model = tiny_random_model(tmp_path)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--threads", "1", "--model", model,
+                             "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert set(bench.SECTIONS) <= set(report)
+    assert set(bench.SECTIONS) <= set(report) and report["model"] == model
+    for name in ("memory-default-chain", "phases-no-prefix-sharing", "learning-chain-group-seed1"):  # every run trained it
+        assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["model"] == model
     numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"], report["phases"]["floor_ratio"],
@@ -85,6 +105,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
+    assert f"Model: `{model}`, random weights" in text
     assert "merged_generation_speedup" not in report["phases"]  # quick mode leaves that run out
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())  # the floor's: the better of two GEMM timings
     assert profile["gemm_gflops_per_second"] == max(profile["gemm_gflops_per_second_before_and_after"])
@@ -108,8 +129,10 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
         return [json.loads(line) for line in trained.splitlines()], 1234.0
 
     monkeypatch.setattr(bench, "run_marft", replay)
+    with pytest.raises(SystemExit, match="measured --model=random:.*, this run --model=smollm2; merge runs of the same model"):
+        bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--out", str(tmp_path)])
     bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--learning_runs", "parallel",
-                "--out", str(tmp_path)])
+                "--model", model, "--out", str(tmp_path)])
     merged = json.loads((tmp_path / "bench.json").read_text())
     assert set(merged["learning"]["runs"]) == {"chain-group-seed1", "parallel-seed1"}
     assert merged["learning"]["plotted"] == ["parallel-seed1"]
@@ -143,14 +166,26 @@ def test_a_section_measured_again_by_a_later_merge_names_its_date():
                "torch": "2", "transformers": "5", "peft": "0", "vllm": "0"}
     report = {"mode": "full", "seconds": 60.0, "machine": machine,
               "section_dates": {"throughput": "2026-11-24", "phases": "2026-11-25"}}
-    assert bench.markdown(report).splitlines()[0].endswith("Measured again by a later `--merge`: phases on 2026-11-25.")
+    default_model = " Model: the embedded SmolLM2-135M-Instruct (the default)."  # a report without "model" measured it
+    assert bench.markdown(report).splitlines()[0].endswith("Measured again by a later `--merge`: phases on 2026-11-25." + default_model)
     # a section measured on another CPU names it, even on the header's own date: its floor ratio is that CPU's
     report["section_dates"]["throughput"] = "2026-11-24"
     report["section_processors"] = {"throughput": "x86_64, AMD EPYC, family 26 model 2", "phases": "x86_64"}
     assert bench.markdown(report).splitlines()[0].endswith(
-        "Measured again by a later `--merge`: throughput on 2026-11-24 (x86_64, AMD EPYC, family 26 model 2), phases on 2026-11-25.")
+        "Measured again by a later `--merge`: throughput on 2026-11-24 (x86_64, AMD EPYC, family 26 model 2), phases on 2026-11-25."
+        + default_model)
     del report["section_dates"]
     assert "Measured again" not in bench.markdown(report)
+    report["model"] = "random:models/qwen2.5-0.5b.json"
+    assert bench.markdown(report).splitlines()[0].endswith(
+        "Model: `random:models/qwen2.5-0.5b.json`, random weights: its seconds and bytes mean something, its accuracies nothing.")
+
+
+def test_the_backends_table_names_the_hf_decoding_its_report_measured():
+    measured = {"prompts": 32, "threads": 2, "hf_tokens_per_second": 35.0, "vllm_tokens_per_second": 14.0,
+                "vllm_without_lora_tokens_per_second": 61.0, "vllm_startup_seconds": 20.0}
+    assert "| hf (transformers generate + peft) | 35 |" in bench.backends_lines(measured)  # reports before the key
+    assert "| hf (generation.decode + peft) | 35 |" in bench.backends_lines({**measured, "hf_decoding": "generation.decode + peft"})
 
 
 def test_the_cpu_is_named_with_its_family_and_model(monkeypatch, tmp_path):

@@ -51,6 +51,26 @@ def engine_and_model(tmp_path_factory):
     assert not engine.sync_root.exists() and (shared_folder / "someone-elses-file").read_text() == "kept"
 
 
+@pytest.fixture(scope="module")
+def small_model_dir(tmp_path_factory):
+    """A 2-layer, 64-wide Llama with random weights (heads of 32, the smallest vLLM's CPU attention
+    takes), saved with the embedded model's tokenizer: the engine reads the very weights the trainer
+    holds, and a training run's passes cost milliseconds (the engines' start-up is what remains).
+    Weights of std 0.5 make its next-token distributions peaked (entropy ≈ 4.4 nats, not the uniform
+    10.8), so that an entropy bonus moves the policy even where every reward is equal."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.5)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("small-llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def prompts(tokenizer, n=4):
     org = load_organisation("chain")
     messages = [unrolled_messages(org, "planner", f"What is {a} + {a + 2}?", {}) for a in range(1, n + 1)]
@@ -106,9 +126,9 @@ def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_mod
         assert torch.tensor(logprobs) == pytest.approx(recomputed[row, : len(logprobs)], abs=1e-3)
 
 
-def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path):
+def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path, small_model_dir):
     # The orchestrated team: the orchestrator's and the executors' adapters all go through the engine.
-    argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
+    argv = ["--model", str(small_model_dir), "--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
             "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
             "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
     summary = marft.train(run.parse_args(argv))
@@ -156,19 +176,23 @@ def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backe
     assert greedy_by_level(vllm) == greedy_by_level(hf)
 
 
-def test_two_torchrun_ranks_each_generate_with_their_own_engine(tmp_path):
+def test_two_torchrun_ranks_each_generate_with_their_own_engine(tmp_path, small_model_dir):
     """2 gloo ranks, each with one vLLM engine (`external_launcher`) playing its own episodes: the run
     trains for 2 iterations without a hang, the ranks' weights stay identical, and in iteration 2
     (after an update and a sync on every rank) the engines' sampled-token log-probs agree with the
-    trainer's recomputation."""
+    trainer's recomputation. The small model's rewards are all equal (its answers never parse), so
+    the update is the entropy bonus's (--ent_coef), and it moves the policy far more than the gap
+    allowed: an engine left on the old adapter would fail the check."""
     from test_distributed import metrics_rows, torchrun
 
-    options = ["--backend", "vllm", "--agents", "chain", "--iterations", "2", "--batch_size", "2", "--minibatch_size", "2",
+    options = ["--model", str(small_model_dir), "--backend", "vllm", "--agents", "chain", "--iterations", "2", "--batch_size", "2", "--minibatch_size", "2",
                "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "8",
-               "--lora_rank", "8", "--lora_targets", "q_proj,v_proj", "--lr", "1e-3", "--threads", "1",
+               "--lora_rank", "8", "--lora_targets", "q_proj,v_proj", "--lr", "1e-3", "--ent_coef", "0.1", "--threads", "1",
                "--output_dir", str(tmp_path), "--run_name", "two", "--dist_timeout_minutes", "4"]
     torchrun(options, timeout=420, env={"MARFT_TEST_BACKEND": "real"})  # exits 3 unless the ranks' weights are identical
     rows = metrics_rows(tmp_path / "two")
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert math.isfinite(rows[2]["losses/policy_loss/planner"]) and math.isfinite(rows[2]["losses/policy_loss/solver"])
+    moved = [value for key, value in rows[1].items() if key.startswith("losses/kl_after_update/")]
+    assert moved and min(moved) > 1e-4  # KL(old ‖ new) of 1e-4: log-probs that moved by ~0.01, ten times the gap allowed
     assert rows[2]["charts/rollout_logprob_gap"] < 1e-3
