@@ -59,9 +59,10 @@ lines of docs/benchmark.md; `--render_only` rewrites bench.md (and, with `--upda
 page's block) from an existing bench.json. `--model` measures another base model in every section
 (marft.py's option: a local folder, or `random:models/qwen2.5-0.5b.json`, that shape with random
 weights, whose seconds and bytes are real and whose accuracies mean nothing). `--quick`
-is a smoke test of every section in a few minutes (CI: prompts cut to 64 tokens, and the learning
-section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE); the
-full mode takes about three and a half hours on 2 cores (16 learning runs of 10 minutes).
+is a smoke test of every section in a few minutes (prompts cut to 64 tokens, and the learning
+section runs `chain-group`, seed 1 only: the phases and memory runs train with critic + GAE; CI runs
+it on a 2-layer random model, tests/test_bench.py); the full mode takes about four and a half hours
+on 2 cores (24 learning runs of 10 minutes).
 marft.py is run as a subprocess (nothing imports it); its runs go to <out>/runs/ (not committed).
 Each learning run's metrics.jsonl is kept in <out>/learning/metrics/<run>/, which the plot is drawn
 from, so a later `--merge` on another machine redraws it; rows merged from a report that kept no
@@ -94,7 +95,7 @@ from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messag
 from run import Config, random_config_error  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
-DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (default: the default model)
+DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (smollm2 unless given)
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
             phase_cold_iterations=1, ceiling_repeats=5,
             phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
@@ -151,7 +152,9 @@ def lora_config():
 
 
 def policies_with_random_adapters(model_name: str, roles: list[str]):
-    """The base model with one adapter per role whose A and B are random (as after training)."""
+    """The base model with one adapter per role whose A and B are random (as after training); a
+    random: base is drawn from seed 0 too (whichever sections ran before)."""
+    torch.manual_seed(0)
     base, tokenizer = agents.load_base_model(model_name)
     torch.manual_seed(0)
     config = lora_config()
@@ -593,7 +596,7 @@ def markdown(report: dict) -> str:
     if mem := report.get("memory"):
         lines += memory_lines(mem)
     if learn := report.get("learning"):
-        lines += learning_lines(learn, m)
+        lines += learning_lines(learn, m, report.get("model", DEFAULTS.model))
     return "\n".join(lines)
 
 
@@ -602,7 +605,8 @@ def model_sentence(model: str) -> str:
     if model == DEFAULTS.model:
         return "Model: the embedded SmolLM2-135M-Instruct (the default)."
     if model.startswith(agents.RANDOM_MODEL):
-        return f"Model: `{model}`, random weights: its seconds and bytes mean something, its accuracies nothing."
+        return (f"Model: `{model}`, random weights (vLLM's engine draws its own): its seconds and bytes mean something, "
+                "its accuracies nothing.")
     return f"Model: `{model}`."
 
 
@@ -708,7 +712,7 @@ def memory_lines(mem: dict) -> list[str]:
     return lines
 
 
-def learning_lines(learn: dict, m: dict) -> list[str]:
+def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
     """The learning section of the report (markdown lines)."""
     lines = [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
              f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
@@ -736,13 +740,13 @@ def learning_lines(learn: dict, m: dict) -> list[str]:
     plotted = learn.get("plotted", list(learn["runs"]))
     if len(plotted) < len(learn["runs"]):
         lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
-    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {})), learn.get("baseline", {}))
+    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {})), learn.get("baseline", {}), report_model)
     def alt(f: str) -> str:  # the default task's figures lie in learning/, another task's in learning/<task>/
         return Path(f).stem if Path(f).parent.name == "learning" else f"{Path(f).stem}, {Path(f).parent.name} task"
     lines += [""] + [f"![{alt(f)}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
     return lines
 
-def comparison_lines(table: dict, baseline: dict) -> list[str]:
+def comparison_lines(table: dict, baseline: dict, report_model: str) -> list[str]:
     """The comparison at equal time and equal tokens, with the majority-vote bar (markdown lines)."""
     if not table:
         return []
@@ -761,7 +765,8 @@ def comparison_lines(table: dict, baseline: dict) -> list[str]:
                      f"({row['token_budget']:,}) | {figure(row['pass1_end'])} | {figure(row['tokens_per_episode'])} | {bar[0]} | {bar[1]} |")
     if baseline:
         first = next(iter(baseline.values()))
-        lines += ["", f"The bar: `python evaluate.py --agents single --samples {first['samples']} --no-greedy --seed <s>` on "
+        model = "" if report_model == DEFAULTS.model else f"--model {report_model} "
+        lines += ["", f"The bar: `python evaluate.py {model}--agents single --samples {first['samples']} --no-greedy --seed <s>` on "
                   f"each seed's held-out set, {first['tokens_per_episode']:.1f} tokens per episode (seed {next(iter(baseline))}); "
                   "maj@k: " + ", ".join(f"k = {k}: {figure(spread([b['maj'][k] for b in baseline.values()]))}" for k in first["maj"]) + "."]
     return lines
@@ -857,9 +862,17 @@ def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, li
     skip = {s for s in args.skip.split(",") if s}
     if unknown := skip - set(SECTIONS):
         raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
-    sizes = {**(QUICK if args.quick else FULL), "model": args.model}
-    if args.model.startswith(agents.RANDOM_MODEL) and (error := random_config_error(args.model.removeprefix(agents.RANDOM_MODEL))):
-        raise SystemExit(f"--model={args.model}: {error}; give random:<a transformers config.json>, e.g. random:models/qwen2.5-0.5b.json")
+    model = args.model
+    if model.startswith(agents.RANDOM_MODEL):
+        if error := random_config_error(model.removeprefix(agents.RANDOM_MODEL)):
+            raise SystemExit(f"--model={model}: {error}; give random:<a transformers config.json>, e.g. random:models/qwen2.5-0.5b.json")
+        model = agents.RANDOM_MODEL + str(Path(model.removeprefix(agents.RANDOM_MODEL)).resolve())  # the runs start in ROOT
+    elif Path(model).is_dir():
+        model = str(Path(model).resolve())
+    if model != DEFAULTS.model and Path(args.out).resolve() == (ROOT / "results").resolve() and not args.render_only:
+        raise SystemExit(f"--model={args.model}: give --out <folder>; {ROOT / 'results'} holds the default model's report "
+                         "(e.g. --out runs/bench-qwen2.5-0.5b)")
+    sizes = {**(QUICK if args.quick else FULL), "model": model}
     minutes = args.learning_minutes if args.learning_minutes is not None else sizes["learning_minutes"]
     runs = args.learning_runs.split(",") if args.learning_runs else list(sizes["learning_runs"])
     if args.learning_seeds:

@@ -70,10 +70,22 @@ def tiny_random_model(folder: Path) -> str:
     return f"random:{folder / 'tiny-smollm2.json'}"
 
 
-def test_a_bench_model_that_cannot_load_is_refused_before_any_section(tmp_path):
+def test_a_bench_model_is_checked_before_any_section_and_never_overwrites_the_default_report(tmp_path, capsys):
+    out = tmp_path / "out"
     with pytest.raises(SystemExit, match=r"--model=random:nowhere.json: no such file 'nowhere.json'"):
-        bench.main(["--quick", "--model", "random:nowhere.json", "--out", str(tmp_path)])
-    assert not (tmp_path / "bench.json").exists()
+        bench.main(["--quick", "--model", "random:nowhere.json", "--out", str(out)])
+    assert not out.exists() and "bench: throughput" not in capsys.readouterr().out
+    config = ROOT / "models" / "qwen2.5-0.5b.json"
+    with pytest.raises(SystemExit, match=r"give --out <folder>; .*results holds the default model's report"):
+        bench.main(["--quick", "--model", f"random:{config}", "--out", str(ROOT / "results")])
+    # --merge into a report of another model (or of the default one, which older reports do not name) is refused
+    out.mkdir()
+    (out / "bench.json").write_text(json.dumps({"mode": "quick"}))
+    with pytest.raises(SystemExit, match=r"measured --model=smollm2, this run --model=random:.*qwen2.5-0.5b.json; merge runs of the same"):
+        bench.main(["--quick", "--merge", "--model", f"random:{config}", "--out", str(out)])
+    (out / "bench.json").write_text(json.dumps({"mode": "quick", "model": f"random:{config}"}))
+    with pytest.raises(SystemExit, match=r"measured --model=random:.*, this run --model=smollm2; merge runs of the same"):
+        bench.main(["--quick", "--merge", "--out", str(out)])
 
 
 @pytest.mark.slow
@@ -87,8 +99,9 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.SECTIONS) <= set(report) and report["model"] == model
-    for name in ("memory-default-chain", "phases-no-prefix-sharing", "learning-chain-group-seed1"):  # every run trained it
-        assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["model"] == model
+    for name in ("memory-default-chain", "phases-no-prefix-sharing", "learning-chain-group-seed1"):  # the phases, memory
+        assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["model"] == model  # and learning runs
+    assert json.loads((tmp_path / "learning" / "baseline-single-seed1.json").read_text())["evaluated"]["model"] == model
     numbers = [report["throughput"]["rollout_tokens_per_second"], report["throughput"]["policy_update_tokens_per_second"],
                report["phases"]["iteration_seconds_without_eval"], report["phases"]["prefix_sharing_speedup"],
                report["phases"]["without_prefix_sharing"]["iteration_seconds_without_eval"], report["phases"]["floor_ratio"],
@@ -108,6 +121,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert f"Model: `{model}`, random weights" in text
     assert "merged_generation_speedup" not in report["phases"]  # quick mode leaves that run out
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())  # the floor's: the better of two GEMM timings
+    assert profile["model"] == model
     assert profile["gemm_gflops_per_second"] == max(profile["gemm_gflops_per_second_before_and_after"])
     # --render_only rebuilds the same table from bench.json alone.
     (tmp_path / "bench.md").unlink()
@@ -178,7 +192,8 @@ def test_a_section_measured_again_by_a_later_merge_names_its_date():
     assert "Measured again" not in bench.markdown(report)
     report["model"] = "random:models/qwen2.5-0.5b.json"
     assert bench.markdown(report).splitlines()[0].endswith(
-        "Model: `random:models/qwen2.5-0.5b.json`, random weights: its seconds and bytes mean something, its accuracies nothing.")
+        "Model: `random:models/qwen2.5-0.5b.json`, random weights (vLLM's engine draws its own): its seconds and bytes "
+        "mean something, its accuracies nothing.")
 
 
 def test_the_backends_table_names_the_hf_decoding_its_report_measured():
@@ -250,9 +265,12 @@ def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
     assert single["bar"]["k"] == 1 and single["bar"]["maj"]["mean"] == pytest.approx(0.45) and single["beats_bar"]
     assert chain["bar"]["k"] == 4 and chain["bar"]["maj"]["mean"] == pytest.approx(0.65) and chain["beats_bar"]
     assert chain["pass1_end"]["mean"] == 0.425
-    text = "\n".join(bench.comparison_lines(table, baseline))
+    text = "\n".join(bench.comparison_lines(table, baseline, "smollm2"))
     assert "| chain | 1 | 0.85 | 0.40 (150) | 0.42 | 20.00 | 0.65 [0.60, 0.70] (k = 4) | yes |" in text
     assert "| single | 2 | 0.80 [0.70, 0.90] |" in text
+    assert "The bar: `python evaluate.py --agents single --samples" in text
+    # another model's bar is that model's untrained single agent, and the command says so
+    assert "The bar: `python evaluate.py --model /m --agents single" in "\n".join(bench.comparison_lines(table, baseline, "/m"))
 
 
 def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_one():
@@ -264,10 +282,10 @@ def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_on
                                 "greedy_end": 0.8, **extra}
     learn = {"time_limit_minutes": 10.0, "figures": [],
              "runs": {"single-seed1": row("2026-11-27", commit="abc1234"), "chain-seed1": row("2026-11-28", commit="def5678")}}
-    text = "\n".join(bench.learning_lines(learn, machine))
+    text = "\n".join(bench.learning_lines(learn, machine, "smollm2"))
     assert "Learning runs measured on 2026-11-27, 2026-11-28, code of commits abc1234, def5678 (merged" in text
     learn["runs"]["parallel-seed1"] = row("2026-11-25")  # an older report's row
-    assert "(rows of older reports name no commit)" in "\n".join(bench.learning_lines(learn, machine))
+    assert "(rows of older reports name no commit)" in "\n".join(bench.learning_lines(learn, machine, "smollm2"))
     assert bench.source_commit() != "unknown"  # the tests run in the project's checkout
 
 
