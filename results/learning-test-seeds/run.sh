@@ -2,7 +2,8 @@
 # The learning test's shortened default run (tests/test_learning.py: 16 problems per iteration, 12
 # held-out problems, one thread, the adapter path the test's process takes) for 4 iterations with a
 # greedy evaluation after each, for seeds 1-4 and both of the hf backend's samplers; two runs at a
-# time on 2 cores. Writes runs/learning-test-seeds/<run>/; `python summarise.py` prints the table.
+# time on 2 cores. Writes runs/learning-test-seeds/<run>/ (remove it to run again);
+# `python results/learning-test-seeds/summarise.py runs/learning-test-seeds` prints the table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . .venv/bin/activate
@@ -13,5 +14,7 @@ run() {
 }
 for pair in "1 inverse:2 multinomial" "2 inverse:3 multinomial" "3 inverse:4 multinomial" "4 inverse:1 multinomial"; do
   IFS=: read -r a b <<< "$pair"
-  run $a & run $b & wait
+  run $a & first=$!  # $a is "seed sampler": two arguments
+  run $b & second=$!
+  wait "$first"; wait "$second"  # each run's exit status, so that a failed run stops the script
 done
