@@ -586,7 +586,8 @@ def markdown(report: dict) -> str:
     if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"] or name in other_cpu}:
         lines[0] += " Measured again by a later `--merge`: " + ", ".join(
             f"{name} on {day}" + (f" ({other_cpu[name]})" if name in other_cpu else "") for name, day in later.items()) + "."
-    lines[0] += " " + model_sentence(report.get("model", DEFAULTS.model))
+    model = report.get("model", DEFAULTS.model)  # reports older than the key measured the default
+    lines[0] += " " + model_sentence(model)
     if t := report.get("throughput"):
         lines += throughput_lines(t)
     if b := report.get("backends"):
@@ -596,7 +597,7 @@ def markdown(report: dict) -> str:
     if mem := report.get("memory"):
         lines += memory_lines(mem)
     if learn := report.get("learning"):
-        lines += learning_lines(learn, m, report.get("model", DEFAULTS.model))
+        lines += learning_lines(learn, m, model)
     return "\n".join(lines)
 
 
@@ -895,8 +896,8 @@ def earlier_report(out: Path, quick: bool, model: str) -> dict:
     earlier = json.loads((out / "bench.json").read_text())
     if earlier.get("mode") != ("quick" if quick else "full"):
         raise SystemExit(f"--merge: {out / 'bench.json'} is a {earlier.get('mode')} report; merge runs of the same mode")
-    if earlier.get("model", DEFAULTS.model) != model:
-        raise SystemExit(f"--merge: {out / 'bench.json'} measured --model={earlier.get('model', DEFAULTS.model)}, this run "
+    if (measured := earlier.get("model", DEFAULTS.model)) != model:
+        raise SystemExit(f"--merge: {out / 'bench.json'} measured --model={measured}, this run "
                          f"--model={model}; merge runs of the same model")
     return earlier
 

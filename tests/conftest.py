@@ -36,24 +36,29 @@ def cpu_without_bf16_instructions(monkeypatch):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {})
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A 2-layer, 32-wide Llama (random weights) saved with the embedded model's tokenizer and
-    chat template: the whole agents/critic machinery in a fraction of a second per pass."""
+def save_tiny_llama(folder: Path, hidden_size: int, **config) -> Path:
+    """A 2-layer Llama of width `hidden_size` (2 heads, 1 key/value head; random weights from seed 0,
+    `config` overriding LlamaConfig's other fields) saved in `folder` with the embedded model's
+    tokenizer and chat template."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     import agents
 
     tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2, **config)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(folder)
+    LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide Llama (random weights) saved with the embedded model's tokenizer and
+    chat template: the whole agents/critic machinery in a fraction of a second per pass."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), hidden_size=32)
 
 
 def assert_runs_log_alike(plain_dir: Path, other_dir: Path, lines: int, loose: tuple[str, ...] = ()) -> list[dict]:

@@ -17,6 +17,7 @@ import agents
 import generation
 import marft
 import run
+from conftest import save_tiny_llama
 from flex_pomdp import load_organisation, unrolled_messages
 
 if importlib.util.find_spec("vllm") is None:
@@ -59,17 +60,7 @@ def small_model_dir(tmp_path_factory):
     Its text is noise, so it suits a chain (every agent samples), not an orchestrated team.
     Weights of std 0.5 make its next-token distributions peaked (entropy ≈ 4.4 nats, not the uniform
     10.8), so that an entropy bonus moves the policy even where every reward is equal."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.5)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("small-llama")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path_factory.mktemp("small-llama"), hidden_size=64, head_dim=32, initializer_range=0.5)
 
 
 def prompts(tokenizer, n=4):
@@ -189,7 +180,8 @@ def test_two_torchrun_ranks_each_generate_with_their_own_engine(tmp_path, small_
 
     options = ["--model", str(small_model_dir), "--backend", "vllm", "--agents", "chain", "--iterations", "2",
                "--batch_size", "2", "--minibatch_size", "2", "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy",
-               "--max_new_tokens", "8", "--lora_rank", "8", "--lora_targets", "q_proj,v_proj", "--lr", "1e-3", "--ent_coef", "0.1", "--threads", "1",
+               "--max_new_tokens", "8", "--lora_rank", "8", "--lora_targets", "q_proj,v_proj", "--lr", "1e-3",
+               "--ent_coef", "0.1", "--threads", "1",
                "--output_dir", str(tmp_path), "--run_name", "two", "--dist_timeout_minutes", "4"]
     torchrun(options, timeout=420, env={"MARFT_TEST_BACKEND": "real"})  # exits 3 unless the ranks' weights are identical
     rows = metrics_rows(tmp_path / "two")
