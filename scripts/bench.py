@@ -536,7 +536,7 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
             shutil.copy(run_dir / "metrics.jsonl", kept / f"{name}-seed{seed}")
             evals, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
             table[f"{name}-seed{seed}"] = {
-                "measured": date.today().isoformat(), "commit": commit, "estimator": estimator_label(options["advantage"], options["group_baseline"]),
+                "measured": date.today().isoformat(), "commit": commit, "cpu": cpu_name(), "estimator": estimator_label(options["advantage"], options["group_baseline"]),
                 "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
                 "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
                 "peak_rss_mib": peak, "accuracy_start": evals[0]["eval/accuracy"], "accuracy_end": evals[-1]["eval/accuracy"],
@@ -734,6 +734,14 @@ def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
                         + (f", code of commit{'s' * (len(commits) > 1)} {', '.join(commits)}" if commits else "")
                         + (" (rows of older reports name no commit)" if unnamed else "")
                         + (" (merged with `--merge`; each row's date and commit are in bench.json)." if merged else "."), ""]
+    # Iterations at equal wall time compare only on one CPU: a merged table whose rows came from
+    # several names each CPU's rows (rows of reports older than the key name none).
+    cpus: dict[str, list[str]] = {}
+    for run, r in learn["runs"].items():
+        cpus.setdefault(r.get("cpu", "not recorded"), []).append(run)
+    if len(cpus) > 1:
+        lines[-2:-2] = ["Rows from more than one CPU; compare iterations and accuracies at equal time only within one: "
+                        + "; ".join(f"{cpu}: {', '.join(runs)}" for cpu, runs in cpus.items()) + ".", ""]
     lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
               f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
               f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"

@@ -114,7 +114,8 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert all(math.isfinite(x) and x > 0 for x in numbers)
     assert set(report["learning"]["runs"]) == {"chain-group-seed1"}  # quick mode: group advantages (the phases run GAE)
     assert report["learning"]["runs"]["chain-group-seed1"]["estimator"] == "group advantages"  # read from its config.json
-    assert all(r["peak_rss_mib"] > 0 and r["seconds_per_iteration"] > 0 for r in report["learning"]["runs"].values())
+    assert all(r["peak_rss_mib"] > 0 and r["seconds_per_iteration"] > 0 and r["cpu"] == bench.cpu_name()
+               for r in report["learning"]["runs"].values())
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
@@ -274,8 +275,9 @@ def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
 
 
 def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_one():
-    """Rows merged from several invocations keep the code they measured: bench.json holds each row's
-    commit, and the table's heading names them (and says when older rows name none)."""
+    """Rows merged from several invocations keep the code and the CPU they measured: bench.json holds
+    each row's commit and CPU, and the table's heading names the commits (and says when older rows
+    name none) and, when the rows come from more than one CPU, which rows each measured."""
     machine = {"date": "2026-11-24"}
     row = lambda day, **extra: {"measured": day, "iterations": 3, "minutes": 10.0, "seconds_per_iteration": 20.0,
                                 "peak_rss_mib": 2000.0, "accuracy_start": 0.1, "accuracy_end": 0.5, "greedy_start": 0.4,
@@ -286,6 +288,11 @@ def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_on
     assert "Learning runs measured on 2026-11-27, 2026-11-28, code of commits abc1234, def5678 (merged" in text
     learn["runs"]["parallel-seed1"] = row("2026-11-25")  # an older report's row
     assert "(rows of older reports name no commit)" in "\n".join(bench.learning_lines(learn, machine, "smollm2"))
+    assert "more than one CPU" not in "\n".join(bench.learning_lines(learn, machine, "smollm2"))  # none names one
+    learn["runs"]["single-seed1"]["cpu"] = learn["runs"]["chain-seed1"]["cpu"] = "x86_64, AMD EPYC, family 25 model 17"
+    text = "\n".join(bench.learning_lines(learn, machine, "smollm2"))  # equal time compares only on one CPU
+    assert ("Rows from more than one CPU; compare iterations and accuracies at equal time only within one: "
+            "x86_64, AMD EPYC, family 25 model 17: single-seed1, chain-seed1; not recorded: parallel-seed1.") in text
     assert bench.source_commit() != "unknown"  # the tests run in the project's checkout
 
 
