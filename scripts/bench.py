@@ -436,6 +436,11 @@ def spread(values: list[float]) -> dict | None:
     return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "seeds": len(values)} if values else None
 
 
+def run_cpu(row: dict) -> str:
+    """The CPU a learning row ran on (`cpu_name`); rows of reports older than the key name none."""
+    return row.get("cpu", "not recorded")
+
+
 def comparison(runs: dict, baseline: dict) -> dict:
     """Per configuration (its runs over seeds; runs of older reports without `evaluations` are left
     out): held-out greedy accuracy at equal wall time (every run had the same time limit: its last
@@ -446,16 +451,18 @@ def comparison(runs: dict, baseline: dict) -> dict:
     more tokens than one episode of the configuration, and `beats_bar`: the configuration's mean
     greedy accuracy at equal time above the bar's mean."""
     by_config: dict[str, list[list[dict]]] = {}
+    cpus: dict[str, set[str]] = {}  # the CPUs its seeds ran on (`run_cpu`)
     for run, row in runs.items():
         if row.get("evaluations"):
             by_config.setdefault(run_configuration(run)[0], []).append(row["evaluations"])
+            cpus.setdefault(run_configuration(run)[0], set()).add(run_cpu(row))
     task_of = {name: learning_configuration(name)[2] or "math" for name in by_config}
     budgets = {task: min(points[-1]["tokens"] for name in by_config if task_of[name] == task for points in by_config[name])
                for task in set(task_of.values())}
     table = {}
     for name, seeds in by_config.items():
         budget = budgets[task_of[name]]
-        row = {"task": task_of[name], "token_budget": budget,
+        row = {"task": task_of[name], "token_budget": budget, "cpu": " + ".join(sorted(cpus[name])),
                "greedy_equal_time": spread([points[-1]["greedy"] for points in seeds]),
                "greedy_equal_tokens": spread([within_budget(points, "tokens", budget)["greedy"] for points in seeds]),
                "pass1_end": spread([points[-1]["pass1"] for points in seeds if "pass1" in points[-1]]),
@@ -733,18 +740,18 @@ def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
         lines[-2:-2] = [f"Learning runs measured on {', '.join(dates)}"
                         + (f", code of commit{'s' * (len(commits) > 1)} {', '.join(commits)}" if commits else "")
                         + (" (rows of older reports name no commit)" if unnamed else "")
-                        + (" (merged with `--merge`; each row's date and commit are in bench.json)." if merged else "."), ""]
-    # Iterations at equal wall time compare only on one CPU: a merged table whose rows came from
-    # several names each CPU's rows (rows of reports older than the key name none).
-    cpus: dict[str, list[str]] = {}
-    for run, r in learn["runs"].items():
-        cpus.setdefault(r.get("cpu", "not recorded"), []).append(run)
-    if len(cpus) > 1:
-        lines[-2:-2] = ["Rows from more than one CPU; compare iterations and accuracies at equal time only within one: "
-                        + "; ".join(f"{cpu}: {', '.join(runs)}" for cpu, runs in cpus.items()) + ".", ""]
+                        + (" (merged with `--merge`; each row's date, commit and CPU are in bench.json)." if merged else "."), ""]
+    # Iterations at equal wall time compare only on one CPU: a table merged from rows of several
+    # (or of older reports, which name none) gets a CPU column, here and in the comparison below.
+    mixed = len({run_cpu(r) for r in learn["runs"].values()}) > 1
+    if mixed:
+        lines[-2:] = [lines[-2] + " CPU |", lines[-1] + " --- |"]
+        lines[-2:-2] = ["The rows come from more than one CPU (\"not recorded\": rows merged from reports written "
+                        "before each row recorded its CPU): compare iterations and accuracies at equal wall time, here and in the "
+                        "comparison below, only between rows of one CPU.", ""]
     lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
               f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
-              f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |"
+              f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |" + (f" {run_cpu(r)} |" if mixed else "")
               for run, r in learn["runs"].items()]
     plotted = learn.get("plotted", list(learn["runs"]))
     if len(plotted) < len(learn["runs"]):
@@ -767,11 +774,15 @@ def comparison_lines(table: dict, baseline: dict, report_model: str) -> list[str
              "untrained single agent's maj@k with k samples costing at most one episode of the configuration.", "",
              "| configuration | seeds | greedy, equal time | greedy, equal tokens (budget) | pass@1, end | tokens / episode "
              "| untrained single maj@k (k) | above the bar |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    mixed = len({row["cpu"] for row in table.values()}) > 1
+    if mixed:
+        lines[-2:] = [lines[-2] + " CPU |", lines[-1] + " --- |"]
     for name, row in table.items():
         seeds = row["greedy_equal_time"]["seeds"]
         bar = (f"{figure(row['bar']['maj'])} (k = {row['bar']['k']})", "yes" if row["beats_bar"] else "no") if "bar" in row else ("-", "-")
         lines.append(f"| {name} | {seeds} | {figure(row['greedy_equal_time'])} | {figure(row['greedy_equal_tokens'])} "
-                     f"({row['token_budget']:,}) | {figure(row['pass1_end'])} | {figure(row['tokens_per_episode'])} | {bar[0]} | {bar[1]} |")
+                     f"({row['token_budget']:,}) | {figure(row['pass1_end'])} | {figure(row['tokens_per_episode'])} | {bar[0]} | {bar[1]} |"
+                     + (f" {row['cpu']} |" if mixed else ""))
     if baseline:
         first = next(iter(baseline.values()))
         model = "" if report_model == DEFAULTS.model else f"--model {report_model} "

@@ -268,6 +268,13 @@ def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
     assert chain["pass1_end"]["mean"] == 0.425
     text = "\n".join(bench.comparison_lines(table, baseline, "smollm2"))
     assert "| chain | 1 | 0.85 | 0.40 (150) | 0.42 | 20.00 | 0.65 [0.60, 0.70] (k = 4) | yes |" in text
+    assert "CPU |" not in text  # no run names its CPU: one group, no column
+    # Configurations measured on different CPUs: a CPU column, and one whose seeds span two says so
+    runs["single-seed1"]["cpu"] = runs["chain-seed1"]["cpu"] = "A"
+    lines = bench.comparison_lines(bench.comparison(runs, baseline), baseline, "smollm2")
+    assert "| chain | 1 | 0.85 | 0.40 (150) | 0.42 | 20.00 | 0.65 [0.60, 0.70] (k = 4) | yes | A |" in lines
+    assert any(line.startswith("| single | 2 |") and line.endswith("| yes | A + not recorded |") for line in lines)
+    assert any(line.startswith("| configuration |") and line.endswith("| above the bar | CPU |") for line in lines)
     assert "| single | 2 | 0.80 [0.70, 0.90] |" in text
     assert "The bar: `python evaluate.py --agents single --samples" in text
     # another model's bar is that model's untrained single agent, and the command says so
@@ -277,7 +284,8 @@ def test_comparison_at_equal_time_equal_tokens_and_the_majority_vote_bar():
 def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_one():
     """Rows merged from several invocations keep the code and the CPU they measured: bench.json holds
     each row's commit and CPU, and the table's heading names the commits (and says when older rows
-    name none) and, when the rows come from more than one CPU, which rows each measured."""
+    name none); when the rows come from more than one CPU (or name none beside rows that do), each
+    row names its CPU in a column, under a sentence saying to compare at equal time within one."""
     machine = {"date": "2026-11-24"}
     row = lambda day, **extra: {"measured": day, "iterations": 3, "minutes": 10.0, "seconds_per_iteration": 20.0,
                                 "peak_rss_mib": 2000.0, "accuracy_start": 0.1, "accuracy_end": 0.5, "greedy_start": 0.4,
@@ -288,11 +296,19 @@ def test_the_learning_table_names_the_commit_of_its_rows_and_the_rows_without_on
     assert "Learning runs measured on 2026-11-27, 2026-11-28, code of commits abc1234, def5678 (merged" in text
     learn["runs"]["parallel-seed1"] = row("2026-11-25")  # an older report's row
     assert "(rows of older reports name no commit)" in "\n".join(bench.learning_lines(learn, machine, "smollm2"))
-    assert "more than one CPU" not in "\n".join(bench.learning_lines(learn, machine, "smollm2"))  # none names one
-    learn["runs"]["single-seed1"]["cpu"] = learn["runs"]["chain-seed1"]["cpu"] = "x86_64, AMD EPYC, family 25 model 17"
-    text = "\n".join(bench.learning_lines(learn, machine, "smollm2"))  # equal time compares only on one CPU
-    assert ("Rows from more than one CPU; compare iterations and accuracies at equal time only within one: "
-            "x86_64, AMD EPYC, family 25 model 17: single-seed1, chain-seed1; not recorded: parallel-seed1.") in text
+    assert "CPU |" not in "\n".join(bench.learning_lines(learn, machine, "smollm2"))  # no row names one: one group
+    zen4 = "x86_64, AMD EPYC, family 25 model 17"
+    for run in learn["runs"].values():
+        run["cpu"] = zen4
+    assert "CPU |" not in "\n".join(bench.learning_lines(learn, machine, "smollm2"))  # every row on one CPU
+    del learn["runs"]["parallel-seed1"]["cpu"]  # an older report's row beside two of this CPU: a CPU column
+    lines = bench.learning_lines(learn, machine, "smollm2")
+    header = next(i for i, line in enumerate(lines) if line.startswith("| run (equal wall time"))
+    assert "compare iterations and accuracies at equal wall time" in lines[header - 2]  # above the table
+    assert lines[header].endswith("| greedy start → end | CPU |") and lines[header + 1].count("---") == 8
+    assert lines[header + 2].endswith(f"| 0.40 → 0.80 | {zen4} |") and lines[header + 4].endswith("| not recorded |")
+    learn["runs"]["parallel-seed1"]["cpu"] = "x86_64, AMD EPYC, family 26 model 2"  # two named CPUs: the same
+    assert bench.learning_lines(learn, machine, "smollm2")[header + 4].endswith(" family 26 model 2 |")
     assert bench.source_commit() != "unknown"  # the tests run in the project's checkout
 
 
