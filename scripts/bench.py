@@ -441,6 +441,11 @@ def run_cpu(row: dict) -> str:
     return row.get("cpu", "not recorded")
 
 
+def with_cpu_column(lines: list[str]) -> list[str]:
+    """A markdown table's lines ending in its header and separator, with a CPU column added to both."""
+    return lines[:-2] + [lines[-2] + " CPU |", lines[-1] + " --- |"]
+
+
 def comparison(runs: dict, baseline: dict) -> dict:
     """Per configuration (its runs over seeds; runs of older reports without `evaluations` are left
     out): held-out greedy accuracy at equal wall time (every run had the same time limit: its last
@@ -454,8 +459,9 @@ def comparison(runs: dict, baseline: dict) -> dict:
     cpus: dict[str, set[str]] = {}  # the CPUs its seeds ran on (`run_cpu`)
     for run, row in runs.items():
         if row.get("evaluations"):
-            by_config.setdefault(run_configuration(run)[0], []).append(row["evaluations"])
-            cpus.setdefault(run_configuration(run)[0], set()).add(run_cpu(row))
+            name = run_configuration(run)[0]
+            by_config.setdefault(name, []).append(row["evaluations"])
+            cpus.setdefault(name, set()).add(run_cpu(row))
     task_of = {name: learning_configuration(name)[2] or "math" for name in by_config}
     budgets = {task: min(points[-1]["tokens"] for name in by_config if task_of[name] == task for points in by_config[name])
                for task in set(task_of.values())}
@@ -742,10 +748,11 @@ def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
                         + (" (rows of older reports name no commit)" if unnamed else "")
                         + (" (merged with `--merge`; each row's date, commit and CPU are in bench.json)." if merged else "."), ""]
     # Iterations at equal wall time compare only on one CPU: a table merged from rows of several
-    # (or of older reports, which name none) gets a CPU column, here and in the comparison below.
+    # (or of older reports, which name none) gets a CPU column; `comparison_lines` does the same for
+    # its configurations.
     mixed = len({run_cpu(r) for r in learn["runs"].values()}) > 1
     if mixed:
-        lines[-2:] = [lines[-2] + " CPU |", lines[-1] + " --- |"]
+        lines = with_cpu_column(lines)
         lines[-2:-2] = ["The rows come from more than one CPU (\"not recorded\": rows merged from reports written "
                         "before each row recorded its CPU): compare iterations and accuracies at equal wall time, here and in the "
                         "comparison below, only between rows of one CPU.", ""]
@@ -776,7 +783,7 @@ def comparison_lines(table: dict, baseline: dict, report_model: str) -> list[str
              "| untrained single maj@k (k) | above the bar |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     mixed = len({row["cpu"] for row in table.values()}) > 1
     if mixed:
-        lines[-2:] = [lines[-2] + " CPU |", lines[-1] + " --- |"]
+        lines = with_cpu_column(lines)
     for name, row in table.items():
         seeds = row["greedy_equal_time"]["seeds"]
         bar = (f"{figure(row['bar']['maj'])} (k = {row['bar']['k']})", "yes" if row["beats_bar"] else "no") if "bar" in row else ("-", "-")
