@@ -187,8 +187,9 @@ def test_two_torchrun_ranks_each_generate_with_their_own_engine(tmp_path, small_
     rows = metrics_rows(tmp_path / "two")
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert math.isfinite(rows[2]["losses/policy_loss/planner"]) and math.isfinite(rows[2]["losses/policy_loss/solver"])
-    # KL(old ‖ new) after the first agent's update (the order is random; the last one's is not logged): 0.003 measured in one
-    # process, 1e-4 asked; log-probs that move by ~sqrt(2 KL) ≈ 0.01 or more, ten times the gap allowed
+    # KL(old ‖ new) after the first agent's update (the order is random; the last one's is not
+    # logged): 0.003 measured in one process, 1e-4 asked; log-probs that move by ~sqrt(2 KL) ≈ 0.01
+    # or more, ten times the gap allowed
     moved = [value for key, value in rows[1].items() if key.startswith("losses/kl_after_update/")]
     assert moved and min(moved) > 1e-4
     assert rows[2]["charts/rollout_logprob_gap"] < 1e-3
