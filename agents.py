@@ -26,7 +26,8 @@ backend: the backend's own log-probs are only compared with them (`charts/rollou
 Prompts are tokenised once (`tokenize_prompts`) and the same token ids are used for generation,
 for the old log-probs and for the critic, so the prompts are byte-identical by construction (the
 reference repo truncated at training but not at generation). Log-probs are computed under the
-sampling temperature (logits / T), so π_old is the distribution the actions were really drawn from.
+sampling temperature (logits / T), so π_old is the distribution the actions were really drawn from,
+and from float32 logits whatever --base_dtype (`float32_head`, in training and in generation.decode).
 
 The base model (`load_base_model`): the embedded SmolLM2 (`--model smollm2`), a local or hub
 model, or `random:<config.json>` (that architecture with random weights: seconds and bytes, no
@@ -349,10 +350,20 @@ def fuse_lora_updates(model: PeftModel) -> int:
     return count
 
 
+def cpu_specific_paths() -> bool:
+    """False under MARFT_CPU_PATHS=off: every path that this CPU's instructions choose is off
+    (oneDNN's float32 products, its packed bf16 weights), and scripts/setup_env.sh caps torch's,
+    oneDNN's and MKL's kernels at AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
+    MKL_ENABLE_INSTRUCTIONS), so a run computes as on a CPU without AVX-512 or bf16 instructions.
+    None of these paths changes what is sampled or learned beyond float rounding."""
+    return os.environ.get("MARFT_CPU_PATHS", "on") != "off"
+
+
 def onednn_available() -> bool:
     """Whether --onednn_linear applies: an x86 CPU (the kind it was measured on; an Arm laptop's torch
-    has its own fast library) and a torch with oneDNN's linear operator."""
-    return (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+    has its own fast library), a torch with oneDNN's linear operator, and the CPU-specific paths on
+    (`cpu_specific_paths`)."""
+    return (cpu_specific_paths() and platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
@@ -636,6 +647,30 @@ def head_at(backbone, positions: torch.Tensor):
         handle.remove()
 
 
+@contextlib.contextmanager
+def float32_head(backbone):
+    """Run the model's output head in float32 while in the block: z = h Wᵀ (+ b) with h [.., H]
+    and W [V, H] cast to float32 for that one product, [.., V] float32, so log π comes from float32
+    logits whatever --base_dtype. A bf16 head would round every logit to 8 significant bits (z ≈ 10
+    to ±0.03) before the log-softmax; here z carries only the rounding of the bf16 hidden state h.
+    The head runs at the positions the caller feeds it (`head_at`; decoding: the last). W is cast
+    once for the block (V·H·4 bytes while it lasts: one pass, or one `generation.decode` call). A
+    float32 head runs untouched (the same bits), and so does a head that is not a plain linear
+    layer (the merged copy's `LowPrecisionLinear`, a LoRA-adapted head)."""
+    head = backbone.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.weight.dtype == torch.float32 or "forward" in vars(head):
+        yield  # float32 already, not a plain linear, or inside another float32_head of the same head
+        return
+    weight = head.weight.float()  # [V, H]
+    bias = None if head.bias is None else head.bias.float()
+    # an instance attribute: nn.Module's call (and its hooks: head_at's gather) runs it instead of the class's
+    head.forward = lambda hidden: torch.nn.functional.linear(hidden.float(), weight, bias)  # [.., V] float32
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
                       output: str, share_prefix: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
     """One pass of the active adapter over every prompt ⊕ response (right-padded: positions
@@ -644,8 +679,9 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     Returns out [n, L, V or H], L = max(1, longest response): out[i, k] is the output at the
     position that predicts response token k of row i (k = 0: the last prompt token; columns past
     a row's response repeat its last position). output "logits": the model's own forward with its
-    head run at those positions only (`head_at`), so whatever an architecture applies after its
-    head is in them; "hidden": the last decoder layer's hidden states there.
+    head run at those positions only (`head_at`) and in float32 (`float32_head`), so whatever an
+    architecture applies after its head is in them; "hidden": the last decoder layer's hidden
+    states there.
 
     share_prefix: the P tokens every prompt shares (`shared_prefix_length`) are run once and
     their keys/values reused by every row (`prefix_cache`), so each row runs only its own
@@ -675,8 +711,8 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
                   use_cache=cache is not None)
     with checkpointed_layers(model):
         if output == "logits":
-            with head_at(backbone, positions):
-                return backbone(**inputs, logits_to_keep=0).logits  # [n, L, V]
+            with head_at(backbone, positions), float32_head(backbone):
+                return backbone(**inputs, logits_to_keep=0).logits  # [n, L, V], float32
         return at_positions(backbone.model(**inputs).last_hidden_state, positions)  # [n, W, H] → [n, L, H]
 
 
@@ -727,7 +763,7 @@ def token_logprobs_and_entropy(
     response_mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
     # The [n, L, V] tensors are the largest of a pass: on a CPU each elementwise op over them costs
     # about two of a decoder layer's largest products, so none runs that changes no number (z / 1 is z).
-    scaled = logits.float() / temperature if temperature > 0 and temperature != 1 else logits.float()  # z / T
+    scaled = logits.float() / temperature if temperature > 0 and temperature != 1 else logits.float()  # z / T (z float32: `float32_head`)
     log_probs = torch.log_softmax(scaled, dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask

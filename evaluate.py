@@ -145,6 +145,9 @@ def add_sampling_options(sampling) -> None:
                           help="also play one greedy episode per problem (eval/accuracy_greedy; default: on)")
     sampling.add_argument("--temperature", type=float, default=None,
                           help=f"sampling temperature (default: the run's, else the task's, else {Config.temperature})")
+    sampling.add_argument("--top_p", type=float, default=1.0,
+                          help="nucleus sampling threshold of the sampled episodes (default 1: the full softmax, which "
+                               "training samples from)")
     sampling.add_argument("--max_new_tokens", type=int, default=None,
                           help=f"longest response in tokens (default: the run's, else the task's, else {Config.max_new_tokens})")
     sampling.add_argument("--seed", type=int, default=None,
@@ -195,6 +198,8 @@ def validate(args: argparse.Namespace) -> None:
             raise SystemExit(f"--{option}={getattr(args, option)}: must be 0 or more")
     if args.temperature is not None and args.temperature <= 0:
         raise SystemExit(f"--temperature={args.temperature}: must be positive (greedy decoding is --greedy)")
+    if not 0 < args.top_p <= 1:
+        raise SystemExit(f"--top_p={args.top_p}: must lie in (0, 1]")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device=cuda: torch sees no GPU here; use --device cpu")
 
@@ -490,7 +495,8 @@ def main(argv: list[str] | None = None) -> dict:
     backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter),
                                       fallback_sync_dir=Path(tempfile.gettempdir()), progress=True)
     with Grader() as grader, contextlib.closing(backend):
-        metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg)
+        metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg,
+                                                   top_p=args.top_p)
         maj_table = maj_at_k_table(sampled, len(problems), cfg.eval_samples, same_answer(grader))
         grading_timeouts = grader.timeouts
     report = make_report(args, cfg, run_dir, checkpoint, org, source, problems, metrics, sampled, greedy, maj_table)
@@ -519,7 +525,7 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
             "checkpoint": checkpoint.name if checkpoint else None, "task": cfg.task, "agents": cfg.agents,
             "roles": list(org.order), "graded_roles": list(org.graded_roles), "shared_adapter": cfg.shared_adapter,
             "dataset": source, "split": args.split, "limit": args.limit, "shuffled": args.shuffle, "problems": len(problems),
-            "samples": cfg.eval_samples, "greedy": cfg.eval_greedy, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "samples": cfg.eval_samples, "greedy": cfg.eval_greedy, "temperature": cfg.temperature, "top_p": args.top_p,
             "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
             "horizon": cfg.horizon, "format_penalty": cfg.format_penalty, "seed": cfg.seed,
             "backend": cfg.backend, "device": agents_lib.resolve_device(cfg.device),

@@ -55,9 +55,10 @@ class Sampling:
     sampler: str = "multinomial"  # one of SAMPLERS
 
     @classmethod
-    def of(cls, cfg) -> "Sampling":
-        """The rollouts' sampling of a run.Config."""
-        return cls(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.sampler)
+    def of(cls, cfg, top_p: float = 1.0) -> "Sampling":
+        """The rollouts' sampling of a run.Config: the full softmax at T, which π_old and π_θ are too
+        (training takes no nucleus); evaluate.py may pass its --top_p."""
+        return cls(cfg.temperature, top_p, cfg.max_new_tokens, cfg.sampler)
 
 
 @dataclass
@@ -124,11 +125,14 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     padding) whose first `cache.get_seq_length()` positions are in `cache` already. Each step reads
     the next-token logits of every row, draws from logits / T (`warp_scores`; greedy: the argmax;
     else torch.multinomial, or `sample_tokens` with sampler "inverse") and records the drawn
-    token's log-prob under that same distribution. A row that has drawn a stop id is finished: it
-    is fed the pad id from then on; the loop ends when every row is finished or after
-    max_new_tokens. Every token's position is its index in its own prompt, padding not counted.
-    Returns (tokens [n, steps], their log-probs [n, steps]); the caller cuts each row after its
-    first stop id."""
+    token's log-prob under that same distribution; the logits come from a float32 product of the
+    last hidden state and the head's weight (agents.float32_head), as training's do. A row that
+    has drawn a stop id is finished: it is fed the pad id from then on; the loop ends when every
+    row is finished or after max_new_tokens. Every token's position is its index in its own
+    prompt, padding not counted. Returns (tokens [n, steps], their log-probs [n, steps]); the
+    caller cuts each row after its first stop id."""
+    from agents import float32_head  # the log-probs' float32 head, shared with training's passes
+
     n, width = input_ids.shape
     device = input_ids.device
     done = cache.get_seq_length()  # positions already in the cache: the shared prefix
@@ -138,28 +142,30 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     finished = torch.zeros(n, dtype=torch.bool, device=device)  # [n]
     tokens, logprobs = [], []
     step_ids = input_ids[:, done:]  # the prompts' uncached positions, then one token per step
-    for step in range(sampling.max_new_tokens):
-        end = width + step
-        logits = model(input_ids=step_ids, attention_mask=mask[:, :end], position_ids=positions[:, end - step_ids.shape[1] : end],
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()  # [n, V]
-        scores = warp_scores(logits, sampling)  # [n, V]
-        # p = softmax(scores) for the draw and log p for the record, each as its own op: exp(log p)
-        # would round differently from the softmax transformers' generate draws from
-        if sampling.temperature == 0:
-            token = scores.argmax(-1)  # [n]
-        elif sampling.sampler == "multinomial":
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
-        elif sampling.sampler == "inverse":
-            token = sample_tokens(torch.softmax(scores, dim=-1), torch.rand(n, dtype=torch.float64, device=device))  # [n]
-        else:
-            raise ValueError(f"Sampling.sampler={sampling.sampler!r}: choose one of {', '.join(SAMPLERS)}")
-        token = token.masked_fill(finished, pad_id)
-        logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))  # [n]
-        tokens.append(token)
-        finished |= torch.isin(token, stops)
-        if finished.all():
-            break
-        step_ids = token.unsqueeze(-1)  # [n, 1]
+    with float32_head(backbone(model)):  # z = h Wᵀ in float32 at the last position (a bf16 head would round z)
+        for step in range(sampling.max_new_tokens):
+            end = width + step
+            logits = model(input_ids=step_ids, attention_mask=mask[:, :end],
+                           position_ids=positions[:, end - step_ids.shape[1] : end], past_key_values=cache, use_cache=True,
+                           logits_to_keep=1).logits[:, -1, :].float()  # [n, V]
+            scores = warp_scores(logits, sampling)  # [n, V]
+            # p = softmax(scores) for the draw and log p for the record, each as its own op: exp(log p)
+            # would round differently from the softmax transformers' generate draws from
+            if sampling.temperature == 0:
+                token = scores.argmax(-1)  # [n]
+            elif sampling.sampler == "multinomial":
+                token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
+            elif sampling.sampler == "inverse":
+                token = sample_tokens(torch.softmax(scores, dim=-1), torch.rand(n, dtype=torch.float64, device=device))  # [n]
+            else:
+                raise ValueError(f"Sampling.sampler={sampling.sampler!r}: choose one of {', '.join(SAMPLERS)}")
+            token = token.masked_fill(finished, pad_id)
+            logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))  # [n]
+            tokens.append(token)
+            finished |= torch.isin(token, stops)
+            if finished.all():
+                break
+            step_ids = token.unsqueeze(-1)  # [n, 1]
     if not tokens:  # max_new_tokens = 0
         return input_ids.new_empty(n, 0), torch.zeros(n, 0, device=device)
     return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
@@ -266,6 +272,8 @@ class HFGenerator:
     switched per agent), so it always serves the current weights and `sync` has nothing to do.
     `progress`: show a progress bar over the batches of each call (evaluation of large sets)."""
 
+    exact = True  # μ = π_old: the sampler is the training model itself (rollout correction has nothing to weigh)
+
     def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
         self.share_prefix = share_prefix
@@ -355,6 +363,8 @@ class MergedHFGenerator:
     copy holds a second set of the adapted projections' weights. `sync(model)` after each update
     marks every merge stale; between syncs an agent's merge is reused."""
 
+    exact = False  # μ ≠ π_old by the merge's rounding (and bf16's): the rollout is corrected (marft.rollout_correction)
+
     def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True,
                  weight_dtype: torch.dtype | None = None):
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
@@ -399,6 +409,15 @@ class MergedHFGenerator:
 
     def close(self) -> None:
         pass
+
+
+def describe_sampler(cfg) -> str:
+    """The sampler a run.Config names, in words (messages, config.json)."""
+    if cfg.backend == "vllm":
+        return f"vLLM engine ({cfg.vllm_dtype} weights)"
+    if cfg.merged_generation:
+        return f"hf backend's merged copy ({cfg.merged_weight_dtype or cfg.base_dtype} weights)"
+    return "hf backend (the training model itself)"
 
 
 def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
@@ -455,6 +474,8 @@ class VLLMGenerator:
     episodes). vLLM then ignores the CPU thread binding; the rank's torch thread count, set before
     the engine is built, is what it gets.
     """
+
+    exact = False  # another implementation of π (its own kernels, maybe bf16): the rollout is corrected
 
     def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, stop_ids: list[int], seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,

@@ -98,9 +98,18 @@ Deviations from the paper and choices it leaves open (each a named option of run
   them in one update stop the run before its checkpoint.
 - Generation backend (`--backend hf|vllm`): with vLLM the adapters are saved (to /dev/shm where
   it exists) and re-registered under fresh `lora_int_id`s after every update. Either way the
-  PPO old log-probs are recomputed by the training model, on the rollout's exact token ids; the
-  backend's own sampled-token log-probs are only logged against them (`charts/rollout_logprob_gap`).
+  PPO old log-probs are recomputed by the training model, on the rollout's exact token ids.
   vLLM draws one seed per request from torch's generator, so runs stay reproducible.
+- Rollout correction (`rollout_correction`, not in the paper; verl's, ms-swift's TIS/MIS): a
+  sampler μ other than the training model (vLLM, the merged copy of --merged_generation, bf16 or
+  not) draws from another policy than π_old, so each decision's surrogate term is weighted by
+  w = min(π_old/μ, C) (`tis`, C = 2) or dropped where π_old/μ > C (`mis`), at both levels (the
+  action level: π_old(a)/μ(a) under --normalisation); M stays π_new/π_old. The default hf backend
+  samples from π_old itself (w = 1). rollout/* logs μ's distance from π_old per token, and after
+  every sync the next rollout is checked to come from the updated adapters
+  (`check_sampler_is_current`): a sampler that kept an old adapter stops the run.
+- Training samples from the full softmax at T (no top-p/top-k: π_old and π_θ would not be the
+  policy that drew); evaluate.py may sample a nucleus (--top_p).
 - `--time_limit_minutes` ends a run early at equal wall time (the benchmark's comparisons).
 - Under torchrun (not in the paper) the work of every phase is split over G ranks so that the
   numbers stay one process's: rollouts by episode, forward passes by batch, minibatches by row,
@@ -130,7 +139,8 @@ import run as run_lib
 import tasks
 from envs import Grader, Problem
 from flex_pomdp import Organisation
-from rollout import Rollout, heldout_metrics, orchestration_metrics, run_episodes, task_metrics, tool_metrics
+from rollout import (Rollout, check_environment, heldout_metrics, orchestration_metrics, run_episodes, task_metrics,
+                     tool_metrics)
 from run import Config
 
 
@@ -149,6 +159,7 @@ def train(cfg: Config) -> dict:
             job.run.log(0, evaluate())
         progress = tqdm(range(job.start, cfg.iterations), initial=job.start, total=cfg.iterations, desc="MARFT",
                         dynamic_ncols=True, disable=not distributed.is_main())
+        previous: dict[str, list[torch.Tensor]] = {}  # θ^i before the last update of each agent that moved
         for iteration in progress:
             timer, metrics = PhaseTimer(job.device), {}
             rng = seed_iteration(cfg.seed, iteration)
@@ -163,16 +174,24 @@ def train(cfg: Config) -> dict:
             #    (the critic's: o_t ⊕ every earlier action of the step).
             with timer("values"):
                 old = old_policy_and_values(model, value_heads, pad, org, rollout, cfg)
+                # 2b. The sampler μ against π_old: each decision's weight w, and how far μ is (rollout/*)
+                metrics |= rollout_correction(rollout, old, backend.exact, cfg)
+                if previous:  # the sampler serves the adapters of the last update, or the run stops here
+                    metrics |= check_sampler_is_current(model, pad, org, rollout, old, previous, cfg, iteration)
             # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain,
             #    or (--advantage group) each return against the others of its problem's group.
             with timer("advantages"):
-                advantages, returns, advantage_stats = compute_advantages(org, rollout, old, cfg)  # [S, L]
+                advantages, returns, signal, advantage_stats = compute_advantages(org, rollout, old, cfg)  # [S, L]
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates (skipped while the critic warms up).
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
+            # a sampler other than the training model is checked, at the next rollout, to serve what this update makes
+            previous = {} if backend.exact else adapter_snapshot(model, optimisers)
             with timer("policy_update"):
                 if iteration >= cfg.critic_warmup_iterations:
-                    metrics |= update_agents(model, pad, org, rollout, old, advantages, cfg, optimisers, iteration, rng)
+                    metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, iteration, rng)
+            previous = {adapter: weights for adapter, weights in previous.items()
+                        if metrics.get(f"losses/update_samples/{adapter_label(adapter)}", 0) > 0}
             # 5. Critic: clipped value loss toward the GAE returns.
             if cfg.advantage == "gae":
                 with timer("critic_update"):
@@ -221,9 +240,16 @@ class Job:
 def set_up(cfg: Config) -> Job:
     """This rank's device (current before anything touches CUDA), the task's problems, the run
     folder, the model with its adapters, critic and optimisers (restored from the last checkpoint
-    with --resume), and the generation backend serving the adapters."""
+    with --resume), and the generation backend serving the adapters.
+
+    Before the run folder is written, a trial step (rollout.check_environment) plays the first
+    training and the first held-out problem once with empty actions: an environment whose step
+    raises stops the run there, naming task, problem, step and roles, with nothing written. (A
+    folder is never removed afterwards: a step that raises only later, on some action, leaves the
+    run's folder with what it wrote so far, as any crash does.)"""
     device = set_up_process(cfg)
     train_problems, held_out = load_task(cfg)
+    check_environment(cfg, tasks.organisation_of(cfg), {"training": (0, train_problems[0]), "held-out": (0, held_out[0])})
     run = run_lib.Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
@@ -284,6 +310,8 @@ class OldPolicy:
     mask: torch.Tensor  # 1 on real decisions (the token level pads shorter responses), [S, L]
     ref_logprob: torch.Tensor  # log π_ref(w_k | ô, w_<k) per token at both levels, [S, K] (zeros unless kl_coef > 0)
     token_mask: torch.Tensor  # 1 on real tokens, [S, K]
+    token_logprob: torch.Tensor | None = None  # log π^i_old(w_k | ô, w_<k) per token, [S, K]
+    correction: torch.Tensor | None = None  # w of each decision's surrogate term, [S, L] (`rollout_correction`)
 
 
 def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config,
@@ -328,16 +356,113 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
                                  temperature=run_lib.role_temperature(cfg, role)).token_logprob
                if cfg.kl_coef > 0
                else torch.zeros_like(policy.token_logprob))
-        chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask))
+        chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask, policy.token_logprob))
     S = len(rollout.prompt_ids)
-    widths = [distributed.max_int(max((tables[k].shape[1] for _, *tables in chunks), default=0)) for k in range(5)]  # L, L, L, K, K
+    widths = [distributed.max_int(max((tables[k].shape[1] for _, *tables in chunks), default=0)) for k in range(6)]  # L, L, L, K, K, K
     old = OldPolicy(*(torch.zeros(S, width) for width in widths))
-    for chunk, *tables in chunks:
-        for whole, part in zip((old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask), tables):
+    tables = (old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask, old.token_logprob)
+    for chunk, *parts in chunks:
+        for whole, part in zip(tables, parts):
             whole[chunk, : part.shape[1]] = part
-    for table in (old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask):
+    for table in tables:
         distributed.sum_(table)  # each entry was filled on exactly one rank
     return old
+
+
+# ---------------------------------------------------------------------------------------------
+# 2b. Rollout correction: the sampler μ that drew the rollout against π_old
+# ---------------------------------------------------------------------------------------------
+
+def sampler_logprobs(rollout: Rollout, old: OldPolicy, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """log μ of every sample as the backend recorded it while sampling: per token [S, K] (K as
+    old.token_mask) and per decision [S, L], reduced over the tokens as π_old is (the action level:
+    the sum, or the mean with --normalisation mean; the token level: the tokens themselves)."""
+    tokens = torch.zeros_like(old.token_mask)  # [S, K]
+    for s, logprobs in enumerate(rollout.generation_logprobs):
+        tokens[s, : len(logprobs)] = torch.tensor(logprobs[: tokens.shape[1]], dtype=tokens.dtype)
+    tokens = tokens * old.token_mask
+    if cfg.level == "token":
+        return tokens, tokens
+    decisions = tokens.sum(-1, keepdim=True)  # [S, 1]
+    if cfg.normalisation == "mean":
+        decisions = decisions / old.token_mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return tokens, decisions
+
+
+def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cfg: Config) -> dict:
+    """Set old.correction, the weight w [S, L] of every decision's surrogate term: min(π_old / μ, C)
+    (--rollout_correction tis), 1[π_old / μ ≤ C] (mis) or 1 (none, or a sampler that is the training
+    model itself: μ = π_old), ppo.rollout_correction_weights; returns how far μ is from π_old
+    (ppo.sampler_mismatch: rollout/* metrics, logged on every backend)."""
+    tokens, decisions = sampler_logprobs(rollout, old, cfg)
+    mode = "none" if exact_sampler else cfg.rollout_correction
+    old.correction = ppo.rollout_correction_weights(old.logprob, decisions, mode, cfg.rollout_correction_cap) * old.mask
+    return ppo.sampler_mismatch(old.token_logprob, tokens, old.token_mask, old.logprob, decisions, old.mask,
+                                cfg.rollout_correction_cap)
+
+
+def adapter_label(adapter: str) -> str:
+    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
+    return "shared" if adapter == agents_lib.SHARED_ADAPTER else adapter.removeprefix("policy_")
+
+
+def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
+    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
+    missed the next sync would still serve."""
+    return {adapter: [p.detach().clone() for p in agents_lib.adapter_parameters(model, adapter)]
+            for adapter in optimisers if adapter.startswith("policy")}
+
+
+@contextlib.contextmanager
+def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
+    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
+    params = agents_lib.adapter_parameters(model, adapter)
+    current = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, current):
+                p.copy_(w)
+
+
+STALE_CHECK_SAMPLES = 16  # samples per agent the stale check reads: hundreds of tokens
+
+
+@torch.no_grad()
+def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
+                             previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int) -> dict:
+    """After a sync, the rollout's sampler μ must serve each updated agent's new adapter. On up to
+    STALE_CHECK_SAMPLES of the agent's samples, the tokens' log-probs under its adapter from before
+    the update (`previous`) give the update u = log π_prev − log π_new, and μ's error x = log μ − log π_new
+    (π_new: this iteration's π_old); ppo.stale_share regresses x on u. A sampler that kept the old
+    adapter misses the whole update, β ≈ 1; a current one β ≈ 0 (its rounding has nothing of the
+    update). β > 0.5 + 3 standard errors stops the run with one line. Logs rollout/stale_share/<agent>."""
+    tokens, _ = sampler_logprobs(rollout, old, cfg)  # [S, K]
+    stats = {}
+    for adapter, weights in previous.items():
+        label = adapter_label(adapter)
+        samples = [s for s, n in enumerate(rollout.agent_index)
+                   if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter][:STALE_CHECK_SAMPLES]
+        if not samples:
+            continue
+        samples = torch.tensor(samples)
+        with adapter_weights(model, adapter, weights):
+            before = decision_logprobs(model, pad, rollout, samples, adapter, cfg).token_logprob  # [n, K']
+        width = before.shape[1]
+        beta, error = ppo.stale_share(tokens[samples, :width], old.token_logprob[samples, :width], before,
+                                      old.token_mask[samples, :width])
+        stats[f"rollout/stale_share/{label}"] = beta
+        if beta > 0.5 + 3 * error:
+            raise SystemExit(f"stale sampler: the {generation.describe_sampler(cfg)} still serves agent {label!r} as it "
+                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
+                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
+                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
+                             "(generation.py) did not reach it.")
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +471,8 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
 
 def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg: Config):
     """r_{t,k} by credit assignment over each step's actions plus each agent's per-role reward terms,
-    then Â: (Â [S, L], R [S, L] or None without a critic, metrics: the fraction of groups with no signal).
+    then Â: (Â [S, L], R [S, L] or None without a critic, signal [S] with group advantages (the sample's
+    group had returns that differ: ppo.group_advantages) or None, metrics: the fraction of groups with no signal).
 
     The grids are [B, T, P]: the k-th action of step t, which is the k-th learning agent of σ under a
     fixed D and the k-th learning action of the realised sequence with an orchestrator (steps then
@@ -360,16 +486,17 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
         # acts twice is not paid twice); the group compares it across the problem's episodes.
         agent_rewards, agent_acted = per_agent_mean(rollout, rewards[where], len(org.order))  # [B, T, N]
         # G^i_t = r^i_t + Σ_{t' > t} γ^(t'−t) R_t': its own reward, then the team's later rewards.
-        advantages, zero_signal = ppo.group_advantages(agent_rewards, rollout.team_reward, agent_acted,
-                                                       ppo.baseline_groups(len(rollout.solved), cfg.group_size,
-                                                                           cfg.group_baseline),
-                                                       cfg.gamma, cfg.group_std)  # [B, T, N]
+        advantages, signal, zero_signal = ppo.group_advantages(agent_rewards, rollout.team_reward, agent_acted,
+                                                               ppo.baseline_groups(len(rollout.solved), cfg.group_size,
+                                                                                   cfg.group_baseline),
+                                                               cfg.gamma, cfg.group_std)  # [B, T, N]
+        sample = (rollout.episode, rollout.step, rollout.agent_index)
         # Every decision of an action (each token at the token level) gets its agent's Â.
-        return (advantages[rollout.episode, rollout.step, rollout.agent_index].unsqueeze(-1) * old.mask, None,
+        return (advantages[sample].unsqueeze(-1) * old.mask, None, signal[sample],
                 {"charts/zero_signal_groups": zero_signal})
     advantages, returns = ppo.gae(rewards, rollout.to_grid(old.values), rollout.to_grid(old.mask), rollout.dones,
                                   cfg.gamma, cfg.gamma_agent, cfg.gamma_token, cfg.lam)  # [B, T, P, L]
-    return advantages[where], returns[where], {}
+    return advantages[where], returns[where], None, {}
 
 
 def per_agent_mean(rollout: Rollout, sample_rewards: torch.Tensor, num_agents: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,7 +513,7 @@ def per_agent_mean(rollout: Rollout, sample_rewards: torch.Tensor, num_agents: i
 # ---------------------------------------------------------------------------------------------
 
 def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor,
-                  cfg: Config, optimisers: dict, iteration: int, rng: torch.Generator) -> dict:
+                  signal: torch.Tensor | None, cfg: Config, optimisers: dict, iteration: int, rng: torch.Generator) -> dict:
     """Update the agents one at a time (HAPPO): agent i_{m+1} optimises M · Â with
     M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update (`happo_weight_after_update`).
 
@@ -407,10 +534,12 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
     happo_weight = torch.ones_like(rollout.step_mask)  # M [B, T]: one factor per joint action, starts at 1
     for m, (label, adapter, sample_list) in enumerate(plan):
         samples = torch.tensor(sample_list)
-        stats |= update_agent(model, pad, rollout, old, advantages, happo_weight, samples, label, adapter, cfg,
+        stats |= update_agent(model, pad, rollout, old, advantages, signal, happo_weight, samples, label, adapter, cfg,
                               optimisers[adapter], rng)
         if m == len(plan) - 1:  # the last agent's ratio would weight no one: its pass is skipped
             break
+        if stats[f"losses/update_samples/{label}"] == 0:  # it did not move: its ratio is 1
+            continue
         new_logprob = logprobs_after_update(model, pad, rollout, old, samples, adapter, cfg)  # [n, L]
         stats[f"losses/kl_after_update/{label}"] = ppo.approx_kl(new_logprob, old.logprob[samples], old.mask[samples]).item()
         happo_weight = happo_weight_after_update(rollout, old, samples, new_logprob, happo_weight, cfg)
@@ -418,11 +547,14 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
     return stats
 
 
-def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor, happo_weight: torch.Tensor,
-                 samples: torch.Tensor, label: str, adapter: str, cfg: Config, optimiser, rng: torch.Generator) -> dict:
+def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor, signal: torch.Tensor | None,
+                 happo_weight: torch.Tensor, samples: torch.Tensor, label: str, adapter: str, cfg: Config, optimiser,
+                 rng: torch.Generator) -> dict:
     """PPO epochs of one agent (adapter θ^i, metrics under `label`) on its own samples [n]: minimise
     `agent_objective` over minibatches. A minibatch whose approximate KL to π_old exceeds
-    target_kl ends the agent's epochs before its optimiser step."""
+    target_kl ends the agent's epochs before its optimiser step. An agent left with no sample
+    (--filter_groups: none of its groups had signal) takes no step on any rank: Adam's momentum
+    alone would move it."""
     params = agents_lib.adapter_parameters(model, adapter)
     # Advantage normalisation per agent over its real decisions (explicit mask); group advantages
     # are normalised within their groups already.
@@ -430,8 +562,12 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))  # [n, L]
     weight = happo_weight[torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]].unsqueeze(-1)  # M, [n, 1]
     if cfg.filter_groups:  # DAPO's dynamic sampling without the resampling: only episodes that disagree with their group
-        signal = (agent_adv != 0).any(dim=-1)  # [n]: the sample's group had signal (its Â is not all 0)
-        samples, agent_adv, weight = samples[signal], agent_adv[signal], weight[signal]
+        keep = signal[samples]  # [n]: the sample's group had returns that differ (ppo.group_advantages)
+        samples, agent_adv, weight = samples[keep], agent_adv[keep], weight[keep]
+    if len(samples) == 0:  # every rank sees the same samples: none steps
+        nothing = {f"losses/{key}/{label}": float("nan") for key in ("policy_loss", "approx_kl", "clip_fraction", "entropy")}
+        return nothing | {f"losses/early_stopped/{label}": 0.0, f"losses/update_samples/{label}": 0.0,
+                          f"losses/nonfinite_steps/{label}": 0.0}
     objective = lambda rows, new: agent_objective(new, old, samples[rows], agent_adv[rows], weight[rows], cfg)
     history, stopped = defaultdict(list), False
     for epoch in range(cfg.ppo_epochs):
@@ -474,7 +610,9 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
     """Agent i's objective on the samples `batch` [n], to minimise (the paper's clipped surrogate
     with HAPPO's M, an entropy bonus and a KL penalty to the reference policy):
 
-        L = −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H[π^i] + c_KL · KL(π^i ‖ π_ref),   ρ = π^i / π^i_old
+        L = −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H[π^i] + c_KL · KL(π^i ‖ π_ref),   ρ = π^i / π^i_old
+
+    (w: the rollout correction of each decision, `rollout_correction`; 1 when the sampler is π_old)
 
     and, for an orchestrator with --route_ent_coef, − c_route · H_C: the entropy of its choice of
     whom to call alone (agents.choice_entropy), a mean over its samples that make a choice.
@@ -482,6 +620,8 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
     weight M [n, 1]."""
     width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
     old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
+    # M [n, 1] times the rollout correction w [n, L'] of each decision (1 when μ = π_old)
+    weight = weight * old.correction[batch, :width] if old.correction is not None else weight
     loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight,
                                          cfg.clip_eps_high or None)
     entropy = ppo.masked_mean(new.entropy, mask)
@@ -764,8 +904,11 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
     """(train problems, held-out problems) of the run's task (tasks.py: --task, by default the one
     --data chooses), the held-out problems cut to eval_problems. Data that cannot be read, or that
-    does not fit the task, ends the run at start with a message naming the option and the fix."""
-    train, held_out = tasks.task_problems(tasks.task_of(cfg), cfg)
+    does not fit the task, ends the run at start with a message naming the option and the fix; so
+    does a held-out problem the run evaluates that is also a training problem (tasks.check_disjoint)."""
+    task = tasks.task_of(cfg)
+    train, held_out = tasks.task_problems(task, cfg)
+    tasks.check_disjoint(task, train, held_out[: cfg.eval_problems], cfg)
     return train, held_out[: cfg.eval_problems]
 
 
@@ -827,7 +970,6 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         # the (prompt + response) tokens each PPO epoch trains on, over the policy update's seconds
         "perf/update_tokens_per_second": cfg.ppo_epochs * (generated_tokens + sum(map(len, rollout.prompt_ids)))
                                          / max(timer.seconds.get("policy_update", 0.0), 1e-9),
-        "charts/rollout_logprob_gap": rollout_logprob_gap(rollout, old, cfg),
         **timer.metrics(),
         **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
         **task_metrics(rollout, cfg, "charts"),  # the task's own (code: how the programs ended)
@@ -842,15 +984,6 @@ def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, retur
         if profile.rewards:
             metrics[f"charts/role_reward/{profile.role}"] = sum(rollout.role_reward[s] for s in rollout.agent_samples(n)) / episodes
     return metrics
-
-
-def rollout_logprob_gap(rollout: Rollout, old: OldPolicy, cfg: Config) -> float:
-    """Mean over actions of |Σ_k log p_gen(w_k) − Σ_k log π_old(w_k)| / |a|: how far the backend's
-    own sampled-token log-probs are from the trainer's recomputed π_old (PPO uses the latter)."""
-    lengths = torch.tensor([max(len(r), 1) for r in rollout.response_ids], dtype=torch.float32)
-    generated = torch.tensor([sum(lp) for lp in rollout.generation_logprobs])
-    recomputed = agents_lib.summed_logprobs(old.logprob, old.mask, lengths, cfg.level, cfg.normalisation)  # [S]
-    return ((generated - recomputed).abs() / lengths).mean().item()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ The update:
     KL  ≈ (ρ − 1) − log ρ                                              (k3 estimator)
     KL(π ‖ π_ref) ≈ (r − 1) − log r, r = π_ref / π, per token          (optional penalty)
 
+Rollout correction (not in the paper): when the rollout's sampler μ is not the training model (a
+bf16 merged copy, vLLM), every decision's surrogate term is weighted by w = min(π_old / μ, C)
+(truncated importance sampling, `rollout_correction_weights`; the masked mode drops the decisions
+with π_old / μ > C instead); M stays π_new / π_old.
+
 and the trust-region agent-by-agent update: in a random permutation of the agents, update one
 agent at a time, starting from M = 1; after agent i_m is updated, M ← M · ρ^{i_m} (detached,
 recomputed with its new weights), so agent i_{m+1} optimises M · Â.
@@ -70,6 +75,7 @@ CREDIT_OPTIONS = ("last", "equal", "shared", "step_discount")
 ADVANTAGE_OPTIONS = ("gae", "group")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 GROUP_BASELINES = ("group", "batch")
+ROLLOUT_CORRECTIONS = ("tis", "mis", "none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,8 +299,10 @@ def baseline_groups(episodes: int, group_size: int, baseline: str) -> torch.Tens
 
 
 def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: torch.Tensor, group: torch.Tensor,
-                     gamma: float, scale_by_std: bool, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
-    """Â^i_t of every agent's actions from its group's returns, no critic: (advantages [B, T, N], zero-signal fraction).
+                     gamma: float, scale_by_std: bool, eps: float = 1e-4,
+                     tolerance: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Â^i_t of every agent's actions from its group's returns, no critic: (advantages [B, T, N],
+    signal [B, T, N], zero-signal fraction).
 
     rewards [B, T, N]: agent i's reward at step t (placed by credit assignment, plus any per-role
     terms); team_reward [B, T]; acted [B, T, N] (or [B, T] when every agent acts at every step that
@@ -307,14 +315,17 @@ def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: to
     step t. With H = 1 and a fixed D it is the G episodes of the problem (GRPO). An episode that
     ended earlier (or, with an orchestrator, did not call agent i at step t) has no action to
     compare, so it is not in the step group; a step group of one episode has no baseline and gets
-    Â = 0. std is the sample standard deviation (n − 1, as torch.std). A step group whose returns
-    are all equal carries no signal (Â = 0 there); the second output is the fraction of
+    Â = 0. std is the sample standard deviation (n − 1, as torch.std). A step group carries no
+    signal when its returns are equal within `tolerance` (max − min ≤ tolerance · max(1, max |G|):
+    0.85 under a tool charge of 0.15 is not exactly representable, and exact equality would leave
+    Â ≈ 6e-4 on every member); it gets Â = 0 exactly. `signal` is 1 on the members of step groups
+    that carry signal (what --filter_groups keeps), and the third output is the fraction of
     (step group, agent) cells that carry none, one-episode groups included.
     """
     B, T, N = rewards.shape
     acted = (acted.unsqueeze(-1).expand(B, T, N) if acted.dim() == 2 else acted) > 0
     returns = group_returns(rewards, team_reward, gamma)  # [B, T, N]
-    advantages = torch.zeros_like(rewards)
+    advantages, signal = torch.zeros_like(rewards), torch.zeros_like(rewards, dtype=torch.bool)
     cells = silent = 0
     for g in group.unique().tolist():
         for t in range(T):
@@ -324,12 +335,13 @@ def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: to
                     continue
                 G = returns[members, t, i]  # [n]
                 cells += 1
-                silent += int(bool((G == G[0]).all()))
-                if members.numel() < 2:
+                if members.numel() < 2 or (G.max() - G.min()).item() <= tolerance * max(1.0, G.abs().max().item()):
+                    silent += 1  # no baseline, or every return alike: Â = 0
                     continue
                 centred = G - G.mean()
                 advantages[members, t, i] = centred / (G.std() + eps) if scale_by_std else centred
-    return advantages, silent / max(cells, 1)
+                signal[members, t, i] = True
+    return advantages, signal, silent / max(cells, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,6 +413,65 @@ def clipped_surrogate_loss(
         clip_fraction = masked_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(ratio.dtype), mask).item()
         kl = approx_kl(new_logprob, old_logprob, mask).item()
     return loss, {"clip_fraction": clip_fraction, "approx_kl": kl}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout correction: samples drawn by a sampler μ that is not the training model's π_old
+# ---------------------------------------------------------------------------------------------
+
+def rollout_correction_weights(old_logprob: torch.Tensor, sampler_logprob: torch.Tensor, mode: str,
+                               cap: float) -> torch.Tensor:
+    """The weight w of every decision's surrogate term, [S, L] like its log-probs (any shape):
+
+        tis   w = min(π_old / μ, C)         truncated importance sampling (μ drew the sample)
+        mis   w = 1[π_old / μ ≤ C]          masked: decisions beyond the cap drop out of the gradient
+        none  w = 1
+
+    π_old / μ = exp(log π_old − log μ) with both log-probs of the same decision (a token, or an
+    action under the same normalisation)."""
+    if mode == "none":
+        return torch.ones_like(old_logprob)
+    ratio = torch.exp(old_logprob - sampler_logprob)
+    if mode == "tis":
+        return ratio.clamp(max=cap)
+    if mode == "mis":
+        return (ratio <= cap).to(old_logprob.dtype)
+    raise ValueError(f"rollout correction {mode!r}: choose one of {ROLLOUT_CORRECTIONS}")
+
+
+def sampler_mismatch(old_token_logprob: torch.Tensor, sampler_token_logprob: torch.Tensor, token_mask: torch.Tensor,
+                     old_logprob: torch.Tensor, sampler_logprob: torch.Tensor, mask: torch.Tensor,
+                     cap: float) -> dict[str, float]:
+    """How far the sampler μ is from π_old: per token [S, K] (masked) the mean |Δ| of
+    Δ = log π_old − log μ, the k3 estimate of KL(μ ‖ π_old) = E_μ[(r − 1) − log r] with r = π_old / μ
+    (unbiased: the tokens were drawn from μ), the largest |Δ|; per decision [S, L] the share whose
+    π_old / μ exceeds the cap C (the decisions `rollout_correction_weights` truncates or drops)."""
+    delta = old_token_logprob - sampler_token_logprob  # [S, K]
+    real = token_mask > 0
+    return {
+        "rollout/logprob_abs_diff": masked_mean(delta.abs(), token_mask).item(),
+        "rollout/kl_sampler_old": masked_mean(torch.expm1(delta) - delta, token_mask).item(),
+        "rollout/max_abs_diff": delta.abs()[real].max().item() if real.any() else 0.0,
+        "rollout/beyond_cap": masked_mean((old_logprob - sampler_logprob > math.log(cap)).to(mask.dtype), mask).item(),
+    }
+
+
+def stale_share(sampler_logprob: torch.Tensor, new_logprob: torch.Tensor, previous_logprob: torch.Tensor,
+                mask: torch.Tensor) -> tuple[float, float]:
+    """How much of an agent's last update the sampler still misses, from the tokens of the rollout
+    after the sync [S, K] (masked): with x = log μ − log π_new (what the sampler gets wrong) and
+    u = log π_prev − log π_new (the update, undone), the least-squares slope β = Σ x u / Σ u² of x
+    on u and its standard error σ / √(Σ u²), σ² the residuals' mean square. A sampler serving the
+    new adapter has β ≈ 0 (its rounding is not the update); one still serving the previous adapter
+    has β ≈ 1. Returns (β, standard error); (0, inf) when the update moved no token."""
+    m = mask > 0
+    x, u = (sampler_logprob - new_logprob)[m].double(), (previous_logprob - new_logprob)[m].double()
+    moved = (u * u).sum()
+    if x.numel() < 2 or moved.item() == 0:
+        return 0.0, math.inf
+    beta = (x * u).sum() / moved
+    sigma = ((x - beta * u) ** 2).mean().sqrt()
+    return beta.item(), (sigma / moved.sqrt()).item()
 
 
 def clipped_value_loss(

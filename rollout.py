@@ -192,8 +192,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     are not the policies' prompts)."""
     B, T = len(problems), cfg.horizon
     task = tasks.task_of(cfg)
-    context = tasks.EpisodeContext(graded_roles=(TEAM_ANSWER,) if org.orchestrator else org.graded_roles, grader=grader,
-                                   role_rewards={a.role: a.rewards for a in org.agents})
+    context = episode_context(org, grader)
     envs = [tasks.make_env(task, p, cfg, context) for p in problems]
     observations = [env.reset() for env in envs]
     out = empty_rollout(B, T, orchestrated=bool(org.orchestrator))
@@ -246,7 +245,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         still_active = []
         for b in active:
             observations[b], done = step_environment(envs[b], task, org, transcripts[b], samples[b], out, b, t,
-                                                     cfg.tool_call_cost)
+                                                     cfg.tool_call_cost, problem=problems[b])
             if not done:
                 still_active.append(b)
         active = still_active
@@ -290,18 +289,67 @@ def empty_rollout(B: int, T: int, orchestrated: bool) -> Rollout:
                    step_ends=[[] for _ in range(B)] if orchestrated else [])
 
 
+def episode_context(org: Organisation, grader: Grader) -> tasks.EpisodeContext:
+    """What every environment of the organisation's episodes is built with (tasks.EpisodeContext)."""
+    return tasks.EpisodeContext(graded_roles=(TEAM_ANSWER,) if org.orchestrator else org.graded_roles, grader=grader,
+                                role_rewards={a.role: a.rewards for a in org.agents})
+
+
+def joint_action_of(org: Organisation, transcript: list[tuple[str, str]]) -> dict[str, str]:
+    """The step's joint action a_t from its transcript [(role, text)]: role → its (last) action."""
+    joint_action = dict(transcript)
+    if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
+        joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcript) if role in org.graded_roles), "")
+    return joint_action
+
+
+def env_step(env, task, joint_action: dict[str, str], where: str):
+    """env.step(joint_action), its info checked (tasks.check_step_info). An exception the environment
+    raises is raised again as a RuntimeError from it, one line naming the task, `where` (the problem
+    and the step) and the roles of the joint action; Python prints the task's own traceback first."""
+    try:
+        observation, reward, done, info = env.step(joint_action)
+    except Exception as error:
+        said = " ".join(str(error).split())
+        said = said if len(said) <= 200 else said[:200] + "…"
+        raise RuntimeError(f"task {task.name}: its environment's step() raised {type(error).__name__}"
+                           f"{f' ({said})' if said else ''} on {where}, acting: {', '.join(joint_action)} "
+                           "(the task's own traceback is above)") from error
+    tasks.check_step_info(task, info)
+    return observation, reward, done, info
+
+
+def problem_label(index: int, problem: Problem | None) -> str:
+    """"problem 3 ('What is 7 + 5?')": how a message names a problem."""
+    text = "" if problem is None else " ".join(problem.problem.split())
+    return f"problem {index}" + (f" ({text if len(text) <= 60 else text[:60] + '…'!r})" if text else "")
+
+
+def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[int, Problem]]) -> None:
+    """A trial step before the run folder is written (marft.set_up): the task's environment of each of
+    `problems` ({split: (index, problem)}) is built, reset and stepped once with an empty action of
+    every agent, so that an environment that cannot play (its step raises, or its info lacks what the
+    trainer counts) stops the run with nothing written, its exception named as in a rollout
+    (`env_step`). No grading worker starts (an empty action has no \\boxed{} answer), no program runs."""
+    task = tasks.task_of(cfg)
+    with Grader() as grader:
+        context = episode_context(org, grader)
+        for split, (index, problem) in problems.items():
+            env = tasks.make_env(task, problem, cfg, context)
+            env.reset()
+            env_step(env, task, joint_action_of(org, [(role, "") for role in org.order]),
+                     f"{split} {problem_label(index, problem)}, step 0 (a trial step with empty actions, before the run folder)")
+
+
 def step_environment(env, task, org: Organisation, transcript: list[tuple[str, str]], step_samples: list[int], out: Rollout,
-                     b: int, t: int, cost_per_tool_call: float = 0.0):
-    """env.step(a_t) → R_t, done_t, o_{t+1} for episode b at step t, its joint action the step's
+                     b: int, t: int, cost_per_tool_call: float = 0.0, problem: Problem | None = None):
+    """env.step(a_t) → R_t, done_t, o_{t+1} for episode b (on `problem`) at step t, its joint action the step's
     transcript [(role, text)] (samples `step_samples`); R_t, done_t and what the step's info says
     (per-role rewards, graded outcomes, program outcomes) are recorded in `out`, with the step's
     tool use (`tool_use`, in info["tools"]): every tool call costs `cost_per_tool_call` (--tool_call_cost)
-    of the team reward. Returns (o_{t+1}, done_t)."""
-    joint_action = dict(transcript)  # role → its (last) action of the step
-    if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
-        joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcript) if role in org.graded_roles), "")
-    observation, reward, done, info = env.step(joint_action)
-    tasks.check_step_info(task, info)
+    of the team reward. Returns (o_{t+1}, done_t). An exception of env.step is named (`env_step`)."""
+    joint_action = joint_action_of(org, transcript)  # role → its (last) action of the step
+    observation, reward, done, info = env_step(env, task, joint_action, f"{problem_label(b, problem)} of the rollout, step {t}")
     info["tools"] = tool_use(org, transcript)
     reward -= cost_per_tool_call * info["tools"]["calls"]  # R_t − c · (tool calls of the step)
     out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
@@ -533,7 +581,8 @@ def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
 
 @torch.no_grad()
 def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
-                    grader: Grader, cfg: Config, greedy_only: bool = False) -> tuple[dict, Rollout | None, Rollout | None]:
+                    grader: Grader, cfg: Config, greedy_only: bool = False,
+                    top_p: float = 1.0) -> tuple[dict, Rollout | None, Rollout | None]:
     """Held-out metrics of the current policies: (metrics, sampled rollout or None, greedy rollout or None).
 
     The sampled rollout plays problems × cfg.eval_samples episodes at cfg.temperature, episode b
@@ -541,14 +590,15 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
     noise is re-seeded from cfg.seed, so every evaluation of a run sees the same noise.
     `greedy_only` (with cfg.eval_greedy) skips the sampled episodes: training's evaluations between
     the first and the last, where they would cost most of the time (an untrained policy's samples
-    run to max_new_tokens, the greedy decode mostly stops early).
+    run to max_new_tokens, the greedy decode mostly stops early). `top_p` < 1 (evaluate.py only:
+    training samples from the full softmax that π_old and π_θ are) samples from the nucleus.
     """
     metrics, sampled = {}, None
     if not (greedy_only and cfg.eval_greedy):
         samples = cfg.eval_samples
         torch.manual_seed(cfg.seed + 424242)
         sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,
-                               generation.Sampling.of(cfg), cfg)
+                               generation.Sampling.of(cfg, top_p), cfg)
         counts = solved_counts(sampled, len(problems))
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)

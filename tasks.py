@@ -8,6 +8,7 @@ A `Task` is
 
     name                   what --task, config.json and the messages call it
     load(cfg)              → (train problems, held-out problems): two disjoint lists of envs.Problem
+                             (the held-out ones a run evaluates are checked: `check_disjoint`)
     make_env(problem, cfg, context)
                            → an envs.Environment playing one episode on one problem; `context`
                              (EpisodeContext) holds the graded roles, the \\boxed{} grader and the
@@ -267,6 +268,28 @@ def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
     return train, held_out
 
 
+def same_problem_key(problem: Problem) -> str:
+    """What makes two problems the same: their question text (what the agents are shown), runs of
+    whitespace counting as one space and the ends stripped; case, answer, level and tests aside."""
+    return " ".join(problem.problem.split())
+
+
+def check_disjoint(task: Task, train: list[Problem], held_out: list[Problem], cfg) -> None:
+    """The held-out problems are none of the training problems (`same_problem_key`): else held-out
+    accuracy would count problems the agents were trained on. Stops at the first one, naming its
+    index in each list and the start of its text."""
+    first_in_train: dict[str, int] = {}
+    for index, problem in enumerate(train):
+        first_in_train.setdefault(same_problem_key(problem), index)
+    for index, problem in enumerate(held_out):
+        if (key := same_problem_key(problem)) in first_in_train:
+            text = key if len(key) <= 60 else key[:60] + "…"
+            fix = (f"leave it out of --data or --eval_data (--data={cfg.data!r}, --eval_data={cfg.eval_data!r})"
+                   if task.load in (load_math, load_code) else "make its load(cfg) return two disjoint lists")
+            raise SystemExit(f"task {task.name}: held-out problem {index} is training problem {first_in_train[key]} "
+                             f"({text!r}); held-out problems must be none of the training problems: {fix}")
+
+
 def make_env(task: Task, problem: Problem, cfg, context: EpisodeContext) -> Environment:
     """`task.make_env(problem, cfg, context)`, checked to be an envs.Environment."""
     env = task.make_env(problem, cfg, context)
@@ -461,3 +484,26 @@ WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=
 WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
                            default_organisation="orchestrated_calculator",
                            organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which task reads which of the built-in tasks' options: a run's config.json records those it reads
+# ---------------------------------------------------------------------------------------------
+
+# The options of the built-in tasks' data and environments (run.Config fields), and which of them
+# each built-in load and make_env reads (the word tasks refuse --data, --eval_data and
+# --arithmetic_levels: they stay at their defaults).
+DATA_OPTIONS = ("data", "eval_data", "arithmetic_levels", "skip_malformed_rows", "format_penalty", "code_all_or_nothing")
+_LOADS_READ = {load_math: {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"},
+               load_code: {"data", "eval_data", "skip_malformed_rows"}, load_word: set(), load_word_mixed: set()}
+_ENVS_READ = {math_env: {"format_penalty"}, code_env: {"code_all_or_nothing"}}
+
+
+def unread_options(task: Task, cfg) -> set[str]:
+    """The DATA_OPTIONS that `task` does not read (run.Run leaves them out of config.json, and a
+    config.json read back gives them their defaults). Where its load or make_env is its own
+    function, which may read any option, only those at their defaults: a value given is kept."""
+    read = _LOADS_READ.get(task.load, set()) | _ENVS_READ.get(task.make_env, set())
+    own = task.load not in _LOADS_READ or task.make_env not in _ENVS_READ
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return {option for option in DATA_OPTIONS if option not in read and not (own and getattr(cfg, option) != defaults[option])}

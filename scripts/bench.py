@@ -12,15 +12,15 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations after the first (whose one-time costs are reported
                 apart), with prefix sharing (the default) and without (`--no-prefix_sharing`),
-                without the merged copy (`--no-merged_generation`: the adapters applied at every
-                decoding step), with the merged copy in float32 (`--merged_weight_dtype=`), without
+                with the opt-in merged copies as samplers (`--merged_generation`, its weights in
+                bfloat16 or float32: corrected rollouts), without
                 the rows sorted by length (`--no-sort_by_length`), with peft's own LoRA forward
                 (`--no-fused_lora`) and with torch's own float32 products (`--no-onednn_linear`), one
-                run after the other: `prefix_sharing_speedup`, `merged_generation_speedup`,
-                `merged_bf16_weights_speedup`, `sort_by_length_speedup`, `fused_lora_speedup` and
+                run after the other: `prefix_sharing_speedup`, `merged_bf16_copy_speedup`,
+                `merged_float32_copy_speedup`, `sort_by_length_speedup`, `fused_lora_speedup` and
                 `onednn_linear_speedup` are ratios of their iteration times (each > 1 when the
                 default's choice is the faster; `default_rollout` says what the default decoded on,
-                run.merged_bf16_by_default); the evaluation is reported apart. `floor_ratio`: the
+                the adapter path on every machine); the evaluation is reported apart. `floor_ratio`: the
                 default run's iteration time over its floor, the matrix products it executes at this
                 machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options,
                 over the same iterations); `padding_free_floor_ratio`: over the products no
@@ -271,9 +271,12 @@ def phase_seconds(rows: list[dict], cold: int = 0) -> dict:
 # The phase run's variants, each the default chain run with one of the default's choices undone: the
 # report's key of its phase table, the options, the name of its speedup (the variant's iteration time
 # over the default's: how many times faster the default's choice makes the iteration).
-PHASE_VARIANTS = {"merged_generation": ("without_merged_generation", "--no-merged_generation", "merged_generation_speedup"),
-                  "merged_bf16_weights": ("with_merged_float32_weights", "--merged_generation --merged_weight_dtype=",
-                                          "merged_bf16_weights_speedup"),
+# The two merged copies are opt-in samplers (corrected, --rollout_correction): their "speedup" is the
+# default's time over theirs' inverse, below 1 where the copy is the faster.
+PHASE_VARIANTS = {"merged_generation": ("with_merged_bf16_copy", "--merged_generation --merged_weight_dtype bfloat16",
+                                        "merged_bf16_copy_speedup"),
+                  "merged_bf16_weights": ("with_merged_float32_weights", "--merged_generation",
+                                          "merged_float32_copy_speedup"),
                   "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup"),
                   "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup"),
                   "onednn_linear": ("without_onednn_linear", "--no-onednn_linear", "onednn_linear_speedup")}
@@ -691,13 +694,14 @@ def phases_lines(p: dict) -> list[str]:
                           f"backward (`pass_ceiling_ratios`): an iteration of such passes alone would take about these ratios.")
     if "default_rollout" in p:
         lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
-    if "without_merged_generation" in p:
-        lines[-1] += (f" The default iteration is **{p['merged_generation_speedup']:.2f}×** faster than with the adapters "
-                      f"applied at every decoding step (`--no-merged_generation`; `merged_generation_speedup`: the rollout phase is "
-                      f"what it changes, and only the sampling's numerics move: `charts/rollout_logprob_gap`).")
-    if "with_merged_float32_weights" in p:
-        lines[-1] += (f" It is **{p['merged_bf16_weights_speedup']:.2f}×** faster than with the merged copy in float32 "
-                      f"(`--merged_weight_dtype=`; `merged_bf16_weights_speedup`).")
+    if "without_merged_generation" in p:  # reports from before the copy was opt-in
+        lines[-1] += (f" That default iteration was **{p['merged_generation_speedup']:.2f}×** faster than with the adapters "
+                      f"applied at every decoding step (`merged_generation_speedup`).")
+    for key, speedup, options in (("with_merged_bf16_copy", "merged_bf16_copy_speedup", "--merged_generation --merged_weight_dtype bfloat16"),
+                                  ("with_merged_float32_weights", "merged_float32_copy_speedup", "--merged_generation")):
+        if key in p and speedup in p:
+            lines[-1] += (f" The opt-in sampler `{options}` (corrected, `rollout/*`) takes **{p[speedup]:.2f}×** the "
+                          f"default iteration's time (`{speedup}`).")
     if "sort_by_length_speedup" in p:
         lines[-1] += (f" Sorting each agent's rows by length before the passes (`--sort_by_length`, the default) makes "
                       f"it **{p['sort_by_length_speedup']:.2f}×** faster (`sort_by_length_speedup`; every phase but the rollout).")

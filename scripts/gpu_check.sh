@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# What anyone with a GPU runs first: the GPU tests, then two iterations of the default job on cuda
-# with random-weight models shaped like SmolLM2-135M and Qwen2.5-1.5B; writes results/gpu.json.
+# What anyone with a GPU runs first: the GPU tests; each model's decoding step against its
+# memory-bandwidth floor; the default job with a bf16 base decoding on the merged copy (the rollout
+# correction's rollout/* metrics); then two iterations of the default job on cuda with random-weight
+# models shaped like SmolLM2-135M and Qwen2.5-1.5B; writes results/gpu.json.
 # Needs a CUDA build of torch with transformers and peft already installed; installs nothing from
 # the network. PYTHON=… picks the interpreter (default: python3); WHEELS=dir installs the small
 # pure-Python packages it lacks (math-verify, latex2sympy2_extended, antlr4-python3-runtime) from a

@@ -43,6 +43,13 @@ fi
 # its cores keeps the default (spin briefly, then sleep): under PASSIVE every small op wakes the
 # threads, and a LoRA adapter's small matmuls took 98 µs each instead of 7 on 2 cores here.
 if [ "${MARFT_VLLM:-0}" = "1" ]; then export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"; fi
+# MARFT_CPU_PATHS=off: compute as on a CPU without AVX-512 or bf16 instructions (the bench, the
+# check that the default run's figures do not depend on the machine): torch's, oneDNN's and MKL's
+# kernels capped at AVX2, and marft's own CPU-specific paths off (agents.cpu_specific_paths).
+if [ "${MARFT_CPU_PATHS:-on}" = "off" ]; then
+  export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
+  export MKL_ENABLE_INSTRUCTIONS="${MKL_ENABLE_INSTRUCTIONS:-AVX2}"
+fi
 export TOKENIZERS_PARALLELISM=false
 export HF_HUB_DISABLE_TELEMETRY=1
 cd "$ROOT"

@@ -27,15 +27,6 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: position.get(item.path.name, len(LONGEST_FIRST)))  # stable: each file keeps its order
 
 
-@pytest.fixture(autouse=True)
-def cpu_without_bf16_instructions(monkeypatch):
-    """Every test in this process sees a CPU without bf16 instructions, so that the one default that
-    follows the machine (run.merged_bf16_by_default: the rollout on a bf16 merged copy) is off and
-    a test's numbers and recorded choices are the same on every machine; the tests of that choice
-    give the capabilities they mean. (marft.py run as a child process sees the real CPU.)"""
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {})
-
-
 def save_tiny_llama(folder: Path, hidden_size: int, **config) -> Path:
     """A 2-layer Llama of width `hidden_size` (2 heads, 1 key/value head; random weights from seed 0,
     `config` overriding LlamaConfig's other fields) saved in `folder` with the embedded model's
@@ -64,15 +55,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def assert_runs_log_alike(plain_dir: Path, other_dir: Path, lines: int, loose: tuple[str, ...] = ()) -> list[dict]:
     """Two runs of the same options but one exact-in-principle switch: the same number of
     metrics.jsonl lines and keys (time/ and perf/ aside), every value equal to float rounding
-    (rel 1e-4, abs 1e-6; abs 1e-4 for the keys in `loose`). Returns the plain run's rows."""
+    (rel 1e-4, abs 1e-6; abs 1e-4 for the keys in `loose`, a name or a prefix ending in "/").
+    rollout/stale_share/ is logged only where the sampler is not the training model. Returns the
+    plain run's rows."""
     import json
 
     read = lambda folder: [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     plain_rows, other_rows = read(plain_dir), read(other_dir)
     assert len(plain_rows) == len(other_rows) == lines
+    is_loose = lambda key: any(key == l or (l.endswith("/") and key.startswith(l)) for l in loose)
+    aside = ("time/", "perf/", "rollout/stale_share/")
     for plain, other in zip(plain_rows, other_rows):
-        keys = {k for k in plain if not k.startswith(("time/", "perf/"))}
-        assert keys == {k for k in other if not k.startswith(("time/", "perf/"))}
+        keys = {k for k in plain if not k.startswith(aside)}
+        assert keys == {k for k in other if not k.startswith(aside)}
         for key in keys:
-            assert other[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-4 if key in loose else 1e-6, nan_ok=True), key
+            assert other[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-4 if is_loose(key) else 1e-6, nan_ok=True), key
     return plain_rows

@@ -395,14 +395,15 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
               "prefix_sharing_speedup": 2.0}
     old_report = "\n".join(bench.phases_lines(report))  # a report from before the merged run: two columns
     assert "merged_generation" not in old_report and "**2.00×**" in old_report
-    # The run without the merged copy: a third column, its speedup the variant's seconds over the default's (62.5 / 50).
-    report |= {"without_merged_generation": {**phase, "iteration_seconds_without_eval": 62.5}, "merged_generation_speedup": 1.25,
-               "default_rollout": "the merged copy, its weights in bfloat16"}
+    # The run with the opt-in bf16 copy: a third column, its ratio the variant's seconds over the default's (40 / 50).
+    report |= {"with_merged_bf16_copy": {**phase, "iteration_seconds_without_eval": 40.0}, "merged_bf16_copy_speedup": 0.8,
+               "default_rollout": "the adapters applied at every decoding step"}
     text = "\n".join(bench.phases_lines(report))
-    assert "| seconds | without prefix sharing | with --no-merged_generation |" in text
-    assert "| **iteration (without eval)** | **50.0** | **100.0** | **62.5** |" in text
-    assert "rollout decoded on the merged copy, its weights in bfloat16" in text
-    assert "The default iteration is **1.25×** faster than with the adapters applied at every decoding step" in text
+    assert "| seconds | without prefix sharing | with --merged_generation --merged_weight_dtype bfloat16 |" in text
+    assert "| **iteration (without eval)** | **50.0** | **100.0** | **40.0** |" in text
+    assert "rollout decoded on the adapters applied at every decoding step" in text
+    assert ("The opt-in sampler `--merged_generation --merged_weight_dtype bfloat16` (corrected, `rollout/*`) takes **0.80×** "
+            "the default iteration's time") in text
     assert "floor" not in text  # a report from before the floor
     # The floor sentence: 50 s against a floor of 12.5 s is 4×; the families as shares of the profiled seconds.
     report |= {"floor": {"floor_seconds": 12.5, "gemm_gflops_per_second": 190.0, "matmul_mflop_per_token": 1750.0,
@@ -426,16 +427,16 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     # The run without the rows sorted by length: a fourth column, its speedup the variant's seconds over the default's.
     report |= {"without_sort_by_length": {**phase, "iteration_seconds_without_eval": 60.0}, "sort_by_length_speedup": 1.2}
     text = "\n".join(bench.phases_lines(report))
-    assert "| without prefix sharing | with --no-merged_generation | with --no-sort_by_length |" in text
-    assert "| **50.0** | **100.0** | **62.5** | **60.0** |" in text and "makes it **1.20×** faster (`sort_by_length_speedup`" in text
+    assert "| without prefix sharing | with --merged_generation --merged_weight_dtype bfloat16 | with --no-sort_by_length |" in text
+    assert "| **50.0** | **100.0** | **40.0** | **60.0** |" in text and "makes it **1.20×** faster (`sort_by_length_speedup`" in text
     report |= {"without_fused_lora": {**phase, "iteration_seconds_without_eval": 55.0}, "fused_lora_speedup": 1.1}
     text = "\n".join(bench.phases_lines(report))
     assert "| with --no-sort_by_length | with --no-fused_lora |" in text and "**1.10×** faster (`fused_lora_speedup`)" in text
-    report |= {"with_merged_float32_weights": {**phase, "iteration_seconds_without_eval": 57.5}, "merged_bf16_weights_speedup": 1.15}
+    report |= {"with_merged_float32_weights": {**phase, "iteration_seconds_without_eval": 57.5}, "merged_float32_copy_speedup": 1.15}
     text = "\n".join(bench.phases_lines(report))
-    assert "| with --no-merged_generation | with --merged_generation --merged_weight_dtype= | with --no-sort_by_length |" in text
-    assert "| **62.5** | **57.5** | **60.0** | **55.0** |" in text
-    assert "It is **1.15×** faster than with the merged copy in float32" in text
+    assert "| with --merged_generation --merged_weight_dtype bfloat16 | with --merged_generation | with --no-sort_by_length |" in text
+    assert "| **40.0** | **57.5** | **60.0** | **55.0** |" in text
+    assert "The opt-in sampler `--merged_generation` (corrected, `rollout/*`) takes **1.15×** the default" in text
     report |= {"without_onednn_linear": {**phase, "iteration_seconds_without_eval": 65.0}, "onednn_linear_speedup": 1.3}
     text = "\n".join(bench.phases_lines(report))
     assert "| with --no-fused_lora | with --no-onednn_linear |" in text and "| **55.0** | **65.0** |" in text

@@ -174,7 +174,7 @@ def test_parallel_advantages_of_hand_values_read_on_the_critics_prompt(tokenizer
     assert rollout.agent_index == [0, 0, 1, 1] and rollout.episode == [0, 1, 0, 1]
     old = marft.old_policy_and_values(None, None, tokenizer.pad_token_id, org, rollout, cfg)
     torch.testing.assert_close(old.values[:, 0], torch.tensor([0.3, 0.3, 0.9, 0.4]))
-    advantages, returns, _ = marft.compute_advantages(org, rollout, old, cfg)
+    advantages, returns, _, _ = marft.compute_advantages(org, rollout, old, cfg)
     torch.testing.assert_close(advantages[:, 0], torch.tensor([0.65, 0.15, 0.1, 0.1]))
     torch.testing.assert_close(returns[:, 0], torch.tensor([0.95, 0.45, 1.0, 0.5]))  # R = Â + V
 

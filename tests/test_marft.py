@@ -132,7 +132,7 @@ def test_kl_early_stop_comes_before_the_optimiser_step(tiny_agents):
     old = tables_under(model, pad, rollout, "policy_solver", cfg)
     advantages = torch.tensor([[0.0], [1.0], [0.0], [-1.0], [0.0], [2.0]])
     optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)
-    stats = marft.update_agent(model, pad, rollout, old, advantages, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
+    stats = marft.update_agent(model, pad, rollout, old, advantages, None, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
                                "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
     # Epoch 1: π = π_old, KL = 0, one step. Epoch 2: KL > 1e-12 stops the agent before a second step.
     assert optimiser.state_dict()["state"][0]["step"] == 1
@@ -144,13 +144,13 @@ def update_chain_watching_m(model, pad, rollout, old, cfg, monkeypatch):
     stats, the M each agent's update received (by label) and the optimisers."""
     weights_seen = {}
     real_update_agent = marft.update_agent
-    def spy(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest):
+    def spy(model_, pad_, rollout_, old_, advantages_, signal, happo_weight, samples, label, *rest):
         weights_seen[label] = happo_weight.clone()
-        return real_update_agent(model_, pad_, rollout_, old_, advantages_, happo_weight, samples, label, *rest)
+        return real_update_agent(model_, pad_, rollout_, old_, advantages_, signal, happo_weight, samples, label, *rest)
     monkeypatch.setattr(marft, "update_agent", spy)
     optimisers = {a: torch.optim.Adam(agents.adapter_parameters(model, a), lr=cfg.lr) for a in ("policy_planner", "policy_solver")}
     advantages = torch.tensor([[1.0], [0.5], [-1.0], [2.0], [0.5], [-0.5]])
-    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, advantages, cfg, optimisers, 0,
+    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, advantages, None, cfg, optimisers, 0,
                                 torch.Generator().manual_seed(0))
     return stats, weights_seen, optimisers
 
@@ -228,7 +228,7 @@ def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
     cfg = run.Config(shared_adapter=True, minibatch_size=2, ppo_epochs=1, target_kl=0.0)
     old = tables_under(model, pad, rollout, "policy", cfg)
     optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy"), lr=1e-3)
-    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, torch.randn(6, 1), cfg,
+    stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, torch.randn(6, 1), None, cfg,
                                 {"policy": optimiser}, 0, torch.Generator().manual_seed(0))
     # One agent-by-agent pass per role would take 2 steps per role on 3 samples each (4 in all);
     # the joint update takes ⌈6 / 2⌉ = 3 steps over every sample, and no HAPPO factor.
@@ -244,7 +244,7 @@ def test_a_nonfinite_loss_skips_its_step_is_counted_and_repeated_ones_stop_the_r
     advantages = torch.tensor([[0.0], [1.0], [0.0], [float("nan")], [0.0], [2.0]])  # sample 3 poisons its minibatch
     params = agents.adapter_parameters(model, "policy_solver")
     optimiser = torch.optim.Adam(params, lr=0.05)
-    update = lambda cfg_: marft.update_agent(model, pad, rollout, old, advantages, torch.ones(2, 2), torch.tensor([1, 3, 5]),
+    update = lambda cfg_: marft.update_agent(model, pad, rollout, old, advantages, None, torch.ones(2, 2), torch.tensor([1, 3, 5]),
                                              "solver", "policy_solver", cfg_, optimiser, torch.Generator().manual_seed(0))
     # Normalising a NaN advantage makes every advantage of the agent NaN: all 3 steps are skipped.
     with pytest.raises(SystemExit, match="solver: 3 optimiser steps .* non-finite"):
@@ -266,7 +266,8 @@ def test_filter_groups_leaves_the_samples_without_signal_out_of_the_update(tiny_
     params = agents.adapter_parameters(model, "policy_solver")
     def update(advantages, **options):
         optimiser = torch.optim.Adam(params, lr=0.05)
-        stats = marft.update_agent(model, pad, rollout, old, torch.tensor(advantages), torch.ones(2, 2), torch.tensor([1, 3, 5]),
+        stats = marft.update_agent(model, pad, rollout, old, torch.tensor(advantages), torch.tensor(advantages)[:, 0] != 0,
+                                   torch.ones(2, 2), torch.tensor([1, 3, 5]),
                                    "solver", "policy_solver", run.Config(**base, **options), optimiser,
                                    torch.Generator().manual_seed(0))
         return stats, (optimiser.state_dict()["state"][0]["step"] if optimiser.state else 0)
@@ -370,7 +371,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_minibatch(tiny_agent
         else:
             advantages_l = advantages
         optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=0.05)
-        stats = marft.update_agent(model, pad, rollout, old, advantages_l, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
+        stats = marft.update_agent(model, pad, rollout, old, advantages_l, None, torch.ones(2, 2), torch.tensor(rollout.agent_samples(1)),
                                    "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
         critic_optimiser = {"critic": torch.optim.Adam(critic.critic_parameters(model, heads, "critic"), lr=0.05)}
         stats |= marft.update_critic(model, heads, pad, load_organisation("chain"), rollout, old, returns, cfg, critic_optimiser,
@@ -417,7 +418,7 @@ def test_kl_to_the_reference_is_per_token_at_both_levels(tiny_agents, level):
     assert max(abs(sum(v)) for v in log_r.values()) > 90  # exp of a whole action's log-ratio overflows float32
     k3 = [math.expm1(x) - x for s in solver for x in log_r[s]]  # per token: (r − 1) − log r, r = π_ref / π
     optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)
-    stats = marft.update_agent(model, pad, rollout, old, torch.tensor([[0.0]] * 6), torch.ones(2, 2), torch.tensor(solver),
+    stats = marft.update_agent(model, pad, rollout, old, torch.tensor([[0.0]] * 6), None, torch.ones(2, 2), torch.tensor(solver),
                                "solver", "policy_solver", cfg, optimiser, torch.Generator().manual_seed(0))
     assert stats["losses/nonfinite_steps/solver"] == 0.0
     assert stats["losses/kl_to_reference/solver"] == pytest.approx(sum(k3) / len(k3), rel=1e-3)
@@ -446,7 +447,7 @@ def test_group_advantages_add_the_role_terms_and_reach_every_token_of_the_action
                                agent_index=[0, 1, 0, 1], episode=[0, 0, 1, 1], team_reward=[1.0, 0.0], role_reward=[0.1, 0.0, 0.0, 0.0])
     cfg = run.Config(advantage="group", group_size=2, credit="shared", group_std=False, level=level)
     old = tables_under(model, pad, rollout, "policy_solver", cfg)
-    advantages, returns, stats = marft.compute_advantages(load_organisation("chain"), rollout, old, cfg)
+    advantages, returns, _, stats = marft.compute_advantages(load_organisation("chain"), rollout, old, cfg)
     # Returns: planner 1.1 and 0 (mean 0.55), solver 1 and 0 (mean 0.5).
     per_action = [0.55, 0.5, -0.55, -0.5]
     expected = torch.tensor(per_action).unsqueeze(1) * old.mask  # [S, L]: the action's Â on each of its tokens
@@ -466,7 +467,7 @@ def test_a_batch_baseline_pays_a_problem_solved_every_time(tiny_agents):
     for baseline, expected in (("group", [0.0, 0.0, 0.5, -0.5]), ("batch", [0.25, 0.25, 0.25, -0.75])):
         cfg = run.Config(agents="single", advantage="group", group_size=2, group_std=False, group_baseline=baseline)
         old = tables_under(model, pad, rollout, "policy_solver", cfg)
-        advantages, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
+        advantages, _, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
         torch.testing.assert_close(advantages[:, 0], torch.tensor(expected))
 
 
@@ -488,9 +489,9 @@ def test_one_agent_with_group_advantages_takes_the_grpo_objective(tiny_agents):
     old.logprob = (old.logprob + torch.tensor(offsets)) * old.mask  # π_old ≠ π: ratios inside and outside the clip
     with torch.no_grad():
         old.ref_logprob = marft.decision_logprobs(model, pad, rollout, list(range(4)), None, cfg).token_logprob
-    advantages, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
+    advantages, _, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
     optimisers = {"policy_solver": torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)}
-    stats = marft.update_agents(model, pad, load_organisation("single"), rollout, old, advantages, cfg, optimisers, 0,
+    stats = marft.update_agents(model, pad, load_organisation("single"), rollout, old, advantages, None, cfg, optimisers, 0,
                                 torch.Generator().manual_seed(0))
     # By hand: rewards 1, 0, 0, 1 → mean 0.5, sample std √(4 · 0.25 / 3); Â = ±0.5 / (std + 1e-4).
     std = math.sqrt(1.0 / 3.0)

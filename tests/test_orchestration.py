@@ -278,7 +278,7 @@ def test_action_level_advantages_along_realised_sequences_of_3_and_4_decisions(c
     old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=t(VALUES).unsqueeze(-1), mask=torch.ones(7, 1),
                           ref_logprob=torch.zeros(7, 1), token_mask=torch.ones(7, 1))
     cfg = run_lib.Config(credit=credit, credit_discount=0.5, gamma=GAMMA, gamma_agent=GAMMA_AGENT, lam=LAM)
-    advantages, returns, _ = marft.compute_advantages(org, rollout, old, cfg)
+    advantages, returns, _, _ = marft.compute_advantages(org, rollout, old, cfg)
     close(advantages[:, 0], ADVANTAGES[credit])
     close(returns[:, 0], [a + v for a, v in zip(ADVANTAGES[credit], VALUES)])
 
@@ -298,7 +298,7 @@ def test_token_level_advantages_along_realised_sequences():
     old = marft.OldPolicy(logprob=torch.zeros(7, 2), values=t(values), mask=t(mask), ref_logprob=torch.zeros(7, 2),
                           token_mask=t(mask))
     cfg = run_lib.Config(credit="last", gamma=GAMMA, gamma_agent=GAMMA_AGENT, gamma_token=1.0, lam=LAM, level="token")
-    advantages, returns, _ = marft.compute_advantages(load_organisation("orchestrated"), realised_rollout(lengths), old, cfg)
+    advantages, returns, _, _ = marft.compute_advantages(load_organisation("orchestrated"), realised_rollout(lengths), old, cfg)
     close(advantages, [[0.002, -0.396], [0.36, 0], [0.6, 0], [0.068, 0], [-0.28, 0.44], [-0.8, 0], [1.5, 0]])
     close(returns * t(mask), [[0.502, 0.304], [0.56, 0], [1.0, 0], [0.368, 0], [0.32, 0.54], [0.2, 0], [1.0, 0]])
 
@@ -332,7 +332,7 @@ def test_group_advantages_score_each_agent_by_the_mean_reward_of_its_actions():
     old = marft.OldPolicy(logprob=torch.zeros(5, 1), values=torch.zeros(5, 1), mask=torch.ones(5, 1),
                           ref_logprob=torch.zeros(5, 1), token_mask=torch.ones(5, 1))
     cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="shared")
-    advantages, returns, stats = marft.compute_advantages(load_organisation("orchestrated"), rollout, old, cfg)
+    advantages, returns, _, stats = marft.compute_advantages(load_organisation("orchestrated"), rollout, old, cfg)
     close(advantages[:, 0], [0.5, 0.75, 0.5, -0.5, -0.75])
     assert returns is None and stats["charts/zero_signal_groups"] == 0.0
 
@@ -363,7 +363,7 @@ def test_group_returns_of_an_orchestrated_team_do_not_depend_on_later_routing():
                           ref_logprob=torch.zeros(14, 1), token_mask=torch.ones(14, 1))
     cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="equal", gamma=0.9)
     org = load_organisation("orchestrated")
-    advantages, _, stats = marft.compute_advantages(org, rollout, old, cfg)
+    advantages, _, _, stats = marft.compute_advantages(org, rollout, old, cfg)
     n = 1 / 15
     close(advantages[:, 0], [0, 0, 0,  -n, 0, -n, -n, -n,  0, 0, 0,  n, n, n])
     assert stats["charts/zero_signal_groups"] == pytest.approx(3 / 5)  # silent: step 0's two cells, the planner's lone step-1 cell

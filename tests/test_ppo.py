@@ -169,11 +169,11 @@ def test_group_advantages_two_problems_of_four_episodes_with_ties_and_an_all_equ
     rewards = t([[[1.0]], [[0.0]], [[1.0]], [[1.0]], [[0.5]], [[0.5]], [[0.5]], [[0.5]]])  # [B=8, T=1, N=1]
     team = rewards[:, :, 0]  # one agent paid the team reward: R = r
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    adv, silent = ppo.group_advantages(rewards, team, torch.ones(8, 1), group, gamma=1.0, scale_by_std=True)
+    adv, _, silent = ppo.group_advantages(rewards, team, torch.ones(8, 1), group, gamma=1.0, scale_by_std=True)
     high, low = 0.25 / (0.5 + 1e-4), -0.75 / (0.5 + 1e-4)
     close(adv[:, 0, 0], [high, low, high, high, 0.0, 0.0, 0.0, 0.0])
     assert silent == 0.5  # one of the two groups carries no signal
-    adv, _ = ppo.group_advantages(rewards, team, torch.ones(8, 1), group, gamma=1.0, scale_by_std=False)
+    adv, _, _ = ppo.group_advantages(rewards, team, torch.ones(8, 1), group, gamma=1.0, scale_by_std=False)
     close(adv[:, 0, 0], [0.25, -0.75, 0.25, 0.25, 0.0, 0.0, 0.0, 0.0])
 
 
@@ -185,7 +185,7 @@ def test_a_batch_baseline_compares_every_return_with_the_whole_iteration():
     assert ppo.baseline_groups(8, 4, "group").tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert ppo.baseline_groups(8, 4, "batch").tolist() == [0] * 8
     assert ppo.baseline_groups(3, 1, "batch").tolist() == [0, 0, 0]  # G = 1: still one group of 3
-    adv, silent = ppo.group_advantages(rewards, rewards[:, :, 0], torch.ones(8, 1), ppo.baseline_groups(8, 4, "batch"),
+    adv, _, silent = ppo.group_advantages(rewards, rewards[:, :, 0], torch.ones(8, 1), ppo.baseline_groups(8, 4, "batch"),
                                        gamma=1.0, scale_by_std=True)
     std = 0.125 ** 0.5 + 1e-4
     close(adv[:, 0, 0], [0.375 / std, -0.625 / std, 0.375 / std, 0.375 / std] + [-0.125 / std] * 4)
@@ -198,7 +198,7 @@ def test_group_advantages_compare_each_agents_return_among_the_episodes_that_pla
     team = t([[1.0, 0.0], [0.0, 1.0]])
     rewards = ppo.place_team_reward(team, every(team, 2), "step_discount", 0.5)  # [2, 2, 2]: ep 0 t0 [.5, 1], ep 1 t1 [.5, 1]
     step_mask = t([[1.0, 0.0], [1.0, 1.0]])
-    adv, silent = ppo.group_advantages(rewards, team, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=False)
+    adv, _, silent = ppo.group_advantages(rewards, team, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=False)
     # Returns from step 0, own reward then the team's later rewards: episode 0 [0.5, 1] + 0.5 · 0 = [0.5, 1],
     # episode 1 [0, 0] + 0.5 · R_1 = [0.5, 0.5]; mean [0.5, 0.75]. The first agent of episode 1 is judged
     # by the team's reward that followed (0.5 · 1), not by its own discounted share of it (0.5 · 0.5).
@@ -207,7 +207,7 @@ def test_group_advantages_compare_each_agents_return_among_the_episodes_that_pla
     close(adv[:, 1], [[0.0, 0.0], [0.0, 0.0]])
     assert silent == 0.75  # only the second agent's step-0 cell carries signal; the lone step-1 cells do not
     # With the std: step 0's sample std is 0 for the first agent (Â = 0 / (0 + 1e-4) = 0), √(2 · 0.25²) for the second.
-    adv, _ = ppo.group_advantages(rewards, team, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=True)
+    adv, _, _ = ppo.group_advantages(rewards, team, step_mask, torch.tensor([0, 0]), gamma=0.5, scale_by_std=True)
     close(adv[:, 0], [[0.0, 0.25 / (0.25 * 2 ** 0.5 + 1e-4)], [0.0, -0.25 / (0.25 * 2 ** 0.5 + 1e-4)]])
 
 
@@ -538,3 +538,63 @@ def test_approx_kl_direction():
     # ρ = π_new/π_old = 2: (2 − 1) − ln 2 ≈ 0.3068528 (the reversed ratio ½ gives −½ + ln 2 ≈ 0.1931)
     kl = ppo.approx_kl(t([math.log(2.0)]), t([0.0]), t([1.0]))
     assert kl.item() == pytest.approx(1 - math.log(2.0), abs=1e-9)
+
+
+def test_a_group_of_returns_equal_within_rounding_carries_no_signal_and_every_member_gets_exactly_zero():
+    # 0.85 reached two ways (1 − 0.15 summed in another order) differs in its last float32 bit: exact
+    # equality would see signal, and (G − mean) / (std + ε) would hand every member ~6e-4.
+    g = torch.tensor([0.85, 0.85, 0.85, 0.85], dtype=torch.float64)
+    g[1] = torch.nextafter(g[1], torch.tensor(1.0))
+    rewards, group = g.view(4, 1, 1), torch.tensor([0, 0, 0, 0])
+    adv, signal, silent = ppo.group_advantages(rewards, rewards[:, :, 0], torch.ones(4, 1), group, 1.0, True)
+    assert silent == 1.0 and not signal.any() and torch.equal(adv, torch.zeros(4, 1, 1))
+    # A real difference (a wrong answer, 0.0 against 0.85) is signal for every member of the group.
+    rewards[0] = 0.0
+    adv, signal, silent = ppo.group_advantages(rewards, rewards[:, :, 0], torch.ones(4, 1), group, 1.0, False)
+    assert silent == 0.0 and signal.all()
+    close(adv[:, 0, 0], [-0.6375, 0.2125, 0.2125, 0.2125])  # mean 0.6375
+
+
+def test_rollout_correction_weights_truncate_or_mask_the_ratio_of_the_old_policy_to_the_sampler():
+    # log π_old − log μ = [log 0.5, 0, log 1.5, log 3] → π_old / μ = [0.5, 1, 1.5, 3]; C = 2.
+    old = t([[math.log(0.5), -1.0, math.log(1.5) - 2.0, math.log(3.0) - 0.5]])
+    mu = t([[0.0, -1.0, -2.0, -0.5]])
+    close(ppo.rollout_correction_weights(old, mu, "tis", 2.0), [[0.5, 1.0, 1.5, 2.0]])
+    close(ppo.rollout_correction_weights(old, mu, "mis", 2.0), [[1.0, 1.0, 1.0, 0.0]])
+    close(ppo.rollout_correction_weights(old, mu, "none", 2.0), [[1.0, 1.0, 1.0, 1.0]])
+    # The weight multiplies each decision's surrogate term: Â = 1, ρ = 1, M = 1 → L = −mean(w).
+    loss, _ = ppo.clipped_surrogate_loss(torch.zeros(1, 4), torch.zeros(1, 4), torch.ones(1, 4), torch.ones(1, 4), 0.2,
+                                         ppo.rollout_correction_weights(old, mu, "tis", 2.0))
+    assert loss.item() == pytest.approx(-(0.5 + 1.0 + 1.5 + 2.0) / 4)
+
+
+def test_sampler_mismatch_measures_each_token_with_no_cancelling_of_signs():
+    # Two tokens of one action: Δ = log π_old − log μ = +0.2 and −0.2. The old signed gap summed them to 0.
+    old_tokens, mu_tokens, tokens = torch.tensor([[-1.0, -2.2]]), torch.tensor([[-1.2, -2.0]]), torch.ones(1, 2)
+    # The action under the mean normalisation: log π_old(a) = −1.6 = log μ(a): π_old / μ = 1, within C = 2.
+    stats = ppo.sampler_mismatch(old_tokens, mu_tokens, tokens, torch.tensor([[-1.6]]), torch.tensor([[-1.6]]),
+                                 torch.ones(1, 1), 2.0)
+    assert stats["rollout/logprob_abs_diff"] == pytest.approx(0.2)
+    assert stats["rollout/max_abs_diff"] == pytest.approx(0.2)
+    # k3 of KL(μ ‖ π_old): mean of (e^Δ − 1) − Δ over the two tokens.
+    k3 = ((math.exp(0.2) - 1 - 0.2) + (math.exp(-0.2) - 1 + 0.2)) / 2
+    assert stats["rollout/kl_sampler_old"] == pytest.approx(k3)
+    assert stats["rollout/beyond_cap"] == 0.0
+    # A padded token (mask 0) counts nowhere; a decision with π_old / μ = e > 2 is beyond the cap.
+    stats = ppo.sampler_mismatch(torch.tensor([[-1.0, 9.0]]), torch.tensor([[-1.5, 0.0]]), torch.tensor([[1.0, 0.0]]),
+                                 torch.tensor([[0.0], [0.0]]), torch.tensor([[-1.0], [0.0]]), torch.ones(2, 1), 2.0)
+    assert (stats["rollout/logprob_abs_diff"], stats["rollout/max_abs_diff"], stats["rollout/beyond_cap"]) == (0.5, 0.5, 0.5)
+
+
+def test_stale_share_is_zero_for_a_fresh_sampler_and_one_for_a_sampler_still_serving_the_previous_adapter():
+    new = t([[-1.0, -2.0, -0.5, -3.0]])
+    previous = new + t([[0.3, -0.2, 0.1, -0.4]])  # u: the update undone
+    rounding = t([[0.01, 0.01, -0.01, -0.01]])
+    mask = torch.ones(1, 4)
+    # Fresh: μ = π_new + rounding. β = Σ x u / Σ u² = (0.003 − 0.002 − 0.001 + 0.004) / 0.30 = 0.004 / 0.3.
+    beta, error = ppo.stale_share(new + rounding, new, previous, mask)
+    assert beta == pytest.approx(0.004 / 0.3) and error < 0.05
+    # Stale: μ = π_prev + rounding. β = (0.30 + 0.004) / 0.30.
+    beta, error = ppo.stale_share(previous + rounding, new, previous, mask)
+    assert beta == pytest.approx(0.304 / 0.3) and error < 0.05
+    assert ppo.stale_share(new, new, new, mask) == (0.0, math.inf)  # nothing moved: nothing to tell

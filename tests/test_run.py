@@ -1,7 +1,10 @@
 """run.py: the command line, config validation, resume rules, and atomic checkpoints."""
 import dataclasses
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ import critic
 import marft
 import ppo
 import run
+from conftest import ROOT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -18,12 +22,14 @@ import run
 # ---------------------------------------------------------------------------------------------
 
 def test_a_run_drawn_by_the_inverse_sampler_resumes_on_either_backend(tmp_path, capsys):
-    """--sampler is the hf backend's: a run trained with --sampler inverse resumes with it, may
-    switch samplers on resume (a runtime option, like --backend), and resumed onto vLLM sets it
+    """--sampler is the hf backend's and part of the algorithm: a run trained with --sampler inverse
+    resumes with it, refuses another on resume (naming the fix), and resumed onto vLLM sets it
     aside, saying so, instead of refusing the combination the run itself never asked for."""
     run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "inverse", "--sampler", "inverse"]))
     assert run.parse_args(["--resume", str(tmp_path / "inverse")]).sampler == "inverse"
-    assert run.parse_args(["--resume", str(tmp_path / "inverse"), "--sampler", "multinomial"]).sampler == "multinomial"
+    assert run.parse_args(["--resume", str(tmp_path / "inverse"), "--sampler", "inverse"]).sampler == "inverse"
+    with pytest.raises(SystemExit, match="--sampler='multinomial': the run resumed from .* has 'inverse' .* --config"):
+        run.parse_args(["--resume", str(tmp_path / "inverse"), "--sampler", "multinomial"])
     capsys.readouterr()
     resumed = run.parse_args(["--resume", str(tmp_path / "inverse"), "--backend", "vllm"])
     assert (resumed.backend, resumed.sampler) == ("vllm", "multinomial")
@@ -352,8 +358,8 @@ def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_pat
     assert (cfg.group_size, cfg.credit) == (4, "shared")
     assert "--credit shared" in capsys.readouterr().err
     assert run.parse_args(["--advantage", "group", "--group_size", "2", "--credit", "equal"]).credit == "equal"
-    single = run.parse_args(["--advantage", "group", "--agents", "single"])
-    assert (single.group_size, single.credit, single.chosen) == (4, "last", {"group_size": single.chosen["group_size"]})
+    single = run.parse_args(["--advantage", "group", "--agents", "single"])  # the recipe's batch baseline needs no G
+    assert (single.group_size, single.group_baseline, single.credit) == (1, "batch", "last")
     assert run.parse_args([]).chosen == {}  # the default run: nothing to follow
     run.Run(cfg)
     saved = json.loads((tmp_path / "g" / "config.json").read_text())
@@ -362,70 +368,108 @@ def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_pat
     assert (run.read_config(tmp_path / "g", "--resume").credit, run.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
 
 
-def test_the_hf_backend_on_a_cpu_with_bf16_instructions_decodes_on_a_bf16_merged_copy_unless_told(monkeypatch, tmp_path, capsys):
-    """Given neither --merged_generation nor --merged_weight_dtype, the rollout decodes on the merged
-    copy in bfloat16 where the CPU multiplies bf16 natively and the backend is hf; anything the
-    command line or a --config file says wins; --resume onto vLLM sets the copy aside."""
+def test_no_default_depends_on_the_cpu_or_on_cuda_and_the_merged_copy_is_what_the_command_says(monkeypatch, tmp_path, capsys):
+    """The same command gives the same options on every machine: with or without bf16 instructions, with
+    or without a GPU, nothing is chosen for the sampler; the bf16 copy is taken only when asked for, a
+    --config file keeps what its run used, and --resume onto vLLM sets the copy aside."""
     decodes_on = lambda cfg: (cfg.merged_generation, cfg.merged_weight_dtype)
-    for capabilities in ({"avx512_bf16": True}, {"avx512_bf16": False, "amx_bf16": True}):
+    for capabilities in ({}, {"avx512_bf16": True}, {"avx512_bf16": False, "amx_bf16": True}, {"bf16": True}):
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
-        cfg = run.parse_args(["--output_dir", str(tmp_path), "--run_name", "bf16"])
-        assert decodes_on(cfg) == (True, "bfloat16") and set(cfg.chosen) == {"merged_generation", "merged_weight_dtype"}
-        assert "--merged_weight_dtype bfloat16: this CPU multiplies bf16 natively" in capsys.readouterr().err
-    assert decodes_on(run.parse_args(["--no-merged_generation"])) == (False, "")
+        assert decodes_on(run.parse_args([])) == (False, "") and run.parse_args([]).chosen == {}
+    asked = ["--merged_generation", "--merged_weight_dtype", "bfloat16"]
+    cfg = run.parse_args(["--output_dir", str(tmp_path), "--run_name", "bf16", *asked])
+    assert decodes_on(cfg) == (True, "bfloat16") and cfg.chosen == {}
     assert decodes_on(run.parse_args(["--merged_generation"])) == (True, "")  # the float32 copy, as asked
-    assert decodes_on(run.parse_args(["--backend", "vllm"])) == (False, "")  # vLLM applies the adapters itself
-    assert not run.merged_bf16_by_default(run.Config(device="cuda"))  # a GPU: the copy would be a second base
-    with monkeypatch.context() as gpu:
-        gpu.setattr(torch.cuda, "is_available", lambda: True)
-        assert not run.merged_bf16_by_default(run.Config(device="auto"))
-    run.Run(cfg)  # the run folder records the choice and why
+    run.Run(cfg)
     saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
-    assert (saved["merged_generation"], saved["merged_weight_dtype"]) == (True, "bfloat16")
-    assert saved["chosen/merged_generation"].startswith("True: the hf backend on a CPU with bf16 instructions")
+    assert saved["rollout/sampler"] == ("hf backend's merged copy (bfloat16 weights): μ ≠ π_old (another implementation or "
+                                        "dtype), each decision weighed by min(π_old/μ, 2)")
+    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "exact"]))
+    saved = json.loads((tmp_path / "exact" / "config.json").read_text())
+    assert saved["rollout/sampler"] == "hf backend (the training model itself): μ = π_old, no correction"
     assert decodes_on(run.parse_args(["--config", str(tmp_path / "bf16")])) == (True, "bfloat16")
-    saved.pop("merged_generation"), saved.pop("merged_weight_dtype")  # a run from before the options: the adapter path
-    (tmp_path / "older.json").write_text(json.dumps(saved))
-    assert decodes_on(run.parse_args(["--config", str(tmp_path / "older.json")])) == (False, "")
     resumed = run.parse_args(["--resume", str(tmp_path / "bf16"), "--backend", "vllm"])
     assert decodes_on(resumed) == (False, "") and "--merged_generation steps aside" in capsys.readouterr().err
     assert decodes_on(run.parse_args(["--resume", str(tmp_path / "bf16")])) == (True, "bfloat16")
-    for capabilities in ({}, {"avx2": True, "avx512_f": True}, {"bf16": True}):  # none, emulated bf16, Arm (never measured)
-        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
-        assert decodes_on(run.parse_args([])) == (False, "") and run.parse_args([]).chosen == {}
+
+
+def test_training_takes_no_nucleus_and_evaluation_still_does(tmp_path, capsys):
+    """π_old and π_θ are the full softmax, so a rollout from the nucleus (top_p < 1) would be weighed
+    against the wrong policy: training has no --top_p (an old run's config.json with one is refused,
+    naming why); evaluate.py keeps --top_p."""
+    with pytest.raises(SystemExit):
+        run.parse_args(["--top_p", "0.9"])
+    older = {**dataclasses.asdict(run.Config()), "top_p": 0.9}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    with pytest.raises(SystemExit, match="nucleus .*top_p < 1.* Start a new run without it"):
+        run.parse_args(["--config", str(tmp_path / "config.json")])
+    older["top_p"] = 1.0  # the value every earlier run had: nothing to honour
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    assert run.parse_args(["--config", str(tmp_path / "config.json")]).temperature == 1.0
+    import evaluate
+    assert evaluate.parse_args(["--top_p", "0.9"]).top_p == 0.9
+    with pytest.raises(SystemExit, match=r"--top_p=1.5: must lie in \(0, 1\]"):
+        evaluate.parse_args(["--top_p", "1.5"])
 
 
 SINGLE_RECIPE = {"advantage": "group", "group_baseline": "batch", "group_size": 1, "minibatch_size": 16}
 
 
-def test_the_single_agent_of_the_math_task_takes_its_recipe_as_a_whole_or_not_at_all(capsys, tmp_path):
+def test_an_option_given_beside_the_single_agents_recipe_overrides_only_itself(capsys, tmp_path):
     """--agents single on the math task: 16 problems x 1 episode against the batch's mean in one
-    optimiser step (docs/learning-per-minute.md), each option recorded with its reason; any of the
-    recipe's options on the command line sets the whole recipe aside (and says so; a --config
-    file's own options set it aside without a word); other organisations and tasks keep the global
-    defaults."""
+    optimiser step (docs/learning-per-minute.md), each option recorded with its reason. An option
+    given on the command line replaces only its own value (at e66f9f0 it set the whole recipe aside,
+    silently switching the estimator to critic + GAE); a recipe value the given options leave
+    without effect (the batch baseline under --advantage gae) steps aside in one line; a --config
+    file's options are what its run used; other organisations and tasks keep the global defaults."""
     single = run.parse_args(["--agents", "single"])
     assert {option: getattr(single, option) for option in SINGLE_RECIPE} == SINGLE_RECIPE
     assert set(single.chosen) == set(SINGLE_RECIPE)
     assert single.chosen["group_baseline"] == "batch: the math task's default for --agents single"
     assert single.batch_size == 16 and single.credit == "last"  # one agent: last and shared put R on the same action
-    for given in (["--advantage", "gae"], ["--minibatch_size", "4"], ["--group_size", "4"]):
-        capsys.readouterr()
-        aside = run.parse_args(["--agents", "single", *given])
-        assert (aside.advantage, aside.group_baseline) == ("gae", "group") and aside.chosen == {}
-        assert f"step aside: the command line gives {given[0]}" in capsys.readouterr().err
-    run.Run(run.parse_args(["--agents", "single", "--advantage", "gae", "--output_dir", str(tmp_path), "--run_name", "old"]))
+    for given, changed in ((["--minibatch_size", "8"], {"minibatch_size": 8}), (["--group_size", "4"], {"group_size": 4})):
+        cfg = run.parse_args(["--agents", "single", *given])
+        assert {option: getattr(cfg, option) for option in SINGLE_RECIPE} == SINGLE_RECIPE | changed
+        assert set(cfg.chosen) == set(SINGLE_RECIPE) - set(changed)
     capsys.readouterr()
-    older = run.parse_args(["--config", str(tmp_path / "old"), "--run_name", "again"])  # a run from before the recipe
+    critic = run.parse_args(["--agents", "single", "--advantage", "gae"])
+    assert (critic.advantage, critic.group_baseline, critic.minibatch_size) == ("gae", "group", 16)
+    assert ("--group_baseline batch (the math task's default for --agents single) steps aside: --advantage gae has no groups"
+            in capsys.readouterr().err)
+    run.Run(run.parse_args(["--agents", "single", "--advantage", "gae", "--minibatch_size", "8", "--output_dir", str(tmp_path),
+                            "--run_name", "old"]))
+    older = run.parse_args(["--config", str(tmp_path / "old"), "--run_name", "again"])  # its file gave every option
     assert (older.advantage, older.minibatch_size, older.chosen) == ("gae", 8, {})
-    assert "step aside" not in capsys.readouterr().err  # its file gave the options: nothing to say
-    run.parse_args(["--config", str(tmp_path / "old"), "--minibatch_size", "4"])
-    assert "step aside: the command line gives --minibatch_size\n" in capsys.readouterr().err
-    grpo = run.parse_args(["--agents", "single", "--advantage", "group"])  # the group baseline and G = 4, as before the recipe
-    assert (grpo.group_baseline, grpo.group_size, grpo.minibatch_size) == ("group", 4, 8)
     for argv in ([], ["--agents", "chain3"], ["--task", "word", "--agents", "single"], ["--agents", "parallel"]):
         cfg = run.parse_args(argv)
         assert (cfg.advantage, cfg.group_baseline, cfg.minibatch_size) == ("gae", "group", 8)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--group_std"], "--group_std=True has no effect here: --advantage gae has no groups"),
+    (["--advantage", "group", "--lam", "0.9"], "--lam=0.9 has no effect here: --advantage group builds no critic"),
+    (["--advantage", "group", "--gamma_agent", "0.9"], "--gamma_agent=0.9 has no effect here: --advantage group"),
+    (["--advantage", "group", "--value_clip", "0.1"], "--value_clip=0.1 has no effect here"),
+    (["--advantage", "group", "--critic_lr", "0.01"], "--critic_lr=0.01 has no effect here"),
+    (["--gamma_token", "0.9"], "--gamma_token=0.9 has no effect here: it discounts between the tokens"),
+    (["--credit_discount", "0.3"], "--credit_discount=0.3 has no effect here: it is the d of --credit step_discount"),
+    (["--data", "code", "--format_penalty", "0.5"], "--format_penalty=0.5 has no effect here: the code task's environment"),
+    (["--rollout_correction", "mis"], "--rollout_correction='mis' has no effect here: it weighs a rollout drawn by a sampler"),
+    (["--vllm_dtype", "bfloat16"], "--vllm_dtype='bfloat16' has no effect here: it is an option of the vLLM engine"),
+    (["--agents", "single", "--update_order", "topological"], "--update_order='topological' has no effect here"),
+])
+def test_an_option_that_has_no_effect_in_the_chosen_configuration_is_an_error_naming_why(argv, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        run.parse_args(argv)
+
+
+def test_options_that_do_have_an_effect_are_accepted():
+    """The same options where they act: each run's configuration takes them without a word."""
+    for argv in (["--advantage", "group", "--group_std"], ["--lam", "0.9", "--gamma_agent", "0.9", "--critic_lr", "0.01"],
+                 ["--level", "token", "--gamma_token", "0.9"], ["--credit", "step_discount", "--credit_discount", "0.3"],
+                 ["--format_penalty", "0.5"], ["--merged_generation", "--rollout_correction", "mis"],
+                 ["--agents", "chain3", "--update_order", "topological"]):
+        run.parse_args(argv)
 
 
 def test_one_agent_gets_the_same_returns_under_last_and_shared_credit():
@@ -462,3 +506,106 @@ def test_a_config_file_that_cannot_be_read_stops_at_start(tmp_path, content, wor
     with pytest.raises(SystemExit) as stop:
         run.parse_args(["--config", str(path)])
     assert words in str(stop.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's mistake: one line naming the option and the fix, before any run folder
+# ---------------------------------------------------------------------------------------------
+
+MODEL_FIX = 'give "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder holding config.json, a hub id'
+
+
+@pytest.mark.parametrize("model, why", [("/no/such/path", "no such folder"), ("./no_such_model", "no such folder"),
+                                        ("a/b/c", "no such folder"),  # no hub id's shape: a path
+                                        ("FILE", "a file, not a model folder"),
+                                        ("EMPTY", "the folder holds no config.json")])
+def test_a_model_that_is_not_there_stops_at_start_in_one_line(model, why, tmp_path, tiny_model_dir):
+    (tmp_path / "weights.bin").write_text("")
+    (tmp_path / "empty").mkdir()
+    model = {"FILE": str(tmp_path / "weights.bin"), "EMPTY": str(tmp_path / "empty")}.get(model, model)
+    with pytest.raises(SystemExit) as stop:
+        run.parse_args(["--model", model])
+    assert str(stop.value).startswith(f"--model={model!r}: {why}") and MODEL_FIX in str(stop.value)
+    assert "\n" not in str(stop.value)
+    assert run.parse_args(["--model", str(tiny_model_dir)]).model == str(tiny_model_dir)  # a folder with config.json
+
+
+def test_a_hub_id_is_taken_from_the_cache_and_otherwise_asked_of_the_hub_in_one_request(tmp_path, monkeypatch):
+    """A hub id (owner/name) in the local cache is accepted without a request; one that is not, with
+    the hub out of reach (here: the request raises as with no network) or HF_HUB_OFFLINE set, stops
+    in one line naming --model, the cache and the fix."""
+    import huggingface_hub
+
+    requests = []
+
+    def unreachable(url, timeout=None, **kwargs):
+        requests.append(url)
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
+    snapshot = tmp_path / "models--owner--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--owner--cached" / "refs").mkdir()
+    (tmp_path / "models--owner--cached" / "refs" / "main").write_text("abc123")
+    assert run.parse_args(["--model", "owner/cached"]).model == "owner/cached" and requests == []
+    with pytest.raises(SystemExit) as stop:
+        run.parse_args(["--model", "owner/elsewhere"])
+    assert str(stop.value).startswith(f"--model='owner/elsewhere': neither a local folder nor a hub id in the local "
+                                      f"Hugging Face cache ({tmp_path}), and https://huggingface.co cannot be reached "
+                                      "(OSError: [Errno -2] Name or service not known)")
+    assert "hf download owner/elsewhere" in str(stop.value) and MODEL_FIX in str(stop.value)
+    assert len(requests) == 1 and requests[0].endswith("owner/elsewhere/resolve/main/config.json")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit, match=r"^--model='owner/elsewhere': .* and HF_HUB_OFFLINE is set: download it once online"):
+        run.parse_args(["--model", "owner/elsewhere"])
+    assert len(requests) == 1
+
+
+def test_a_missing_model_on_the_command_line_is_one_line_and_makes_no_run_folder(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "marft.py"), "--model", "/no/such/path", "--output_dir",
+                             str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[options]")]
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("--model='/no/such/path': no such folder")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--lr_shedule", "cosine"], "unknown option --lr_shedule: did you mean --lr_schedule?"),
+    (["--learning_rate", "1e-3"], "unknown option --learning_rate: did you mean --lr?"),  # the initials of its words
+    (["--seed", "2", "--no_eval_greedy"], "unknown option --no_eval_greedy: did you mean --no-eval_greedy?"),
+    (["--batchsize=4"], "unknown option --batchsize: did you mean --batch_size?"),
+    (["--iter", "20"], "unknown option --iter: did you mean --iterations?"),  # no abbreviations: --resume would miss it
+    (["--zzz"], "unknown option --zzz: "),
+    (["--seed", "2", "stray"], "'stray' follows no option"),
+])
+def test_an_unknown_option_is_one_line_with_the_nearest_name_and_exit_code_2(argv, line, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and f"error: {line}" in err
+
+
+def test_an_unknown_name_in_a_config_file_is_named_with_the_nearest_option(tmp_path):
+    (tmp_path / "config.json").write_text('{"lr_shedule": "cosine", "seed": 3}')
+    with pytest.raises(SystemExit, match=r"does not know: \['lr_shedule'\] \(lr_shedule: did you mean lr_schedule\?\)"):
+        run.parse_args(["--config", str(tmp_path / "config.json")])
+
+
+@pytest.mark.parametrize("argv, left_out", [
+    ([], {"code_all_or_nothing"}),  # math: its data, levels, malformed rows and format penalty are read
+    (["--data", "code", "--code_all_or_nothing"], {"arithmetic_levels", "format_penalty"}),  # code reads neither
+    (["--task", "word"], {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows", "code_all_or_nothing"}),
+])
+def test_a_builtin_tasks_config_json_records_the_options_it_reads_and_reads_back(argv, left_out, tmp_path):
+    cfg = run.parse_args([*argv, "--output_dir", str(tmp_path), "--run_name", "r"])
+    run.Run(cfg)
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    data_options = {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows", "format_penalty", "code_all_or_nothing"}
+    assert data_options - set(saved) == left_out and not left_out & set(saved)
+    again = run.parse_args(["--config", str(tmp_path / "r")])
+    resumed = run.parse_args(["--resume", str(tmp_path / "r")])
+    for option in data_options:
+        expected = getattr(run.Config(), option) if option in left_out else getattr(cfg, option)
+        assert getattr(again, option) == getattr(resumed, option) == expected, option

@@ -263,3 +263,119 @@ def test_the_example_trains_with_task_resumes_and_evaluate_reuses_its_task(tiny_
     assert (run_dir / "eval-iter_000003-units.json").is_file()
     with pytest.raises(SystemExit, match="the units task evaluates its own held-out problems"):
         evaluate.main(["--task", EXAMPLE, "--data", "arithmetic"])
+
+
+# ---------------------------------------------------------------------------------------------
+# A task's mistakes: overlapping splits, an environment that raises, misspelt option names
+# ---------------------------------------------------------------------------------------------
+
+SOLVER = {"agents": [{"role": "solver", "graded": True, "system_prompt": "Solve it; end with \\boxed{N}."}], "dependencies": []}
+
+
+class StrictEnv:
+    """An environment whose step divides by zero on a problem that says 1/0 (or on every problem)."""
+
+    def __init__(self, problem: Problem, always: bool):
+        self.problem, self.always = problem, always
+
+    def reset(self, seed=None):
+        return self.problem.problem
+
+    def step(self, joint_action):
+        if self.always or "1/0" in self.problem.problem:
+            return 1 / 0
+        return self.problem.problem, 1.0, True, {"correct": True, "outcomes": {"solver": "correct"}}
+
+
+def own_task(name: str, train: list[Problem], held_out: list[Problem], always_raises: bool = False, **options) -> tasks.Task:
+    return tasks.Task(name, load=lambda cfg: (train, held_out), organisations={"solo": SOLVER}, **options,
+                      make_env=lambda problem, cfg, context: StrictEnv(problem, always_raises))
+
+
+def test_held_out_problems_that_are_training_problems_stop_the_run_naming_both(monkeypatch):
+    """Two problems are the same when their text is, whitespace aside: the first held-out problem the
+    run evaluates that is a training problem is named with its index in each list."""
+    train = [Problem("What is 2 + 2?", "4", "", ""), Problem("What is 3 + 3?", "6", "", "")]
+    held_out = [Problem("What is 5 + 5?", "10", "", ""), Problem("  What is 3 +\n3?", "6", "", "")]
+    monkeypatch.setitem(tasks.TASKS, "twice", own_task("twice", train, held_out))
+    with pytest.raises(SystemExit) as stop:
+        marft.load_task(run_lib.parse_args(["--task", "twice"]))
+    assert str(stop.value) == ("task twice: held-out problem 1 is training problem 1 ('What is 3 + 3?'); held-out problems "
+                               "must be none of the training problems: make its load(cfg) return two disjoint lists")
+    assert marft.load_task(run_lib.parse_args(["--task", "twice", "--eval_problems", "1"])) == (train, held_out[:1])
+
+
+DATA = str(ROOT.parent / "shared" / "data") + "/"
+
+
+@pytest.mark.parametrize("argv", [[], ["--arithmetic_levels", "1,2,3,4", "--seed", "2"], ["--task", "word"], ["--task", "word_mixed"],
+                                  ["--data", "code"], ["--data", "humaneval"], ["--data", DATA + "math_test.jsonl"],
+                                  ["--data", DATA + "gsm8k_train.jsonl", "--eval_data", DATA + "gsm8k_test.jsonl"],
+                                  ["--data", DATA + "math_train.jsonl", "--eval_data", DATA + "math_test.jsonl", "--skip_malformed_rows"]])
+def test_the_builtin_tasks_hold_out_problems_they_do_not_train_on(argv):
+    if any(DATA in a for a in argv) and not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("no ../shared/data here")
+    train, held_out = marft.load_task(run_lib.parse_args(argv))
+    text = lambda p: " ".join(p.problem.split())
+    assert held_out and not {text(p) for p in train} & {text(p) for p in held_out}
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data").is_dir(), reason="no ../shared/data here")
+def test_math_test_row_4886_is_math_train_row_3322_and_a_run_evaluating_it_stops():
+    """MATH's test file repeats one training problem (test line 4886, train line 3322, the same text but
+    a trailing newline; 0-based 4885 and 3321, no malformed row before it): the default 50 held-out
+    problems leave it out, all 5000 do not."""
+    argv = ["--data", DATA + "math_train.jsonl", "--eval_data", DATA + "math_test.jsonl", "--skip_malformed_rows"]
+    with pytest.raises(SystemExit) as stop:
+        marft.load_task(run_lib.parse_args([*argv, "--eval_problems", "5000"]))
+    assert str(stop.value).startswith("task math: held-out problem 4885 is training problem 3321 ('The points $(0,0)\\\\,$")
+    assert "leave it out of --data or --eval_data" in str(stop.value)
+
+
+def test_an_environment_that_raises_is_named_by_task_problem_step_and_roles(monkeypatch):
+    from transformers import AutoTokenizer
+
+    problems = [Problem("What is 1 + 1?", "2", "", ""), Problem("What is 1/0?", "inf", "", "")]
+    monkeypatch.setitem(tasks.TASKS, "strict", own_task("strict", problems, [Problem("What is 2 + 2?", "4", "", "")]))
+    cfg = run_lib.parse_args(["--task", "strict"])
+    tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
+    with Grader() as grader, pytest.raises(RuntimeError) as error:
+        play_episodes(lambda ids, adapter, sampling: scripted_actions(tokenizer, ["\\boxed{2}"] * len(ids)), tokenizer,
+                      tasks.organisation_of(cfg), problems, grader, generation.Sampling(1.0, 1.0, 8), cfg)
+    assert str(error.value) == ("task strict: its environment's step() raised ZeroDivisionError (division by zero) on problem 1 "
+                                "('What is 1/0?') of the rollout, step 0, acting: solver (the task's own traceback is above)")
+    assert isinstance(error.value.__cause__, ZeroDivisionError)
+
+
+def test_an_environment_that_cannot_step_stops_the_run_before_its_folder(monkeypatch, tiny_model_dir, tmp_path):
+    """marft.set_up steps the first training and held-out problems once with empty actions before it
+    writes the run folder: an environment that raises stops the run there, leaving nothing."""
+    train, held_out = [Problem("What is 1 + 1?", "2", "", "")], [Problem("What is 2 + 2?", "4", "", "")]
+    monkeypatch.setitem(tasks.TASKS, "broken", own_task("broken", train, held_out, always_raises=True))
+    cfg = run_lib.parse_args(["--task", "broken", "--model", str(tiny_model_dir), "--output_dir", str(tmp_path / "runs")])
+    with pytest.raises(RuntimeError) as error:
+        marft.train(cfg)
+    assert str(error.value).startswith("task broken: its environment's step() raised ZeroDivisionError (division by zero) on "
+                                       "training problem 0 ('What is 1 + 1?'), step 0 (a trial step with empty actions")
+    assert isinstance(error.value.__cause__, ZeroDivisionError) and not (tmp_path / "runs").exists()
+
+
+def test_a_misspelt_task_option_is_named_with_the_nearest_option(monkeypatch):
+    monkeypatch.setitem(tasks.TASKS, "typo_options", own_task("typo_options", [], [], options={"temprature": 0.7}))
+    with pytest.raises(SystemExit, match=r"^task typo_options: its options name 'temprature', which is no option of "
+                                         r"marft.py \(did you mean temperature\?\)"):
+        run_lib.parse_args(["--task", "typo_options"])
+
+
+def test_a_task_of_your_own_records_none_of_the_builtin_tasks_data_options(tmp_path):
+    """config.json of a run of the example leaves out --data, --arithmetic_levels, … (it reads none of
+    them); --config and --resume read it back with their defaults."""
+    run_lib.Run(run_lib.parse_args(["--task", EXAMPLE, "--output_dir", str(tmp_path), "--run_name", "u"]))
+    saved = json.loads((tmp_path / "u" / "config.json").read_text())
+    assert saved["task"] == EXAMPLE and not set(tasks.DATA_OPTIONS) & set(saved)
+    for again in (run_lib.parse_args(["--config", str(tmp_path / "u")]), run_lib.parse_args(["--resume", str(tmp_path / "u")])):
+        assert again.task == EXAMPLE and all(getattr(again, o) == getattr(run_lib.Config(), o) for o in tasks.DATA_OPTIONS)
+    # its own load may read any option: one given a value is kept
+    units = tasks.find_task(EXAMPLE)
+    assert tasks.unread_options(units, run_lib.Config(data="mine.jsonl")) == set(tasks.DATA_OPTIONS) - {"data"}
+    assert tasks.unread_options(tasks.MATH, run_lib.Config(code_all_or_nothing=True)) == {"code_all_or_nothing"}

@@ -271,7 +271,7 @@ def test_gae_over_caller_calculator_answerer_is_the_two_agent_chain_and_charges_
         assert rollout.team_reward[:, 0].tolist() == pytest.approx([1.0 - cost, 0.0 - cost])
         old = marft.OldPolicy(logprob=torch.zeros(4, 1), values=values, mask=torch.ones(4, 1), ref_logprob=torch.zeros(4, 1),
                               token_mask=torch.ones(4, 1))
-        advantages, returns, _ = marft.compute_advantages(org, rollout, old, cfg)
+        advantages, returns, _, _ = marft.compute_advantages(org, rollout, old, cfg)
         assert advantages[:, 0].tolist() == pytest.approx(expected)
         assert returns[:, 0].tolist() == pytest.approx([a + v for a, v in zip(expected, values[:, 0].tolist())], abs=1e-6)
         assert [u["calls"] for steps in rollout.infos for u in [steps[0]["tools"]]] == [1, 1]
