@@ -274,6 +274,7 @@ def set_up_process(cfg: Config) -> str:
     run.bound_onednn_caches)."""
     device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
     torch.set_num_threads(distributed.local_threads(cfg.threads))
+    print_main(run_lib.threads_line(torch.get_num_threads()), flush=True)
     run_lib.return_freed_memory()
     run_lib.bound_onednn_caches()
     return device

@@ -515,6 +515,21 @@ RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "bac
                    "dist_timeout_minutes")
 
 
+def threads_line(threads: int) -> str:
+    """The start line on threads: torch's count and how OpenMP's idle threads wait, which decides
+    what a competing process costs (scripts/setup_env.sh chooses it before torch loads)."""
+    if os.environ.get("OMP_WAIT_POLICY"):
+        wait = f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
+    elif os.environ.get("GOMP_SPINCOUNT"):
+        shared = os.environ.get("MARFT_SHARED_CPU")
+        wait = (f"spin {os.environ['GOMP_SPINCOUNT']} rounds, then sleep"
+                + (f" (other processes kept {shared} cores busy at start)" if shared else ""))
+    else:
+        wait = ("spin 300,000 rounds, then sleep (libgomp's default: a machine to itself; where other jobs share the "
+                "cores, start through scripts/train_math.sh or set GOMP_SPINCOUNT=3000)")
+    return f"[threads] {threads} torch threads; OpenMP's idle threads {wait}"
+
+
 @functools.cache
 def _glibc():
     """glibc with its mmap threshold fixed at 1 MiB (mallopt M_MMAP_THRESHOLD), or None without glibc."""

@@ -31,6 +31,9 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
                 single agent's default has no critic); the ratio 4-agent / 1-agent, the base model's
                 and one adapter's size, and the mean prompt length per agent position (later
                 agents read earlier agents' actions).
+    contention  the default chain's iteration alone and beside a competing 2-thread busy process,
+                under libgomp's default spin and under GOMP_SPINCOUNT=3000 (scripts/setup_env.sh's
+                choice on a shared machine): the slowdown of each.
     learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
                 orchestrated team (D decided step by step), each with its defaults (critic + GAE;
                 the single agent: group advantages against the batch's mean, tasks.MATH's recipe for
@@ -94,7 +97,7 @@ from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
 from run import Config, random_config_error  # noqa: E402
 
-SECTIONS = ("throughput", "backends", "phases", "memory", "learning")
+SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "learning")
 DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (smollm2 unless given)
 FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
             phase_cold_iterations=1, ceiling_repeats=5,
@@ -225,8 +228,9 @@ def backends(sizes: dict, threads: int, out: Path) -> dict:
             "tokens": {"hf": hf_tokens, "vllm": vllm_tokens}}
 
 
-def run_marft(out: Path, name: str, args: list[str], threads: int) -> tuple[list[dict], float]:
-    """Run marft.py in a child process; returns (its metrics.jsonl rows, its peak RSS in MiB)."""
+def run_marft(out: Path, name: str, args: list[str], threads: int, env_extra: dict | None = None) -> tuple[list[dict], float]:
+    """Run marft.py in a child process (`env_extra`: variables set for it); returns (its metrics.jsonl
+    rows, its peak RSS in MiB)."""
     run_dir = out / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     # The wrapper waits for marft.py and reports the largest resident set of its children.
@@ -236,7 +240,7 @@ def run_marft(out: Path, name: str, args: list[str], threads: int) -> tuple[list
                "--run_name", name, "--threads", str(threads), *args]
     # The job as scripts/train_math.sh runs it with the hf backend: OpenMP's default wait policy
     # (bench.sh installs vLLM for its backends section, and setup_env.sh then sets PASSIVE).
-    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | (env_extra or {})
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"marft.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
@@ -252,6 +256,46 @@ def short_run_args(sizes: dict, agents_name: str, iterations: int) -> list[str]:
 
 
 PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync", "eval")
+
+# How OpenMP's idle threads wait: libgomp's default, and scripts/setup_env.sh's choice on a machine
+# that other processes keep busy.
+WAIT_POLICIES = {"spin 300,000 rounds (libgomp's default)": {}, "spin 3,000 rounds (GOMP_SPINCOUNT=3000)": {"GOMP_SPINCOUNT": "3000"}}
+COMPETITOR = ("import time, torch\ntorch.set_num_threads(2)\na = torch.randn(1024, 1024)\nt = time.time()\n"
+              "while time.time() - t < 3600: a @ a")
+
+
+def contention(sizes: dict, threads: int, out: Path) -> dict:
+    """Seconds of the default chain's first iteration (no evaluation in it) alone and beside one
+    competing busy process of 2 threads (torch's matrix products), under each of WAIT_POLICIES,
+    one run after the other: `slowdown` = beside / alone, the fair share on 2 cores being about 2."""
+    table = {}
+    for policy, env in WAIT_POLICIES.items():
+        seconds = {}
+        for where in ("alone", "beside_a_busy_process"):
+            competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if where != "alone" else None
+            try:
+                time.sleep(2.0 if competitor else 0.0)  # the competitor has its threads busy before the run starts
+                rows, _ = run_marft(out, f"contention-{len(table)}-{where}", short_run_args(sizes, "chain", 2), threads, env)
+            finally:
+                if competitor:
+                    competitor.kill()
+                    competitor.wait()
+            first = next(r for r in rows if r["iteration"] == 1)
+            seconds[where] = first["time/iteration"] - first.get("time/eval", 0.0)
+        table[policy] = {**{f"{where}_seconds": s for where, s in seconds.items()},
+                         "slowdown": seconds["beside_a_busy_process"] / seconds["alone"]}
+    return table
+
+
+def contention_lines(c: dict) -> list[str]:
+    """The contention section of the report (markdown lines)."""
+    lines = ["| OpenMP's idle threads (the chain's first iteration) | alone (s) | beside a 2-thread busy process (s) | slowdown |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {policy} | {row['alone_seconds']:.1f} | {row['beside_a_busy_process_seconds']:.1f} | **{row['slowdown']:.1f}×** |"
+              for policy, row in c.items()]
+    return lines + ["", "Fair share on 2 cores is about 2×. scripts/setup_env.sh takes the short spin where other processes "
+                        "keep at least half a core busy when a run starts (the run's `[threads]` line says which), the "
+                        "long one on a machine to itself.", ""]
 
 
 def phase_seconds(rows: list[dict], cold: int = 0) -> dict:
@@ -612,6 +656,8 @@ def markdown(report: dict) -> str:
         lines += phases_lines(p)
     if mem := report.get("memory"):
         lines += memory_lines(mem)
+    if c := report.get("contention"):
+        lines += contention_lines(c)
     if learn := report.get("learning"):
         lines += learning_lines(learn, m, model)
     return "\n".join(lines)
@@ -859,6 +905,7 @@ def main(argv: list[str] | None = None) -> dict:
             if name not in skip:  # a skipped one keeps what --merge brought from the earlier report
                 record(name, measured[name])
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
+    section("contention", lambda: contention(sizes, args.threads, out))
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(report, indent=2))

@@ -43,6 +43,20 @@ fi
 # its cores keeps the default (spin briefly, then sleep): under PASSIVE every small op wakes the
 # threads, and a LoRA adapter's small matmuls took 98 µs each instead of 7 on 2 cores here.
 if [ "${MARFT_VLLM:-0}" = "1" ]; then export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"; fi
+# A machine that other processes already keep busy (over half a second of /proc/stat, at least half
+# a core besides this shell): waiting threads spin 3,000 rounds, not libgomp's 300,000, before they
+# sleep. With one competing 2-thread process an iteration took 5.1x its time alone with the long
+# spin and 1.7x with the short one, which costs about 12% alone (docs/speed-and-memory.md). OpenMP
+# reads it once, when torch loads: marft's start line says which was chosen.
+if [ -z "${OMP_WAIT_POLICY:-}${GOMP_SPINCOUNT:-}" ] && [ -r /proc/stat ]; then
+  before="$(head -1 /proc/stat)"; sleep 0.5; after="$(head -1 /proc/stat)"
+  busy_cores="$(printf '%s\n%s\n' "$before" "$after" | awk -v cores="$(nproc)" '
+    { idle[NR] = $5 + $6; total[NR] = 0; for (i = 2; i <= NF; i++) total[NR] += $i }
+    END { d = total[2] - total[1]; if (d > 0) printf "%.2f", cores * (1 - (idle[2] - idle[1]) / d); else print 0 }')"
+  if awk -v b="$busy_cores" 'BEGIN { exit !(b >= 0.5) }'; then
+    export GOMP_SPINCOUNT=3000 MARFT_SHARED_CPU="$busy_cores"
+  fi
+fi
 # MARFT_CPU_PATHS=off: compute as on a CPU without AVX-512 or bf16 instructions (the bench, the
 # check that the default run's figures do not depend on the machine): torch's, oneDNN's and MKL's
 # kernels capped at AVX2, and marft's own CPU-specific paths off (agents.cpu_specific_paths).

@@ -108,7 +108,9 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
                report["phases"]["floor"]["floor_seconds"], report["phases"]["padding_free_floor_ratio"],
                report["phases"]["floor"]["profile_run_seconds"], report["phases"]["floor"]["profile_run_floor_ratio"],
                *report["phases"]["floor"]["pass_ceiling_ratios"].values(),
-               report["memory"]["default"]["ratio_4_to_1"]]
+               report["memory"]["default"]["ratio_4_to_1"],
+               *(row[key] for row in report["contention"].values() for key in ("alone_seconds", "slowdown"))]
+    assert set(report["contention"]) == set(bench.WAIT_POLICIES)
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
     assert all(math.isfinite(x) and x > 0 for x in numbers)
@@ -119,8 +121,9 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
+    assert "| spin 3,000 rounds (GOMP_SPINCOUNT=3000) |" in text
     assert f"Model: `{model}`, random weights" in text
-    assert "merged_generation_speedup" not in report["phases"]  # quick mode leaves that run out
+    assert "merged_bf16_copy_speedup" not in report["phases"]  # quick mode leaves that run out
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())  # the floor's: the better of two GEMM timings
     assert profile["model"] == model
     assert profile["gemm_gflops_per_second"] == max(profile["gemm_gflops_per_second_before_and_after"])
@@ -145,8 +148,8 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench, "run_marft", replay)
     with pytest.raises(SystemExit, match="measured --model=random:.*, this run --model=smollm2; merge runs of the same model"):
-        bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--out", str(tmp_path)])
-    bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory", "--learning_runs", "parallel",
+        bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory,contention", "--out", str(tmp_path)])
+    bench.main(["--quick", "--merge", "--skip", "throughput,backends,phases,memory,contention", "--learning_runs", "parallel",
                 "--model", model, "--out", str(tmp_path)])
     merged = json.loads((tmp_path / "bench.json").read_text())
     assert set(merged["learning"]["runs"]) == {"chain-group-seed1", "parallel-seed1"}
@@ -597,6 +600,6 @@ def test_merging_a_phases_run_keeps_the_earlier_memory_section(tmp_path, monkeyp
     (tmp_path / "bench.json").write_text(json.dumps(earlier))
     phases = dict(earlier["phases"], iteration_seconds_without_eval=12.5)
     monkeypatch.setattr(bench, "phases_and_memory", lambda sizes, threads, out, skip: (phases, {}))
-    report = bench.main(["--skip", "throughput,backends,memory,learning", "--merge", "--out", str(tmp_path)])
+    report = bench.main(["--skip", "throughput,backends,memory,contention,learning", "--merge", "--out", str(tmp_path)])
     assert report["memory"] == earlier["memory"] and report["phases"]["iteration_seconds_without_eval"] == 12.5
     assert report["section_dates"]["memory"] == earlier["section_dates"]["memory"]

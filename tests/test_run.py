@@ -1,6 +1,7 @@
 """run.py: the command line, config validation, resume rules, and atomic checkpoints."""
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -609,3 +610,33 @@ def test_a_builtin_tasks_config_json_records_the_options_it_reads_and_reads_back
     for option in data_options:
         expected = getattr(run.Config(), option) if option in left_out else getattr(cfg, option)
         assert getattr(again, option) == getattr(resumed, option) == expected, option
+
+
+def test_the_start_line_says_how_openmps_threads_wait(monkeypatch):
+    """What a competing process costs depends on how idle OpenMP threads wait: the line names it."""
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MARFT_SHARED_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    assert run.threads_line(2).startswith("[threads] 2 torch threads; OpenMP's idle threads spin 300,000 rounds")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "3000")
+    monkeypatch.setenv("MARFT_SHARED_CPU", "1.78")
+    assert run.threads_line(2) == ("[threads] 2 torch threads; OpenMP's idle threads spin 3000 rounds, then sleep "
+                                   "(other processes kept 1.78 cores busy at start)")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert run.threads_line(1) == "[threads] 1 torch threads; OpenMP's idle threads OMP_WAIT_POLICY=PASSIVE"
+
+
+def test_setup_env_chooses_the_short_spin_only_on_a_machine_others_keep_busy(tmp_path):
+    """scripts/setup_env.sh measures the cores other processes keep busy over half a second: none
+    (this test's machine at rest is not guaranteed, so a busy loop makes it busy) → GOMP_SPINCOUNT=3000."""
+    import subprocess
+    from conftest import ROOT
+    probe = f'. "{ROOT}/scripts/setup_env.sh"; echo "${{GOMP_SPINCOUNT:-none}}"'
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MARFT_VLLM")}
+    busy = [subprocess.Popen(["python3", "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        assert subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True).stdout.split()[-1] == "3000"
+    finally:
+        for process in busy:
+            process.kill()
+    env["GOMP_SPINCOUNT"] = "50"  # the user's own choice is kept
+    assert subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True).stdout.split()[-1] == "50"
