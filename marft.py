@@ -190,8 +190,7 @@ def train(cfg: Config) -> dict:
             with timer("policy_update"):
                 if iteration >= cfg.critic_warmup_iterations:
                     metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, iteration, rng)
-            previous = {adapter: weights for adapter, weights in previous.items()
-                        if metrics.get(f"losses/update_samples/{adapter_label(adapter)}", 0) > 0}
+            previous = {adapter: weights for adapter, weights in previous.items() if adapter_moved(model, adapter, weights)}
             # 5. Critic: clipped value loss toward the GAE returns.
             if cfg.advantage == "gae":
                 with timer("critic_update"):
@@ -255,7 +254,7 @@ def set_up(cfg: Config) -> Job:
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
                    "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
-                                                  "charts/rollout_logprob_gap is large by design." if cfg.backend == "vllm"
+                                                  "rollout/logprob_abs_diff is large by design." if cfg.backend == "vllm"
                                                   else ""), flush=True)
     policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     start = run.restore(model, value_heads, optimisers)
@@ -430,34 +429,49 @@ def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
                 p.copy_(w)
 
 
-STALE_CHECK_SAMPLES = 16  # samples per agent the stale check reads: hundreds of tokens
+STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
+STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
+
+
+def adapter_moved(model, adapter: str, weights: list[torch.Tensor]) -> bool:
+    """Whether the adapter's weights differ from `weights` (an `adapter_snapshot` entry)."""
+    return any(not torch.equal(p, w) for p, w in zip(agents_lib.adapter_parameters(model, adapter), weights))
 
 
 @torch.no_grad()
 def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
                              previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int) -> dict:
     """After a sync, the rollout's sampler μ must serve each updated agent's new adapter. On up to
-    STALE_CHECK_SAMPLES of the agent's samples, the tokens' log-probs under its adapter from before
-    the update (`previous`) give the update u = log π_prev − log π_new, and μ's error x = log μ − log π_new
-    (π_new: this iteration's π_old); ppo.stale_share regresses x on u. A sampler that kept the old
-    adapter misses the whole update, β ≈ 1; a current one β ≈ 0 (its rounding has nothing of the
-    update). β > 0.5 + 3 standard errors stops the run with one line. Logs rollout/stale_share/<agent>."""
+    STALE_CHECK_SAMPLES of the agent's samples that this rank drew (under torchrun each rank has its
+    own engine), one pass under its adapter as it is (π_new) and one under its adapter from before
+    the update (`previous`, π_prev), batched alike so that their rounding cancels, give the update
+    U = Σ_k log π_prev − log π_new of each sample and μ's error X = Σ_k log μ − log π_new;
+    ppo.stale_share regresses X on U. A sampler that kept the old adapter misses the whole update,
+    β ≈ 1; a current one β ≈ 0. Every rank sees every rank's (β, error): β > 0.5 + 3 errors, with an
+    error below STALE_CHECK_POWER (an update large enough to tell), stops the run with one line.
+    Logs rollout/stale_share/<agent> (the largest over ranks)."""
     tokens, _ = sampler_logprobs(rollout, old, cfg)  # [S, K]
+    ranks, rank = distributed.world_size(), distributed.rank()
     stats = {}
     for adapter, weights in previous.items():
         label = adapter_label(adapter)
         samples = [s for s, n in enumerate(rollout.agent_index)
-                   if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter][:STALE_CHECK_SAMPLES]
-        if not samples:
+                   if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter
+                   and rollout.episode[s] % ranks == rank][:STALE_CHECK_SAMPLES]  # rank r played episodes r, r + G, …
+        mine = None
+        if samples:
+            samples = torch.tensor(samples)
+            now = decision_logprobs(model, pad, rollout, samples, adapter, cfg).token_logprob  # [n, K']
+            with adapter_weights(model, adapter, weights):
+                before = decision_logprobs(model, pad, rollout, samples, adapter, cfg).token_logprob
+            width = now.shape[1]
+            mine = ppo.stale_share(tokens[samples, :width], now, before, old.token_mask[samples, :width])
+        found = [x for x in (distributed.all_gather_objects(mine) if ranks > 1 else [mine]) if x is not None]
+        if not found:
             continue
-        samples = torch.tensor(samples)
-        with adapter_weights(model, adapter, weights):
-            before = decision_logprobs(model, pad, rollout, samples, adapter, cfg).token_logprob  # [n, K']
-        width = before.shape[1]
-        beta, error = ppo.stale_share(tokens[samples, :width], old.token_logprob[samples, :width], before,
-                                      old.token_mask[samples, :width])
+        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
         stats[f"rollout/stale_share/{label}"] = beta
-        if beta > 0.5 + 3 * error:
+        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
             raise SystemExit(f"stale sampler: the {generation.describe_sampler(cfg)} still serves agent {label!r} as it "
                              f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
                              "that update's change to the log-probs of its samples), so its rollouts would sample the "

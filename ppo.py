@@ -458,20 +458,22 @@ def sampler_mismatch(old_token_logprob: torch.Tensor, sampler_token_logprob: tor
 
 def stale_share(sampler_logprob: torch.Tensor, new_logprob: torch.Tensor, previous_logprob: torch.Tensor,
                 mask: torch.Tensor) -> tuple[float, float]:
-    """How much of an agent's last update the sampler still misses, from the tokens of the rollout
-    after the sync [S, K] (masked): with x = log μ − log π_new (what the sampler gets wrong) and
-    u = log π_prev − log π_new (the update, undone), the least-squares slope β = Σ x u / Σ u² of x
-    on u and its standard error σ / √(Σ u²), σ² the residuals' mean square. A sampler serving the
-    new adapter has β ≈ 0 (its rounding is not the update); one still serving the previous adapter
-    has β ≈ 1. Returns (β, standard error); (0, inf) when the update moved no token."""
-    m = mask > 0
-    x, u = (sampler_logprob - new_logprob)[m].double(), (previous_logprob - new_logprob)[m].double()
-    moved = (u * u).sum()
-    if x.numel() < 2 or moved.item() == 0:
+    """How much of an agent's last update the sampler still misses, from samples of the rollout after
+    the sync, token tables [n, K] (masked): per sample, X = Σ_k (log μ − log π_new) (what the sampler
+    gets wrong) and U = Σ_k (log π_prev − log π_new) (the update, undone); the least-squares slope
+    β = Σ X U / Σ U² of X on U, and its standard error from the samples' residuals (tokens of one
+    response are not independent). A sampler serving the new adapter has β ≈ 0 (its rounding is not
+    the update); one still serving the previous adapter β ≈ 1. Returns (β, standard error); (0, inf)
+    with fewer than 2 samples or no movement."""
+    m = mask.to(torch.float64)
+    X = ((sampler_logprob - new_logprob).double() * m).sum(-1)  # [n]
+    U = ((previous_logprob - new_logprob).double() * m).sum(-1)  # [n]
+    moved = (U * U).sum()
+    if X.numel() < 2 or moved.item() == 0:
         return 0.0, math.inf
-    beta = (x * u).sum() / moved
-    sigma = ((x - beta * u) ** 2).mean().sqrt()
-    return beta.item(), (sigma / moved.sqrt()).item()
+    beta = (X * U).sum() / moved
+    residual = ((X - beta * U) ** 2).sum() / (X.numel() - 1)
+    return beta.item(), (residual / moved).sqrt().item()
 
 
 def clipped_value_loss(

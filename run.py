@@ -454,10 +454,12 @@ def inert_options(cfg: Config) -> dict[str, str]:
                                 "an action: add --level token or drop it")
     if cfg.credit != "step_discount":
         inert["credit_discount"] = "it is the d of --credit step_discount: add --credit step_discount or drop it"
-    if task.make_env is not tasks.math_env:
-        inert["format_penalty"] = (f"the {task.name} task's environment does not read it (only the math task's "
-                                   "\\boxed{} grading does): drop it")
-    if task.make_env is not tasks.code_env:
+    # a task of your own reads an option where its make_env names it (cfg.format_penalty)
+    reads = lambda option: option in getattr(getattr(task.make_env, "__code__", None), "co_names", ())
+    if task.make_env is not tasks.math_env and not reads("format_penalty"):
+        inert["format_penalty"] = (f"the {task.name} task's environment does not read it (the math task's "
+                                   "\\boxed{} grading does; a task of your own reads cfg.format_penalty in its make_env): drop it")
+    if task.make_env is not tasks.code_env and not reads("code_all_or_nothing"):
         inert["code_all_or_nothing"] = f"only the code task's environment reads it, not the {task.name} task's: drop it"
     if len(org.learners) == 1 or cfg.shared_adapter:
         for option in ("happo_ratio_clip", "update_order"):
@@ -525,8 +527,8 @@ def threads_line(threads: int) -> str:
         wait = (f"spin {os.environ['GOMP_SPINCOUNT']} rounds, then sleep"
                 + (f" (other processes kept {shared} cores busy at start)" if shared else ""))
     else:
-        wait = ("spin 300,000 rounds, then sleep (libgomp's default: a machine to itself; where other jobs share the "
-                "cores, start through scripts/train_math.sh or set GOMP_SPINCOUNT=3000)")
+        wait = ("spin 300,000 rounds, then sleep (libgomp's default, for a machine to itself: scripts/setup_env.sh "
+                "shortens it where other processes keep the cores busy, or set GOMP_SPINCOUNT=3000)")
     return f"[threads] {threads} torch threads; OpenMP's idle threads {wait}"
 
 
@@ -599,7 +601,7 @@ def saved_options(path: str | Path, option: str) -> dict:
     if not isinstance(saved, dict):
         raise SystemExit(f"{option} {path}: not a config.json written by marft.py (not a JSON object)")
     saved = {key: value for key, value in saved.items() if "/" not in key}
-    if saved.pop("top_p", 1.0) != 1.0:  # an option of earlier versions
+    if saved.pop("top_p", 1.0) != 1.0 and option in ("--resume", "--config"):  # an option of earlier versions
         raise SystemExit(f"{path}: its run sampled its rollouts from a nucleus (top_p < 1), which π_old and π_θ (the full "
                          "softmax) did not honour; marft no longer trains that way. Start a new run without it.")
     unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
@@ -616,7 +618,7 @@ def resumed_config(cli: Config, argv: list[str]) -> Config:
     option given with a value other than the run's is refused: it would change the algorithm
     of a run half done (--sampler included: it decides which tokens a seed draws)."""
     saved = read_config(Path(cli.resume), "--resume")
-    for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume"}):
+    for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
         if getattr(cli, option) != getattr(saved, option):
             raise SystemExit(f"--{option}={getattr(cli, option)!r}: the run resumed from {cli.resume} has "
                              f"{getattr(saved, option)!r} (its config.json) and keeps it; drop the option, or start a new "

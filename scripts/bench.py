@@ -336,7 +336,8 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
             continue
         # critic + GAE for every organisation (the math task's single agent has none by default),
         # so that the three runs differ only in the number of agents
-        args = short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1) + ["--advantage", "gae"]
+        args = (short_run_args(sizes, agents_name, sizes["phase_iterations"] if is_phase_run else 1)
+                + ["--advantage", "gae", "--minibatch_size", str(DEFAULTS.minibatch_size)])  # not the single agent's recipe
         rows, peak = run_marft(out, f"memory-default-{agents_name}", args, threads)
         memory["default"][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
         if is_phase_run and "phases" not in skip:

@@ -85,7 +85,7 @@ def main() -> None:
                 seconds[name].append(elapsed / max(tokens, 1))
                 step_seconds[name].append(elapsed / max(steps, 1))
                 print(f"{name}: {elapsed:.2f} s, {tokens} tokens, {tokens / elapsed:.0f} tokens/s, {steps} steps", flush=True)
-            if repeat == args.repeats:  # what the training model says of the sampled tokens (charts/rollout_logprob_gap)
+            if repeat == args.repeats:  # what the training model says of the sampled tokens (rollout/logprob_abs_diff)
                 with torch.no_grad():
                     recomputed, _, mask = agents.token_logprobs(model, prompts, actions.token_ids, "policy_planner",
                                                                 tokenizer.pad_token_id, sampling.temperature)

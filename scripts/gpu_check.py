@@ -304,7 +304,6 @@ def run_job(model: str, backend: str, ranks: int, task: str, args: argparse.Name
         "rollout_tokens_per_second": round(row["perf/rollout_tokens_per_second"], 1),
         "update_tokens_per_second": round(row["perf/update_tokens_per_second"], 1),
         "response_tokens": row["charts/response_tokens"],
-        "rollout_logprob_gap": row.get("charts/rollout_logprob_gap"),
         "peak_gpu_memory_gib": round(row["perf/peak_gpu_memory_gib"], 3) if "perf/peak_gpu_memory_gib" in row else None,
         "rollout": {key: value for key, value in row.items() if key.startswith("rollout/")} or None,
     } for row in rows if row.get("iteration", 0) >= 1 and "time/iteration" in row]

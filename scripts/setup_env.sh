@@ -49,20 +49,25 @@ if [ "${MARFT_VLLM:-0}" = "1" ]; then export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:
 # spin and 1.7x with the short one, which costs about 12% alone (docs/speed-and-memory.md). OpenMP
 # reads it once, when torch loads: marft's start line says which was chosen.
 if [ -z "${OMP_WAIT_POLICY:-}${GOMP_SPINCOUNT:-}" ] && [ -r /proc/stat ]; then
-  before="$(head -1 /proc/stat)"; sleep 0.5; after="$(head -1 /proc/stat)"
-  busy_cores="$(printf '%s\n%s\n' "$before" "$after" | awk -v cores="$(nproc)" '
-    { idle[NR] = $5 + $6; total[NR] = 0; for (i = 2; i <= NF; i++) total[NR] += $i }
-    END { d = total[2] - total[1]; if (d > 0) printf "%.2f", cores * (1 - (idle[2] - idle[1]) / d); else print 0 }')"
+  # busy cores among those this process may run on (a container's /proc/stat lists the host's)
+  busy_cores="$(python3 - <<'PY'
+import os, time
+def ticks():
+    cpus, rows = os.sched_getaffinity(0), {}
+    for line in open("/proc/stat"):
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            values = list(map(int, fields))
+            rows[name] = (sum(values), values[3] + values[4])  # all, idle + iowait
+    return sum(a for a, _ in rows.values()), sum(i for _, i in rows.values()), len(rows)
+(total0, idle0, cores), _ = ticks(), time.sleep(0.5)
+total1, idle1, _ = ticks()
+print(f"{cores * (1 - (idle1 - idle0) / max(total1 - total0, 1)):.2f}")
+PY
+)"
   if awk -v b="$busy_cores" 'BEGIN { exit !(b >= 0.5) }'; then
     export GOMP_SPINCOUNT=3000 MARFT_SHARED_CPU="$busy_cores"
   fi
-fi
-# MARFT_CPU_PATHS=off: compute as on a CPU without AVX-512 or bf16 instructions (the bench, the
-# check that the default run's figures do not depend on the machine): torch's, oneDNN's and MKL's
-# kernels capped at AVX2, and marft's own CPU-specific paths off (agents.cpu_specific_paths).
-if [ "${MARFT_CPU_PATHS:-on}" = "off" ]; then
-  export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
-  export MKL_ENABLE_INSTRUCTIONS="${MKL_ENABLE_INSTRUCTIONS:-AVX2}"
 fi
 export TOKENIZERS_PARALLELISM=false
 export HF_HUB_DISABLE_TELEMETRY=1

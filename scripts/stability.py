@@ -44,7 +44,7 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 CONFIGS = {
-    "single-l3": ["--agents", "single", "--arithmetic_levels", "3", "--advantage", "group", "--group_size", "4",
+    "single-l3": ["--agents", "single", "--arithmetic_levels", "3", "--advantage", "group", "--group_baseline", "group", "--group_size", "4",
                   "--batch_size", "4", "--credit", "shared", "--minibatch_size", "4", "--eval_interval", "2"],
     "chain": [],
     "single-l3-default": ["--agents", "single", "--arithmetic_levels", "3", "--eval_interval", "2"],

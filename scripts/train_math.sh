@@ -6,6 +6,7 @@ NPROC="${NPROC:-1}"                  # processes (ranks) on this node: G > 1 lau
 case "$NPROC" in
   '' | *[!0-9]* | 0) echo "NPROC=$NPROC: give the number of processes on this node, a whole number ≥ 1 (e.g. NPROC=2)" >&2; exit 2 ;;
 esac
+BACKEND_SET="${BACKEND:+1}"
 BACKEND="${BACKEND:-hf}"             # hf (transformers + peft) | vllm (installed on first use)
 if [ "$BACKEND" = "vllm" ]; then export MARFT_VLLM=1; fi
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -25,6 +26,13 @@ LAUNCH=(python)
 if [ "$NPROC" -gt 1 ]; then
   LAUNCH=(torchrun --standalone --nproc-per-node "$NPROC")
 fi
+# --resume: the run's own config.json holds every option; only what the command line gives is passed
+# (and BACKEND when set: the backend may change on resume)
+for arg in "$@"; do
+  case "$arg" in
+    --resume | --resume=*) exec "${LAUNCH[@]}" marft.py ${BACKEND_SET:+--backend "$BACKEND"} "$@" ;;
+  esac
+done
 ORGANISATION=()
 if [ -n "$AGENTS" ]; then ORGANISATION=(--agents "$AGENTS"); fi
 exec "${LAUNCH[@]}" marft.py \

@@ -281,6 +281,33 @@ def test_filter_groups_leaves_the_samples_without_signal_out_of_the_update(tiny_
     assert all(torch.equal(p, q) for p, q in zip(params, before))
 
 
+def test_an_agent_the_filter_empties_takes_no_step_on_any_rank_even_with_momentum(tiny_agents, monkeypatch):
+    """Under torchrun a rank that computed nothing adds zero gradients (distributed.sum_gradients), and
+    Adam's momentum from earlier iterations would then move the adapter: an agent whose every sample
+    the filter drops must take no step at all. Two ranks are stood in for by collectives that return
+    this rank's values."""
+    model, pad = tiny_agents
+    rollout = hand_made_rollout()
+    base = dict(advantage="group", group_size=2, credit="shared", minibatch_size=1, ppo_epochs=1, target_kl=0.0,
+                filter_groups=True)
+    old = tables_under(model, pad, rollout, "policy_solver", run.Config(**base))
+    params = agents.adapter_parameters(model, "policy_solver")
+    optimiser = torch.optim.Adam(params, lr=0.05)
+    import distributed
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "all_reduce", lambda tensor: tensor)
+    monkeypatch.setattr(distributed, "sum_", lambda tensor: tensor)
+    update = lambda advantages: marft.update_agent(model, pad, rollout, old, torch.tensor(advantages),
+                                                   torch.tensor(advantages)[:, 0] != 0, torch.ones(2, 2), torch.tensor([1, 3, 5]),
+                                                   "solver", "policy_solver", run.Config(**base), optimiser,
+                                                   torch.Generator().manual_seed(0))
+    update([[0.0], [1.0], [0.0], [-1.0], [0.0], [2.0]])  # an iteration with signal: Adam now has momentum
+    steps, before = optimiser.state_dict()["state"][0]["step"], [p.detach().clone() for p in params]
+    stats = update([[0.0]] * 6)  # nothing to learn from
+    assert stats["losses/update_samples/solver"] == 0.0 and optimiser.state_dict()["state"][0]["step"] == steps
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+
+
 @pytest.mark.parametrize("lengths, groups, budget, sort, expected", [
     # per agent, its rows in order; rows × longest ≤ budget (3 × 20 = 60 fits, 2 × 50 does not)
     ([10, 30, 20, 20, 50], [0, 1, 0, 0, 1], 60, False, [[[0, 2, 3]], [[1], [4]]]),

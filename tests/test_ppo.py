@@ -587,14 +587,19 @@ def test_sampler_mismatch_measures_each_token_with_no_cancelling_of_signs():
 
 
 def test_stale_share_is_zero_for_a_fresh_sampler_and_one_for_a_sampler_still_serving_the_previous_adapter():
-    new = t([[-1.0, -2.0, -0.5, -3.0]])
-    previous = new + t([[0.3, -0.2, 0.1, -0.4]])  # u: the update undone
-    rounding = t([[0.01, 0.01, -0.01, -0.01]])
-    mask = torch.ones(1, 4)
-    # Fresh: μ = π_new + rounding. β = Σ x u / Σ u² = (0.003 − 0.002 − 0.001 + 0.004) / 0.30 = 0.004 / 0.3.
+    # Two samples of two tokens. The update undone, u per token: U = Σ_k u = [0.1, −0.3], Σ U² = 0.1.
+    new = t([[-1.0, -2.0], [-0.5, -3.0]])
+    previous = new + t([[0.3, -0.2], [0.1, -0.4]])
+    rounding = t([[0.01, 0.01], [-0.01, -0.01]])  # X of a current sampler: [0.02, −0.02]
+    mask = torch.ones(2, 2)
+    # Current: β = (0.1 · 0.02 + 0.3 · 0.02) / 0.1 = 0.08; residuals [0.012, 0.004]: SE = √(0.00016 / 1 / 0.1) = 0.04.
     beta, error = ppo.stale_share(new + rounding, new, previous, mask)
-    assert beta == pytest.approx(0.004 / 0.3) and error < 0.05
-    # Stale: μ = π_prev + rounding. β = (0.30 + 0.004) / 0.30.
+    assert beta == pytest.approx(0.08) and error == pytest.approx(0.04)
+    # Stale: X = U + rounding = [0.12, −0.32]: β = (0.012 + 0.096) / 0.1 = 1.08, the same residuals.
     beta, error = ppo.stale_share(previous + rounding, new, previous, mask)
-    assert beta == pytest.approx(0.304 / 0.3) and error < 0.05
-    assert ppo.stale_share(new, new, new, mask) == (0.0, math.inf)  # nothing moved: nothing to tell
+    assert beta == pytest.approx(1.08) and error == pytest.approx(0.04)
+    # A padded token counts nowhere; nothing moved, or one sample, tells nothing.
+    assert ppo.stale_share(new + rounding, new, previous, t([[1.0, 0.0], [1.0, 0.0]]))[0] == pytest.approx(
+        (0.3 * 0.01 + 0.1 * -0.01) / (0.09 + 0.01))
+    assert ppo.stale_share(new, new, new, mask) == (0.0, math.inf)
+    assert ppo.stale_share(new[:1], new[:1], previous[:1], mask[:1]) == (0.0, math.inf)
