@@ -201,6 +201,34 @@ def test_a_sampler_that_keeps_serving_the_old_adapter_stops_the_run_with_one_lin
     assert (tmp_path / "stale" / "checkpoints" / "iter_000001").is_dir()  # what was written stays
 
 
+def test_a_bf16_copy_that_lags_by_rounding_is_said_once_and_weighed_not_stopped(peaked_llama, tmp_path, monkeypatch, capsys):
+    """Rounded to bf16, W + ΔW drops an update below half a unit in the last place of W: the copy
+    lags with its sync intact (the default run's late, small updates). A lagging bf16 copy (here: one
+    that never takes an update) is said once per agent and the run goes on, corrected."""
+    marft.LAGGING.clear()
+    class StaleCopy(generation.MergedHFGenerator):
+        def __init__(self, model, *args, **kwargs):
+            super().__init__(model, *args, **kwargs)
+            self.first = {a: [p.detach().clone() for p in agents.adapter_parameters(model, a)] for a in model.peft_config}
+
+        def merge(self, adapter):
+            if adapter is None or self.merged == adapter:
+                return super().merge(adapter)
+            with marft.adapter_weights(self.model, adapter, self.first[adapter]):
+                super().merge(adapter)
+
+    monkeypatch.setattr(generation, "MergedHFGenerator", StaleCopy)
+    marft.train(short_run(peaked_llama, tmp_path, "lags", "--merged_generation", "--merged_weight_dtype", "bfloat16",
+                          "--lr", "0.003", "--ent_coef", "0.1"))
+    out = capsys.readouterr().out
+    assert out.count("[rollout] the bf16 merged copy misses") == 2  # once per agent, though it lagged at iterations 2 and 3
+    rows = [json.loads(line) for line in (tmp_path / "lags" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["rollout/stale_share/solver"] > 0.5 and rows[-1]["rollout/beyond_cap"] >= 0
+    assert marft.lags_by_rounding(run.parse_args(["--merged_generation", "--merged_weight_dtype", "bfloat16"]))
+    assert not marft.lags_by_rounding(run.parse_args(["--merged_generation"]))
+    assert not marft.lags_by_rounding(run.parse_args(["--backend", "vllm"]))
+
+
 def test_the_exact_path_is_not_weighed_and_its_sampler_matches_the_training_model(tiny_model_dir, tmp_path):
     """The default hf backend samples from the training model itself: μ = π_old up to the rounding of
     another batch shape, so no decision is beyond the cap and the weights are 1 exactly."""
