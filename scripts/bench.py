@@ -104,14 +104,16 @@ FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens,
             phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
                             "onednn_linear"), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
-                           "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3))
+                           "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3),
+            wait_policies=("spin 300,000 rounds (libgomp's default)", "spin 3,000 rounds (GOMP_SPINCOUNT=3000)"))
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the phase run's
 # variants but the one without prefix sharing are left out (tests compare each option's numbers on and off).
 QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_cold_iterations=0, phase_variants=(),
              ceiling_repeats=1,
              eval_problems=1, learning_minutes=0.1,
-             learning_runs=("chain-group",), learning_seeds=(1,))
+             learning_runs=("chain-group",), learning_seeds=(1,),
+             wait_policies=("spin 3,000 rounds (GOMP_SPINCOUNT=3000)",))  # the section's code, with the fewest runs
 
 
 def machine() -> dict:
@@ -269,12 +271,12 @@ def contention(sizes: dict, threads: int, out: Path) -> dict:
     competing busy process of 2 threads (torch's matrix products), under each of WAIT_POLICIES,
     one run after the other: `slowdown` = beside / alone, the fair share on 2 cores being about 2."""
     table = {}
-    for policy, env in WAIT_POLICIES.items():
+    for policy, env in ((name, WAIT_POLICIES[name]) for name in sizes["wait_policies"]):
         seconds = {}
         for where in ("alone", "beside_a_busy_process"):
             competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if where != "alone" else None
             try:
-                time.sleep(2.0 if competitor else 0.0)  # the competitor has its threads busy before the run starts
+                time.sleep(1.0 if competitor else 0.0)  # the competitor has its threads busy before the run starts
                 rows, _ = run_marft(out, f"contention-{len(table)}-{where}", short_run_args(sizes, "chain", 2), threads, env)
             finally:
                 if competitor:
