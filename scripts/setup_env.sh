@@ -45,8 +45,8 @@ fi
 if [ "${MARFT_VLLM:-0}" = "1" ]; then export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"; fi
 # A machine that other processes already keep busy (over half a second of /proc/stat, at least half
 # a core besides this shell): waiting threads spin 3,000 rounds, not libgomp's 300,000, before they
-# sleep. With one competing 2-thread process an iteration took 5.1x its time alone with the long
-# spin and 1.7x with the short one, which costs about 12% alone (docs/speed-and-memory.md). OpenMP
+# sleep. With one competing 2-thread process an iteration took 5.7x its time alone with the long
+# spin and 1.8x with the short one, which costs about 7% alone (the bench's contention section). OpenMP
 # reads it once, when torch loads: marft's start line says which was chosen.
 if [ -z "${OMP_WAIT_POLICY:-}${GOMP_SPINCOUNT:-}" ] && [ -r /proc/stat ]; then
   # busy cores among those this process may run on (a container's /proc/stat lists the host's)
