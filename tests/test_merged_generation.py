@@ -147,6 +147,20 @@ def peaked_llama(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("peaked-llama"), hidden_size=64, head_dim=32, initializer_range=0.5)
 
 
+class StaleCopy(generation.MergedHFGenerator):
+    """Merges each agent's adapter as it was when the copy was built: the syncs never reach it."""
+
+    def __init__(self, model, *args, **kwargs):
+        super().__init__(model, *args, **kwargs)
+        self.first = {a: [p.detach().clone() for p in agents.adapter_parameters(model, a)] for a in model.peft_config}
+
+    def merge(self, adapter):
+        if adapter is None or self.merged == adapter:
+            return super().merge(adapter)
+        with marft.adapter_weights(self.model, adapter, self.first[adapter]):
+            super().merge(adapter)
+
+
 def short_run(model_dir, tmp_path, name, *options):
     return run.parse_args(["--model", str(model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj",
                            "--batch_size", "4", "--iterations", "3", "--max_new_tokens", "6", "--eval_problems", "2",
@@ -181,18 +195,6 @@ def test_a_sampler_that_keeps_serving_the_old_adapter_stops_the_run_with_one_lin
         peaked_llama, tmp_path, monkeypatch):
     """A merged copy whose sync never reaches it (the failure other frameworks' users meet: rollouts
     that silently keep sampling the initial policy) is caught at the rollout after the first update."""
-    class StaleCopy(generation.MergedHFGenerator):
-        """Merges each agent's adapter as it was when the copy was built: the syncs never reach it."""
-        def __init__(self, model, *args, **kwargs):
-            super().__init__(model, *args, **kwargs)
-            self.first = {a: [p.detach().clone() for p in agents.adapter_parameters(model, a)] for a in model.peft_config}
-
-        def merge(self, adapter):
-            if adapter is None or self.merged == adapter:
-                return super().merge(adapter)
-            with marft.adapter_weights(self.model, adapter, self.first[adapter]):
-                super().merge(adapter)
-
     monkeypatch.setattr(generation, "MergedHFGenerator", StaleCopy)
     cfg = short_run(peaked_llama, tmp_path, "stale", "--merged_generation", "--lr", "0.003", "--ent_coef", "0.1")
     with pytest.raises(SystemExit, match=r"stale sampler: the hf backend's merged copy \(float32 weights\) still serves "
@@ -206,17 +208,6 @@ def test_a_bf16_copy_that_lags_by_rounding_is_said_once_and_weighed_not_stopped(
     lags with its sync intact (the default run's late, small updates). A lagging bf16 copy (here: one
     that never takes an update) is said once per agent and the run goes on, corrected."""
     marft.LAGGING.clear()
-    class StaleCopy(generation.MergedHFGenerator):
-        def __init__(self, model, *args, **kwargs):
-            super().__init__(model, *args, **kwargs)
-            self.first = {a: [p.detach().clone() for p in agents.adapter_parameters(model, a)] for a in model.peft_config}
-
-        def merge(self, adapter):
-            if adapter is None or self.merged == adapter:
-                return super().merge(adapter)
-            with marft.adapter_weights(self.model, adapter, self.first[adapter]):
-                super().merge(adapter)
-
     monkeypatch.setattr(generation, "MergedHFGenerator", StaleCopy)
     marft.train(short_run(peaked_llama, tmp_path, "lags", "--merged_generation", "--merged_weight_dtype", "bfloat16",
                           "--lr", "0.003", "--ent_coef", "0.1"))
