@@ -922,7 +922,7 @@ class Run:
             distributed.barrier()  # every rank has looked before rank 0 writes
             if self.writes:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                recorded = {"sandbox/isolation": sandbox.decided_isolation()} if sandbox.decided_isolation() else {}
+                recorded = sandbox.sandbox_record()  # isolation, syscall filter, limits: once a program has run
                 if cfg.model.startswith(agents_lib.RANDOM_MODEL):
                     recorded["model/weights"] = "random: its accuracies mean nothing, its seconds and bytes do"
                 recorded["rollout/sampler"] = sampler_record(cfg)

@@ -67,8 +67,8 @@ def program_feedback(subject: str, report: TestReport | None, tests: tuple[str, 
 
 
 class CodeEnv:
-    """One episode of writing a program for `problem` (whose `tests` are Python statements that run
-    in the program's namespace), graded on the responses of `graded_roles`.
+    """One episode of writing a program for `problem` (whose `tests` are Python statements run by
+    the sandbox's judge, calling the program's functions), graded on the responses of `graded_roles`.
 
     reset(seed=None) -> the task text.
     step(joint_action) -> (observation, reward, done, info) with
@@ -101,10 +101,9 @@ class CodeEnv:
         check_step_call(self, joint_action)
         reports: dict[str, TestReport | None] = {}
         for role in self.graded_roles:
-            program = extract_program(joint_action[role])
-            if program is not None and self.problem.prelude:  # e.g. HumanEval's imports and helpers
-                program = self.problem.prelude + "\n" + program
-            reports[role] = None if program is None else run_tests(program, list(self.problem.tests), self.limits)
+            program = extract_program(joint_action[role])  # run after the problem's prelude (HumanEval's imports and helpers)
+            reports[role] = None if program is None else run_tests(program, list(self.problem.tests), self.limits,
+                                                                   prelude=self.problem.prelude)
         scores = [self.score(report) for report in reports.values()]
         step_index, self.steps_taken = self.steps_taken, self.steps_taken + 1
         all_passed = all(r is not None and r.outcome == PASSED for r in reports.values())

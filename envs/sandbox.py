@@ -2,93 +2,83 @@
 reward, hang, crash the trainer, reach the network or outlive its run.
 
 The code environment (envs/code_env.py) grades a program by the fraction of its tests that pass;
-this module runs them. One call, `run_tests(program, tests, limits)`. A policy under RL pressure
-finds every unearned reward, so the sandbox is built in two layers and the verdict is reached
-outside the program's process wherever the test allows it:
+this module runs them. One call, `run_tests(program, tests, limits, prelude)`. A policy under RL
+pressure finds every unearned reward, so the design assumes that the program owns its whole
+process (any frame, any module, any syscall the kernel lets through) and keeps the verdict out of it:
 
+    judge       the sandbox's first process. It reads the job, sets the limits, drops to `nobody`
+                and forks the program's process; then it runs each test itself, with the
+                problem's prelude (HumanEval's imports and helper functions) and the builtins and
+                standard modules of its own. The test calls the program's functions through
+                proxies: each call crosses a pipe as plain data (builtin types, bounded size) and
+                its answer comes back as plain data, parsed by the judge (`from_repr`), never
+                evaluated. The verdict of every test is the judge's; it alone writes to the
+                trainer. Nothing of the program (its names, objects, `==`, `abs`, a fake `math`)
+                is in the test's namespace except those proxies.
+    program     the forked process: it closes every descriptor but its two pipe ends, installs a
+                seccomp filter (`DENIED_SYSCALLS`, x86-64: no process, thread, signal to another
+                process, ptrace, namespace, mount, keyring, bpf, io_uring, memfd, SysV/POSIX IPC,
+                socket), removes the interpreter's means to load any further C module (so a
+                refused module stays refused on every import path: `import`, `importlib`,
+                `_imp`), installs the Python guard, runs the prelude and the program's top level,
+                then answers calls. A test that runs out of time kills it; the next test that calls
+                it starts a fresh one from the judge (the program's top level runs again).
     isolation   the operating system's, when the machine allows it (`isolation()`, decided once
                 per process, recorded in the run's config as `sandbox/isolation`):
-                "namespaces"       (the trainer is root) util-linux `unshare` gives the child its
+                "namespaces"       (the trainer is root) util-linux `unshare` gives the judge its
                                    own PID, network, mount, IPC and UTS namespaces; inside, a new
                                    root of its own (`pivot_root`, the old root detached): the
                                    system's /usr and the interpreter's folder read-only, a
                                    size-capped tmpfs as its working folder (/sandbox), /tmp and
                                    /dev/shm, four character devices, no /proc, /sys, /etc, /home
                                    or /work; then it drops to the unprivileged user `nobody`.
-                                   The network namespace has only a loopback that is down: no
-                                   network at all. When the child (PID 1 of its namespace) ends,
-                                   the kernel ends every process it started; its files were
-                                   only ever in tmpfs and go with the namespace.
+                                   The network namespace has only a loopback that is down.
+                                   When the judge (PID 1 of its namespace) ends, the kernel ends
+                                   every process of it; its files were only ever in tmpfs.
                 "user-namespaces"  (the trainer is not root) the same inside a user namespace
-                                   (`unshare --user --map-root-user`); the child then runs with
-                                   no capability (`setpriv --bounding-set=-all`), as its mapped
-                                   user (the trainer's), who can write only the tmpfs folders.
+                                   (`unshare --user --map-root-user`) with no capability left
+                                   (`setpriv --bounding-set=-all`), as the trainer's mapped user.
                 "guard"            (no namespaces: another OS, a container that forbids them)
-                                   the child runs in a fresh folder of the host as `nobody`
-                                   (under root) with the Python guard below only. Said once on
-                                   stderr at the start and in the run's config; never silent.
-    guard       a Python audit hook (second layer, in every mode): refuses opening or listing
-                files outside the folder (reading the standard library excepted), relative
-                paths resolved against a directory descriptor, importing the modules that start
-                processes or threads, open sockets or call C (`REFUSED_MODULES`), the matching
-                os/socket/ctypes calls, tracing and profiling hooks, and reading frames.
-    limits      set by the child on itself before the program runs (`Limits`): address space,
-                CPU seconds, largest file, open files, processes, no core dumps; each tmpfs is
-                capped at `disk_mib` (and a number of files)
-    input       the program, the tests and a per-run secret (nonce) arrive on the child's stdin,
-                which it reads to the end and closes before the program runs: nothing of them is
-                in its argv, environment or files
-    results     (a) a test of the shape `assert CALL == LITERAL` (the generated task, MBPP
-                asserts of that shape) is split in the parent (`split_comparison`): the child
-                is given only CALL, evaluates it and reports the value it computed as plain data
-                (builtin types, bounded size); the parent parses that defensively and compares it
-                with LITERAL, which never enters the child. A program cannot forge such a pass:
-                it would have to produce the expected values, i.e. compute them; an object whose
-                `==` is always true is not plain data and never reaches the comparison.
-                (b) any other test (HumanEval's `check(candidate)`) runs inside the child, which
-                reports "passed" on its result pipe with the nonce. The test sees every callable
-                of the program through a wrapper that turns its results into plain data (so its
-                `==`, `abs`, `len`… are the builtin ones) and the builtins as they were before
-                the program ran; see the limits below.
-    parsing     every byte the child writes is read with caps (line length, number of events,
-                total bytes; `ResultCaps`) and parsed with `ast.literal_eval` under a catch-all:
-                nothing the child writes raises in the trainer or grows its memory unbounded
-    time        each test runs under a wall-clock alarm (`seconds_per_test`); the whole run
-                under `seconds_per_program`, after which the child's process group is killed
-                (and with it, in the namespace modes, every process of the program)
-    cleanup     the guard mode's folder is removed with `rm -rf` (no recursion in Python, so
-                any depth of tree goes); the namespace modes leave no folder on the host
+                                   a fresh folder of the host, `nobody` (under root), the seccomp
+                                   filter and the Python guard. Said once on stderr, never silent.
+    guard       a Python audit hook in the program's process: refuses files outside its folder
+                (reading the standard library excepted), the modules that start processes or
+                threads, open sockets or call C (`REFUSED_MODULES`), tracing hooks and frames.
+                A convenience that gives an honest program a clear error; nothing relies on it.
+    limits      set on each process before the program runs (`Limits`): address space, CPU
+                seconds, largest file, open files, no core dumps; each tmpfs is capped at
+                `disk_mib`. The limits are per process (`sandbox/limits` in the config: no cgroup
+                here); the program's process can start no other, so a run holds at most two.
+    time        each test runs under the judge's wall-clock alarm (`seconds_per_test`); the whole
+                run under `seconds_per_program`, after which the trainer kills the judge and
+                with it every process of the run, and reaps every one of them.
+    parsing     the trainer reads only the judge's events (one per test and a few more), with caps
+                on every line and on the total, parsed under a catch-all; a detail is cut at
+                `DETAIL_CHARS` before it reaches an observation.
 
 Outcomes of a program: "passed" (every test), "failed" (some test failed or raised),
 "syntax_error", "timeout" (a test or the program ran out of time), "crash" (the program's own
-top level raised or exited, or the child died, e.g. out of memory), "no_program" (decided by the
-environment: no fenced python block). Each test's result is "passed", "failed" (assertion or a
-different value), "error" (another exception, or a value that is not plain data), "timeout" or
-"not_run".
+top level raised or exited, or a process died, e.g. out of memory), "no_program" (decided by the
+environment: no fenced python block). Each test's result is "passed", "failed" (assertion),
+"error" (another exception, or an answer that is not plain data), "timeout" or "not_run".
 
-What remains possible (docs/code-tasks.md: "The code sandbox"). A program that escapes the
-Python guard (it guards library calls, not every C-level path: any frame object leads, through
-f_back and f_locals, which raise no audit event, to the runner's reporter) can, for tests of kind (b) only,
-forge "passed" events: the test code runs in its process and the trainer cannot tell the test's
-own report from a forged one. Without an escape, a program can still change a standard-library
-module that a kind-(b) test uses (`math.isclose`), and a kind-(b) test cannot use the program's
-own objects (a class instance is not plain data). It still cannot reach the network, write or read outside its tmpfs folders
-(in the namespace modes), or leave a process behind. It can use CPU and memory up to the limits
-while it runs. In the guard mode there is no network namespace, and a program that gets past the
-guard can reach the network, read world-readable files and start processes. A program can
-also special-case the inputs it is tested on if the task text reveals them.
+What remains (docs/code-tasks.md: "The code sandbox"): a test that hands the program something
+that is not plain data (a function, an object of the test's) or relies on the program changing
+its arguments in place fails, since only copies of plain data cross; a program can special-case
+the inputs it is tested on if the task text shows them; it can use CPU and memory up to the
+limits while it runs; off x86-64 there is no seccomp filter (said in the config).
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
-import hmac
 import json
 import os
-import secrets
+import platform
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -99,26 +89,28 @@ PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM = "passed", "failed", "
 OUTCOMES = (PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM)
 NAMESPACES, USER_NAMESPACES, GUARD = "namespaces", "user-namespaces", "guard"
 NOBODY = 65534  # uid and gid of `nobody` on Debian and most Linux systems
+DETAIL_CHARS = 300  # a test's detail (the first failure's message), as it may reach an observation
+PYTHON_GUARD = True  # the audit hook in the program's process; tests turn it off to play a program that owns its process
 
 
 @dataclass(frozen=True)
 class Limits:
-    seconds_per_test: float = 2.0  # wall clock, per test (an alarm in the child)
-    seconds_per_program: float = 10.0  # wall clock, the program and all its tests (the parent kills the group)
-    memory_mib: int = 512  # address space of the child
-    file_mib: int = 4  # largest file the child may write
+    seconds_per_test: float = 2.0  # wall clock, per test (the judge's alarm)
+    seconds_per_program: float = 10.0  # wall clock, the program and all its tests (the trainer kills the run)
+    memory_mib: int = 512  # address space of each process (the judge's and the program's)
+    file_mib: int = 4  # largest file a process may write
     disk_mib: int = 16  # size of each tmpfs of the namespace modes (the folder, /tmp, /dev/shm)
     open_files: int = 64
-    processes: int = 32  # RLIMIT_NPROC (binds the unprivileged user only)
+    processes: int = 32  # RLIMIT_NPROC (binds the unprivileged user only; the program's process can start none)
     output_chars: int = 10_000  # printed output kept, per program
 
 
 @dataclass(frozen=True)
 class ResultCaps:
-    """What the parent reads of the child, at most (docs/code-tasks.md: "The code sandbox")."""
-    line_bytes: int = 1 << 18  # one event line; a longer one is dropped
-    total_bytes: int = 8 << 20  # everything read from the result pipe; then the child is killed
-    value_chars: int = 100_000  # the repr of one computed value (checked in the child too)
+    """What the trainer reads of the judge, and the judge of the program, at most."""
+    line_bytes: int = 1 << 17  # one of the judge's event lines; a longer one is dropped
+    total_bytes: int = 1 << 20  # everything read from the judge; then the run is killed
+    value_chars: int = 100_000  # one answer of the program (its repr), as the judge reads it
     extra_events: int = 8  # events allowed beyond one per test
 
 
@@ -139,145 +131,269 @@ class TestReport:
         return next((k for k, t in enumerate(self.tests) if t != PASSED), None)
 
 
-# Standard-library modules the runner imports before the guard is installed, in every mode: some
-# call sys._getframe while they load (namedtuple), which the guard refuses; and in the guard mode
-# the interpreter's own files may be readable by their owner only (a Python under /root), so that
-# `nobody` could import nothing new. A program may import any of these, or any module it can read.
+# Standard-library modules the judge imports before it drops privileges and forks: the program may
+# import these (and any pure-Python module it can read), and a test may use them by name without
+# importing them (MBPP's `math.isclose`), from the judge. In the guard mode the interpreter's own
+# files may be readable by their owner only, so that `nobody` could import nothing new.
 PRELOADED_MODULES = ["math", "cmath", "collections", "collections.abc", "itertools", "functools", "operator", "re",
                      "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "datetime", "copy",
-                     "typing", "dataclasses", "enum", "json", "array", "textwrap", "unicodedata", "hashlib", "time"]
-# Modules a program may not import: processes, sockets, C calls (refused by name, before any lookup).
-# `signal` too: a Python signal handler is given the frame it interrupted, whose f_back (which
-# raises no audit event) leads to the runner's own; the runner sets its alarm, then drops the
-# module from sys.modules, so a program's import of it is a fresh, refused one. Modules named
-# _test… or _xx… (CPython's test helpers) are refused by prefix.
-# `gc` too: gc.garbage (DEBUG_SAVEALL) hands over frames. The ones the interpreter or the runner
-# has already loaded (`UNLOADED_MODULES`) are dropped from sys.modules before the program runs.
+                     "typing", "dataclasses", "enum", "json", "array", "textwrap", "unicodedata", "hashlib", "time",
+                     "struct", "base64", "binascii", "ast"]
+# Modules a program may not import (refused by name by the guard, and, being C modules, not loadable
+# at all in the program's process once it starts: `sys.modules` loses them and `_imp` its loaders).
 REFUSED_MODULES = ["subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty", "socket", "_socket",
                    "ctypes", "_ctypes", "threading", "_thread", "concurrent", "asyncio", "signal", "_signal",
-                   "faulthandler", "gc", "marshal", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"]
-UNLOADED_MODULES = ["signal", "_signal", "_thread", "gc", "marshal"]
+                   "faulthandler", "gc", "marshal", "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "select",
+                   "mmap", "fcntl", "resource", "_posixshmem"]
+# Syscalls the program's process may not make (x86-64 numbers; EPERM): processes and threads,
+# signals to other processes, tracing, namespaces and mounts, keyrings (not covered by namespaces:
+# state across runs), bpf, io_uring, memfd (memory outside the address-space limit), SysV and POSIX
+# IPC, sockets, and the rest of the kernel's administration.
+DENIED_SYSCALLS = {
+    "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "execve": 59, "execveat": 322, "setsid": 112, "setpgid": 109,
+    "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434,
+    "pidfd_send_signal": 424, "pidfd_getfd": 438, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+    "process_madvise": 440, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
+    "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "mount_setattr": 442, "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 298, "userfaultfd": 323, "memfd_create": 319,
+    "memfd_secret": 447, "socket": 41, "socketpair": 53, "shmget": 29, "msgget": 68, "semget": 64, "mq_open": 240,
+    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+    "reboot": 169, "acct": 163, "syslog": 103, "swapon": 167, "swapoff": 168, "quotactl": 179, "personality": 135,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "iopl": 172, "ioperm": 173,
+}
+
+
+def seccomp_program(denied: list[int]) -> bytes:
+    """A classic-BPF seccomp filter (struct sock_filter[]): x86-64 syscalls in `denied`, the x32
+    ABI and any other architecture (int 0x80) get EPERM; everything else is allowed."""
+    load, equal, at_least, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    n = len(denied)
+    deny_at = 6 + n  # index of the final `ret deny`
+    code = [(load, 0, 0, 4), (equal, 1, 0, 0xC000003E), (ret, 0, 0, deny), (load, 0, 0, 0),  # arch == x86-64, then nr
+            (at_least, deny_at - 5, 0, 0x40000000)]  # the x32 ABI
+    code += [(equal, deny_at - (6 + k), 0, number) for k, number in enumerate(denied)]
+    code += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+    return b"".join(struct.pack("<HBBI", *instruction) for instruction in code)
+
+
+def syscall_filter() -> str:
+    """What the program's process runs under: "seccomp" (x86-64 Linux), else why not."""
+    if not sys.platform.startswith("linux"):
+        return "none (not Linux)"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"none (no syscall table for {platform.machine()}: the limits are per process and the guard refuses processes)"
+    return "seccomp"
 
 
 # ---------------------------------------------------------------------------------------------
-# The test's shape: compared in the parent, or run in the child
+# The judge and the program's process (one script; the judge forks the program's process)
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Comparison:
-    """`assert CALL == EXPECTED[, message]` with EXPECTED a literal: the child evaluates `call`
-    only, and the parent compares what it computed with `expected`."""
-    call: str
-    expected: object
-    message: str = ""
+# The judge runs `python -I -S -B -c RUNNER fd`. It reads its job (limits, prelude, program, tests)
+# from stdin and closes it, limits itself, drops privileges if it is root, then forks the program's
+# process and runs the tests, writing one event per line on the pipe `fd`, which only it holds:
+#     ('kind', index, 'result', 'detail', 'output')
+# Between the judge and the program's process, one line each way per message, the repr of a tuple
+# of plain data: ('call', name, args, kwargs) and ('output',) from the judge; ('ready', names),
+# ('crash', detail, output), ('syntax_error', detail), ('value', value), ('raised', kind, message)
+# and ('output', text) from the program. The judge parses what it reads with `from_repr`.
+RUNNER = r"""# marft sandbox: the judge, and the program's process it forks
+import ast, builtins, ctypes, io, json, os, resource, select, signal, sys
 
+def from_repr(text, most_nodes):
+    # Plain data from its repr, built node by node (never evaluated): None, bool, int, float (inf
+    # and nan too), complex, str, bytes, and tuples, lists, sets, frozensets and dicts of them.
+    tree = ast.parse(text, mode="eval").body
+    count = [0]
+    def build(node, depth):
+        count[0] += 1
+        if depth > 60 or count[0] > most_nodes:
+            raise ValueError("the answer is nested too deeply or too large")
+        kind = type(node)
+        if kind is ast.Constant and type(node.value) in (type(None), bool, int, float, complex, str, bytes):
+            return node.value
+        if kind is ast.Name and node.id in ("inf", "nan"):
+            return float(node.id)
+        if kind is ast.UnaryOp and type(node.op) in (ast.USub, ast.UAdd):
+            value = build(node.operand, depth + 1)
+            if type(value) not in (int, float, complex):
+                raise ValueError("not plain data")
+            return -value if type(node.op) is ast.USub else value
+        if kind is ast.BinOp and type(node.op) in (ast.Add, ast.Sub):  # a complex number: real ± imaginary
+            left, right = build(node.left, depth + 1), build(node.right, depth + 1)
+            if type(left) not in (int, float) or type(right) is not complex:
+                raise ValueError("not plain data")
+            return left + right if type(node.op) is ast.Add else left - right
+        if kind in (ast.Tuple, ast.List, ast.Set):
+            items = [build(item, depth + 1) for item in node.elts]
+            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[kind](items)
+        if kind is ast.Dict and None not in node.keys:
+            return {build(k, depth + 1): build(v, depth + 1) for k, v in zip(node.keys, node.values)}
+        if (kind is ast.Call and type(node.func) is ast.Name and node.func.id in ("set", "frozenset")
+                and not node.keywords and len(node.args) <= 1):
+            return (set if node.func.id == "set" else frozenset)(build(node.args[0], depth + 1) if node.args else ())
+        raise ValueError("not plain data")
+    return build(tree, 0)
 
-def split_comparison(test: str) -> Comparison | None:
-    """A test of the shape `assert CALL == LITERAL` (either side the literal) → Comparison; any
-    other test (several statements, another operator, no literal side) → None (it runs in the child)."""
+def plain(value, depth=0, budget=None):
+    # A value as builtin data only (what crosses between the two processes): a subclass of a
+    # builtin type becomes its base; anything else (a function, an object) is refused.
+    budget = budget if budget is not None else [0]
+    budget[0] += 1
+    if depth > 40 or budget[0] > 1_000_000:
+        raise ValueError("the value is nested too deeply or too large")
+    kind = type(value)
+    if kind in (type(None), bool, int, float, complex, str, bytes):
+        return value
+    for base in (int, float, complex, str, bytes):
+        if isinstance(value, base):
+            return str.__str__(value) if base is str else base(value)
+    for base in (list, tuple, set, frozenset):
+        if isinstance(value, base):
+            return base([plain(v, depth + 1, budget) for v in base(value)])
+    if isinstance(value, dict):
+        return {plain(k, depth + 1, budget): plain(v, depth + 1, budget) for k, v in dict.items(value)}
+    raise TypeError("a " + str(kind.__name__)[:80] + " is not plain data")
+
+def last_line(err):  # "Kind: message", cut (no traceback)
     try:
-        tree = ast.parse(test)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
-        return None
-    statement = tree.body[0]
-    compare = statement.test
-    if not (isinstance(compare, ast.Compare) and len(compare.ops) == 1 and isinstance(compare.ops[0], ast.Eq)):
-        return None
-    message = statement.msg.value if isinstance(statement.msg, ast.Constant) and isinstance(statement.msg.value, str) else ""
-    for call, literal in ((compare.left, compare.comparators[0]), (compare.comparators[0], compare.left)):
+        message = str(err)
+    except BaseException:
+        message = "?"
+    name = type(err).__name__ if isinstance(type(err).__name__, str) else "Exception"
+    return (name + ": " + message if message else name)[:300]
+
+class Lines:
+    # Lines from a pipe, each at most `cap` bytes (a longer one is an error), read with os.read.
+    def __init__(self, fd, cap):
+        self.fd, self.cap, self.buffer = fd, cap, b""
+    def next(self):
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > self.cap:
+                raise ValueError("a message too large to read")
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                raise EOFError("the program's process ended")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        if len(line) > self.cap:
+            raise ValueError("a message too large to read")
+        return line.decode("utf-8", "replace")
+
+def send(fd, message):
+    data = (repr(message) + "\n").encode("utf-8", "replace")
+    while data:
+        data = data[os.write(fd, data):]
+
+# ------------------------------------------------------------------ the program's process
+
+def serve(job, settings):
+    # Runs in the forked process, reading calls on fd 0 and answering on fd 3 (nothing else open).
+    limits = job["limits"]
+    if settings["filter"]:
         try:
-            expected = ast.literal_eval(literal)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            continue
-        return Comparison(ast.get_source_segment(test, call) or ast.unparse(call), expected, message)
-    return None
+            libc = ctypes.CDLL(None, use_errno=True)
+            class Program(ctypes.Structure):
+                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+            code = ctypes.create_string_buffer(settings["filter"], len(settings["filter"]))
+            program = Program(len(settings["filter"]) // 8, ctypes.addressof(code))
+            if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(program), 0, 0) != 0:  # NO_NEW_PRIVS, SECCOMP
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        except BaseException as err:
+            send(3, ("sandbox_error", "the seccomp filter could not be installed: " + last_line(err)))
+            os._exit(3)
 
+    class Interrupted(BaseException):
+        pass
 
-# ---------------------------------------------------------------------------------------------
-# The child
-# ---------------------------------------------------------------------------------------------
+    computing = [False]
 
-# The child runs `python -I -S -B -c RUNNER fd`. It reads its job (limits, nonce, program, tests)
-# from stdin and closes it, limits itself, drops privileges if it is root, installs the guard,
-# then runs the program's top level and each test, writing one event per line on the pipe `fd`:
-#     <nonce> ('kind', index, 'result', 'detail')
-# Everything the runner uses after the program starts is bound to a local name first: a program
-# can replace names in modules (builtins, os, json), not a function's locals; events are written
-# with os.write and repr of builtin types only. Everything lives inside main(): the program
-# reaches none of it through `import __main__`, and the guard refuses frames and trace hooks.
-RUNNER = r"""# marft sandbox runner
-import io, json, os, resource, sys
+    def interrupted(signum, frame):  # the judge's signal that a call ran out of time
+        if computing[0]:
+            computing[0] = False
+            raise Interrupted("the call ran out of time")
 
-def main():
-    import signal  # a local: the program reaches no module that holds it (REFUSED_MODULES)
-    _write, _repr, _len, _type, _str, _isinstance = os.write, repr, len, type, str, isinstance
-    _exec, _eval, _exit, _setitimer, _REAL = exec, eval, os._exit, signal.setitimer, signal.ITIMER_REAL
-    _AssertionError, _BaseException, _as_str, _bytes_join = AssertionError, BaseException, str.__str__, bytes.join
-    _int, _float, _complex, _bytes, _list, _tuple, _dict, _set, _frozenset = int, float, complex, bytes, list, tuple, dict, set, frozenset
-    _dict_items, _NoneType, _callable, _Module = dict.items, type(None), callable, type(os)
-    import builtins as builtins_module
+    signal.signal(signal.SIGALRM, interrupted)
+    for name in list(sys.modules):  # the C modules refused to the program, and what holds them
+        if name.split(".")[0] in limits["refused_modules"]:
+            del sys.modules[name]
+    for name in limits["refused_modules"]:  # and the judge's own references to them
+        globals().pop(name, None)
+    import _imp
 
-    chunks = []
+    def no_c_module(*args):
+        raise ImportError("sandbox: no C module is loaded once the program runs (import it from PRELOADED_MODULES)")
+
+    for loader in ("create_builtin", "create_dynamic", "exec_builtin", "exec_dynamic"):
+        if hasattr(_imp, loader):  # no further C module on any path (import, importlib, _imp)
+            setattr(_imp, loader, no_c_module)
+    del _imp
+    requests, folder = Lines(0, 1 << 24), os.getcwd()
+
+    class Printed(io.TextIOBase):
+        def __init__(self, cap):
+            self.cap, self.parts, self.size = cap, [], 0
+        def writable(self):
+            return True
+        def write(self, text):
+            if self.size < self.cap:
+                self.parts.append(str(text)[: self.cap - self.size])
+            self.size += len(text)
+            return len(text)
+
+    printed = Printed(limits["output_chars"])
+    sys.stdout = sys.stderr = printed
+    sys.stdin = io.StringIO("")
+
+    def output():
+        try:
+            return "".join(p for p in printed.parts if type(p) is str)[: limits["output_chars"]]
+        except BaseException:
+            return ""
+
+    try:
+        code = compile(job["prelude"] + job["program"], "program.py", "exec")
+    except (SyntaxError, ValueError) as err:
+        send(3, ("syntax_error", last_line(err)))
+        os._exit(0)
+    namespace = {"__name__": "program", "exit": sys.exit, "quit": sys.exit}  # as the site module would give
+    if settings["guard"]:
+        sys.addaudithook(guard_for(folder, limits))
+    sys.setrecursionlimit(2000)
+    try:
+        exec(code, namespace)
+    except BaseException as err:
+        send(3, ("crash", last_line(err), output()))
+        os._exit(0)
+    send(3, ("ready", sorted(str(k) for k, v in dict.items(namespace) if type(k) is str and callable(v))))
     while True:
-        chunk = os.read(0, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(0)
-    job = json.loads(b"".join(chunks))
-    del chunks
-    limits, nonce, fd = job["limits"], job["nonce"], int(sys.argv[1])
-    del sys.argv[1:]
-
-    def say(kind, index=-1, result="", detail="", output=""):
-        line = nonce + " " + _repr((kind, index, result, detail, output)) + "\n"
+        message = from_repr(requests.next(), 1_000_000)
+        if message[0] == "output":
+            os.write(3, (repr(("output", message[1], output())) + "\n").encode("utf-8", "replace"))
+            continue
+        _, number, name, args, kwargs = message
         try:
-            _write(fd, line.encode("utf-8", "replace"))
-        except _BaseException:
-            _exit(3)
+            function = namespace[name]
+            computing[0] = True
+            value = function(*args, **kwargs)
+            computing[0] = False
+            answer = repr(("value", number, plain(value)))
+            if len(answer) > limits["value_chars"]:
+                raise ValueError("the value is too large to report")
+        except BaseException as err:
+            computing[0] = False
+            kind = type(err).__name__ if isinstance(type(err).__name__, str) else "Exception"
+            answer = repr(("raised", number, kind[:80], last_line(err)))
+        os.write(3, (answer + "\n").encode("utf-8", "replace"))
 
-    def leave():  # no atexit handler, no leftover thread can keep the child alive
-        _exit(0)
 
-    def text(value, cap=300):  # a program's string (maybe of a str subclass) as a plain str
-        try:
-            value = value if _isinstance(value, _str) else _str(value)
-            return _as_str(value)[:cap]
-        except _BaseException:
-            return "?"
-
-    folder = os.getcwd()
-    try:
-        mib = 1024 * 1024
-        for name, value in (("RLIMIT_AS", limits["memory_mib"] * mib), ("RLIMIT_CPU", int(limits["seconds_per_program"]) + 1),
-                            ("RLIMIT_FSIZE", limits["file_mib"] * mib), ("RLIMIT_NOFILE", limits["open_files"]),
-                            ("RLIMIT_NPROC", limits["processes"]), ("RLIMIT_CORE", 0)):
-            kind = getattr(resource, name)
-            hard = resource.getrlimit(kind)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(kind, (value, value))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit raises OSError instead of killing
-        for name in limits["preload"]:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
-        if os.getuid() == 0 and limits["drop_to"] is not None:
-            os.setgroups([])
-            os.setgid(limits["drop_to"])
-            os.setuid(limits["drop_to"])
-        items = []
-        for index, (shape, code) in enumerate(job["tests"]):
-            try:
-                items.append((shape, compile(code, "test_" + str(index), "eval" if shape == "call" else "exec")))
-            except (SyntaxError, ValueError) as err:  # a malformed test: an error of that test, not of the sandbox
-                items.append(("malformed", type(err).__name__ + ": " + text(err)))
-    except Exception as err:
-        say("sandbox_error", detail=type(err).__name__ + ": " + text(err))
-        leave()
-
+def guard_for(folder, limits):
+    # The Python guard of the program's process (a convenience: the kernel and the judge decide).
+    _realpath, _fsdecode, _sep, _isabs, _str, _bytes = os.path.realpath, os.fsdecode, os.sep, os.path.isabs, str, bytes
+    _isinstance, _len, _int, _PermissionError, _as_str, _join = isinstance, len, int, PermissionError, str.__str__, bytes.join
+    _PathTypes = (str, bytes, os.PathLike)
     readable = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, folder})
     refused_modules = frozenset(limits["refused_modules"])
     refused_events = frozenset({
@@ -287,14 +403,11 @@ def main():
         "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.truncate", "os.utime",
         "os.chown", "os.chflags", "os.setxattr", "os.removexattr", "os.chroot", "os.mknod", "os.mkfifo", "code.__new__",
         "marshal.loads", "marshal.load", "function.__new__"})
-    # event: (how many leading path arguments, positions of its directory descriptors; -1 = none)
     path_events = {"os.remove": (1, (1,)), "os.rmdir": (1, (1,)), "os.mkdir": (1, (2,)), "os.chmod": (1, (2,)),
                    "os.rename": (2, (2, 3)), "os.link": (2, (2, 3)), "os.symlink": (2, (2,)), "shutil.rmtree": (1, ()),
                    "os.listdir": (1, ()), "os.scandir": (1, ()), "os.chdir": (1, ())}
     frame_attributes = frozenset({"tb_frame", "f_back", "f_locals", "f_globals", "gi_frame", "cr_frame", "ag_frame",
                                   "f_builtins"})
-    _realpath, _fsdecode, _sep, _PermissionError = os.path.realpath, os.fsdecode, os.sep, PermissionError
-    _isabs, _PathTypes = os.path.isabs, (str, bytes, os.PathLike)
 
     def outside(value):
         path = _realpath(_fsdecode(value))
@@ -304,7 +417,7 @@ def main():
         if _isinstance(value, _str):
             return _as_str(value)
         if _isinstance(value, _bytes):
-            return _bytes_join(b"", [value])
+            return _join(b"", [value])
         return value
 
     def guard(event, args):
@@ -338,133 +451,273 @@ def main():
                     raise _PermissionError("sandbox: " + event + " on a file descriptor is not allowed")
                 if outside(arg)[0]:
                     raise _PermissionError("sandbox: no access to " + outside(arg)[1] + " outside the working folder")
+    return guard
 
-    class Printed(io.TextIOBase):
-        def __init__(self, cap):
-            self.cap, self.parts, self.size = cap, [], 0
-        def writable(self):
-            return True
-        def write(self, text):
-            if self.size < self.cap:
-                self.parts.append(text[: self.cap - self.size])
-            self.size += len(text)
-            return len(text)
+# ------------------------------------------------------------------ the judge
 
-    printed = Printed(limits["output_chars"])
-    sys.stdout = sys.stderr = printed
-    sys.stdin = io.StringIO("")
+class OutOfTime(BaseException):
+    pass
 
-    def output():
+class Gone(Exception):
+    pass
+
+def read_exactly(fd, size):
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+def main():
+    # The job's first part (limits, prelude, program): what the program's process is forked with.
+    part = json.loads(read_exactly(0, int(read_exactly(0, 12))))
+    limits, results = part["limits"], int(sys.argv[1])
+    del sys.argv[1:]
+
+    def say(kind, index=-1, result="", detail="", output=""):
+        line = repr((kind, index, result, str(detail)[: limits["detail_chars"]], output)) + "\n"
         try:
-            return "".join(_as_str(p) for p in printed.parts if _isinstance(p, _str))[: limits["output_chars"]]
-        except _BaseException:
-            return ""
+            os.write(results, line.encode("utf-8", "replace"))
+        except BaseException:
+            os._exit(3)
 
-    class OutOfTime(BaseException):
-        pass
+    program = {"pid": 0, "to": -1, "answers": None, "names": set(), "in_call": 0, "calls": 0}
+
+    def leave():
+        if program["pid"]:
+            stop_program()
+        os._exit(0)
+
+    try:
+        mib = 1024 * 1024
+        for name, value in (("RLIMIT_AS", limits["memory_mib"] * mib), ("RLIMIT_CPU", int(limits["seconds_per_program"]) + 1),
+                            ("RLIMIT_FSIZE", limits["file_mib"] * mib), ("RLIMIT_NOFILE", limits["open_files"]),
+                            ("RLIMIT_NPROC", limits["processes"]), ("RLIMIT_CORE", 0)):
+            kind = getattr(resource, name)
+            hard = resource.getrlimit(kind)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(kind, (value, value))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit raises OSError instead of killing
+        for name in limits["preload"] + [n for n in sys.builtin_module_names if n not in limits["refused_modules"]]:
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process of its user reads its /proc
+        if os.getuid() == 0 and limits["drop_to"] is not None:
+            os.setgroups([])
+            os.setgid(limits["drop_to"])
+            os.setuid(limits["drop_to"])
+    except Exception as err:
+        say("sandbox_error", detail=last_line(err))
+        os._exit(0)
+    settings = {"filter": bytes.fromhex(limits["filter"]), "guard": limits["python_guard"]}
+
+    def start_program():
+        # Fork the program's process, before the judge reads the tests (they are never in its
+        # memory): fd 0 the calls it reads, fd 3 its answers, nothing else open (not the job).
+        calls_r, calls_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.dup2(calls_r, 0)
+                os.dup2(answers_w, 3)
+                os.closerange(4, 1 << 16)
+                serve(part, settings)
+            finally:
+                os._exit(4)
+        os.close(calls_r)
+        os.close(answers_w)
+        program.update(pid=pid, to=calls_w, answers=Lines(answers_r, limits["value_chars"] + 4096))
+
+    def answer():
+        try:
+            message = from_repr(program["answers"].next(), 1_000_000)
+        except (EOFError, OSError, ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as err:
+            raise Gone("the program's process " + ("ended" if type(err) is EOFError else "answered garbage"))
+        if type(message) is not tuple or not message or type(message[0]) is not str:
+            raise Gone("the program's process answered garbage")
+        return message
+
+    def stop_program():
+        pid, program["pid"] = program["pid"], 0
+        for fd in (program["to"], program["answers"].fd if program["answers"] else -1):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        program.update(to=-1, answers=None, in_call=0)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+
+    def answer_to(number):
+        # The program's answer to call `number` (an answer to a call given up on is dropped).
+        while True:
+            message = answer()
+            if message[0] in ("value", "raised", "output") and len(message) > 1 and type(message[1]) is int:
+                if message[1] == number:
+                    return message
+                if message[1] < number:
+                    continue
+            raise Gone("the program's process answered garbage")
+
+    def call(name, args, kwargs):
+        # One call of the program's function `name`: plain data there, plain data back.
+        try:
+            crossing = ("call", plain(args), plain(kwargs))
+        except (TypeError, ValueError) as err:
+            raise TypeError("this test passes the program something that cannot cross to its process (" + str(err) + ")")
+        if not program["pid"]:
+            raise Gone("the program's process was ended when an earlier test ran out of time")
+        program["calls"] += 1
+        program["in_call"] = number = program["calls"]
+        try:
+            send(program["to"], ("call", number, name) + crossing[1:])
+            message = answer_to(number)
+        except (Gone, OSError):
+            stop_program()
+            raise Gone("the program's process ended")
+        program["in_call"] = 0
+        if message[0] == "value" and len(message) == 3:
+            return message[2]
+        if message[0] == "raised" and len(message) == 4 and type(message[2]) is str and type(message[3]) is str:
+            kind, text = pristine.get(message[2]), message[3].partition(": ")[2]
+            try:
+                error = kind(text) if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError(message[3])
+            except BaseException:
+                error = RuntimeError(message[3])
+            raise error
+        stop_program()
+        raise Gone("the program's process answered garbage")
+
+    def interrupt_program():
+        # A test ran out of time during a call: the program's process turns the judge's signal into
+        # an exception and answers that call; one that does not answer within 0.5 s is ended.
+        if not (program["pid"] and program["in_call"]):
+            return
+        try:
+            os.kill(program["pid"], signal.SIGALRM)
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            answer_to(program["in_call"])
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            program["in_call"] = 0
+        except BaseException:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            stop_program()
+
+    def proxy(name):
+        def candidate(*args, **kwargs):
+            return call(name, args, kwargs)
+        candidate.__name__ = candidate.__qualname__ = name
+        return candidate
+
+    def test_globals(code):
+        # What a test sees: the judge's builtins and standard modules, the problem's prelude, and a
+        # proxy for each name it uses that the program defines as a function (never a builtin,
+        # a standard module's name, or a helper the prelude defines in full).
+        names = dict(problem)
+        names["__builtins__"], names["__name__"] = dict(pristine), "test"
+        used, stack = set(), [code]
+        while stack:
+            c = stack.pop()
+            used |= set(c.co_names)
+            stack += [k for k in c.co_consts if type(k) is type(code)]
+        for name in used:
+            if name in pristine or name in complete:
+                continue
+            if name in limits["preload"] and name in sys.modules:
+                names[name] = sys.modules[name]
+            elif name in program["names"]:
+                names[name] = proxy(name)
+        return names
 
     def alarm(signum, frame):
         raise OutOfTime()
 
     signal.signal(signal.SIGALRM, alarm)
-    for name in limits["unloaded_modules"]:  # no signal handler, thread or gc of the program's: frames
-        sys.modules.pop(name, None)
-    sys.setrecursionlimit(2000)
-
-    def last_line(err):  # "Kind: message" (no traceback walk: the guard refuses frame access)
-        message = text(err)
-        name = text(_type(err).__name__, 80)
-        return (name + ": " + message if message else name)[:300]
-
-    scalars = (_NoneType, bool, _int, _float, _complex, _str, _bytes)
-
-    def plain(value, depth, budget):
-        # The computed value as builtin data only (what the parent can literal_eval and compare,
-        # and what a test run in the child compares with builtin ==): a subclass is converted to
-        # its builtin base; anything else is refused. Types are compared by identity (a metaclass
-        # can make == say anything). budget: [items so far, most items, finite floats only].
-        budget[0] += 1
-        if depth > 40 or budget[0] > budget[1]:
-            raise ValueError("the value is nested too deeply or too large to report")
-        kind = _type(value)
-        for scalar in scalars:
-            if kind is scalar:
-                if budget[2] and kind is _float and value - value != 0.0:  # inf or nan: no literal to compare with
-                    raise ValueError("the value is not a finite number")
-                return value
-        for base in (_int, _float, _str, _bytes):
-            if _isinstance(value, base):
-                return plain(_as_str(value) if base is _str else base(value), depth + 1, budget)
-        for base in (_list, _tuple, _set, _frozenset):
-            if _isinstance(value, base):
-                return base([plain(v, depth + 1, budget) for v in base(value)])
-        if _isinstance(value, _dict):
-            return {plain(k, depth + 1, budget): plain(v, depth + 1, budget) for k, v in _dict_items(value)}
-        raise TypeError("the value is not plain data (a " + text(kind.__name__, 80) + ")")
-
-    say("started")
-    def through_plain(function):  # the program's callable, its results turned into builtin data
-        def call(*args, **kwargs):
-            return plain(function(*args, **kwargs), 0, [0, 10_000_000, False])
-        return call
-
-    pristine_builtins = _dict(builtins_module.__dict__)  # before the program can replace any
-
-    def test_globals():
-        # What a test run in the child sees: the program's names, every callable among them
-        # called through plain() (an object whose == is always true never reaches the test's
-        # ==), and the builtins as they were before the program ran. Made anew for every test.
-        names = {}
-        for name, value in _dict_items(namespace):
-            names[name] = through_plain(value) if _callable(value) and _type(value) is not _Module else value
-        names["__builtins__"] = _dict(pristine_builtins)
-        return names
-
+    say("started", detail=limits["filter_status"])
+    signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
     try:
-        code = compile(job["program"], "program.py", "exec")
-    except (SyntaxError, ValueError) as err:
-        say("syntax_error", detail=last_line(err))
-        leave()
-    namespace = {"__name__": "program", "exit": sys.exit, "quit": sys.exit}  # as the site module would give
-    sys.addaudithook(guard)
-    _setitimer(_REAL, limits["seconds_per_test"])
-    try:
-        _exec(code, namespace)
-        _setitimer(_REAL, 0)
+        start_program()
+        rest = json.loads(read_exactly(0, 1 << 62))  # the tests, read after the fork
+        os.close(0)
+        complete = frozenset(rest["complete"])
+        tests = []
+        for index, code in enumerate(rest["tests"]):
+            try:
+                tests.append(compile(code, "test_" + str(index), "exec"))
+            except (SyntaxError, ValueError) as err:  # a malformed test: an error of that test, not of the sandbox
+                tests.append(last_line(err))
+        del rest
+        pristine = dict(builtins.__dict__)
+        problem = {"__builtins__": dict(pristine), "__name__": "problem"}
+        exec(compile(part["prelude"], "prelude.py", "exec"), problem)  # the problem's own helpers, for the tests
+        first = answer()
+        signal.setitimer(signal.ITIMER_REAL, 0)
     except OutOfTime:
         say("program", result="timeout", detail="the program's top level ran out of time")
         leave()
-    except _BaseException as err:
-        _setitimer(_REAL, 0)
-        say("program", result="crash", detail=last_line(err), output=output())
+    except Gone as err:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        say("program", result="crash", detail=str(err))
+        leave()
+    except Exception as err:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        say("sandbox_error", detail=last_line(err))
+        leave()
+    strings = all(type(f) is str for f in first[1:])
+    if first[0] == "ready" and len(first) == 2 and type(first[1]) is list:
+        program["names"] = {n for n in first[1] if type(n) is str}
+    elif first[0] in ("syntax_error", "sandbox_error") and len(first) == 2 and strings:
+        say(first[0], detail=first[1])
+        leave()
+    elif first[0] == "crash" and len(first) == 3 and strings:
+        say("program", result="crash", detail=first[1], output=first[2][: limits["output_chars"]])
+        leave()
+    else:
+        say("program", result="crash", detail="the program's process answered garbage")
         leave()
     say("program", result="ok")
-    for index, (shape, test) in enumerate(items):
-        _setitimer(_REAL, limits["seconds_per_test"])
+    for index, test in enumerate(tests):
         try:
-            if shape == "malformed":
-                _setitimer(_REAL, 0)
+            if type(test) is str:
                 say("test", index, "error", test)
-            elif shape == "call":
-                value = _repr(plain(_eval(test, namespace), 0, [0, 100_000, True]))
-                _setitimer(_REAL, 0)
-                if _len(value) > limits["value_chars"]:
-                    say("test", index, "error", "the value is too large to report")
-                else:
-                    say("value", index, "", value)
-            else:
-                _exec(test, test_globals())
-                _setitimer(_REAL, 0)
-                say("test", index, "passed")
+                continue
+            names = test_globals(test)
+            signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
+            exec(test, names)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            say("test", index, "passed")
         except OutOfTime:
-            say("test", index, "timeout", "test " + _str(index) + " ran out of time")
-        except _AssertionError as err:
-            _setitimer(_REAL, 0)
+            interrupt_program()
+            say("test", index, "timeout", "test " + str(index) + " ran out of time")
+        except AssertionError as err:
+            signal.setitimer(signal.ITIMER_REAL, 0)
             say("test", index, "failed", last_line(err))
-        except _BaseException as err:
-            _setitimer(_REAL, 0)
+        except BaseException as err:
+            signal.setitimer(signal.ITIMER_REAL, 0)
             say("test", index, "error", last_line(err))
-    say("done", output=output())
+    printed = ""
+    if program["pid"]:
+        signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
+        try:
+            program["calls"] += 1
+            send(program["to"], ("output", program["calls"]))
+            message = answer_to(program["calls"])
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            printed = message[2] if message[0] == "output" and len(message) == 3 and type(message[2]) is str else ""
+        except BaseException:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    say("done", output=printed[: limits["output_chars"]])
     leave()
 
 main()
@@ -556,7 +809,7 @@ def isolation() -> str:
             reason = "util-linux's unshare, mount, pivot_root or setpriv is missing"
         if not reason:
             try:
-                works = run_tests("x = 1\n", ["assert x == 1"], Limits(), mode=candidate).outcome == PASSED
+                works = run_tests("def x():\n    return 1\n", ["assert x() == 1"], Limits(), mode=candidate).outcome == PASSED
                 reason = "" if works else "a one-line program did not pass"
             except SandboxError as err:
                 reason = str(err)
@@ -572,38 +825,88 @@ def decided_isolation() -> str | None:
     return _ISOLATION
 
 
+def sandbox_record() -> dict[str, str]:
+    """What the run's config.json records of the sandbox, once a program has run."""
+    if _ISOLATION is None:
+        return {}
+    return {"sandbox/isolation": _ISOLATION, "sandbox/syscall_filter": syscall_filter(),
+            "sandbox/limits": "per process (no cgroup); the program's process can start no other"}
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself could not be set up on this machine (not the program's fault)."""
 
 
 # ---------------------------------------------------------------------------------------------
-# The parent: start the child, read its events with caps, decide
+# The trainer: start the judge, read its events with caps, decide
 # ---------------------------------------------------------------------------------------------
 
 def why_it_cannot_run() -> str:
     """"" when the sandbox runs a one-line program and its test here, else why not (the start-of-run
     check of the code task and of the python runner)."""
     try:
-        works = run_tests("x = 1\n", ["assert x == 1"]).outcome == PASSED
+        works = run_tests("def x():\n    return 1\n", ["assert x() == 1"]).outcome == PASSED
     except SandboxError as err:
         return str(err)
     return "" if works else "the code sandbox could not run a one-line program here"
 
 
-def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: str | None = None) -> TestReport:
-    """Run `program`'s top level, then each test (Python statements, e.g. `assert f(2) == 4`), in
-    a sandboxed child (`mode`: the machine's `isolation()` unless given). Never raises for anything
-    the program does; raises SandboxError when the sandbox itself cannot be set up."""
+def complete_names(prelude: str) -> list[str]:
+    """The names the prelude binds at its top level, but for the functions it only declares (a body
+    of a docstring, imports, `pass` or `...`: HumanEval's entry point, which the program defines)."""
+    try:
+        tree = ast.parse(prelude)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            declared = all(isinstance(s, (ast.Pass, ast.Import, ast.ImportFrom))
+                           or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in node.body)
+            names += [] if declared else [node.name]
+        elif isinstance(node, ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [(alias.asname or alias.name).split(".")[0] for alias in node.names]
+        else:
+            names += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    return sorted(set(names))
+
+
+def with_value_shown(test: str) -> str:
+    """`assert A == B` without a message → the same test, which says what A was when it fails
+    (the feedback a team reads: "the call returned 6"); any other test as it is."""
+    try:
+        tree = ast.parse(test)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return test
+    statement = tree.body[0] if len(tree.body) == 1 else None
+    if not (isinstance(statement, ast.Assert) and statement.msg is None and isinstance(statement.test, ast.Compare)
+            and len(statement.test.ops) == 1 and isinstance(statement.test.ops[0], ast.Eq)):
+        return test
+    left, right = ast.unparse(statement.test.left), ast.unparse(statement.test.comparators[0])
+    return (f"_value = {left}\n_shown = repr(_value)\n"
+            f"assert _value == {right}, 'the call returned ' + (_shown if len(_shown) <= 200 else _shown[:200] + ' …')\n")
+
+
+def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: str | None = None,
+              prelude: str = "") -> TestReport:
+    """Run `prelude` + `program`'s top level in the program's process, then each test (Python
+    statements, e.g. `assert f(2) == 4`) in the judge, with the prelude's helpers and proxies for
+    the program's functions (`mode`: the machine's `isolation()` unless given). Never raises for
+    anything the program does; raises SandboxError when the sandbox itself cannot be set up."""
     mode = mode or isolation()
-    started, nonce, caps = time.monotonic(), secrets.token_hex(16), ResultCaps()
-    comparisons = [split_comparison(test) for test in tests]
+    started, caps = time.monotonic(), ResultCaps()
+    prelude = prelude + "\n" if prelude and not prelude.endswith("\n") else prelude
     root = os.getuid() == 0
+    status = syscall_filter()
     settings = {**dataclasses.asdict(limits), "refused_modules": REFUSED_MODULES, "value_chars": caps.value_chars,
-                "unloaded_modules": UNLOADED_MODULES,
-                "preload": PRELOADED_MODULES,
-                "drop_to": NOBODY if root else None}
-    job = {"limits": settings, "nonce": nonce, "program": program,
-           "tests": [("call", c.call) if c else ("code", t) for c, t in zip(comparisons, tests)]}
+                "preload": PRELOADED_MODULES, "drop_to": NOBODY if root else None, "detail_chars": DETAIL_CHARS,
+                "filter": seccomp_program(sorted(DENIED_SYSCALLS.values())).hex() if status == "seccomp" else "",
+                "filter_status": status, "python_guard": PYTHON_GUARD}
+    # Two parts: the judge forks the program's process after the first, so the tests are never in its memory.
+    first = json.dumps({"limits": settings, "prelude": prelude, "program": program}).encode()
+    second = json.dumps({"tests": [with_value_shown(t) for t in tests], "complete": complete_names(prelude)}).encode()
     folder = None
     if mode == GUARD:  # a folder of the host, writable by `nobody` only
         folder = os.path.realpath(tempfile.mkdtemp(prefix="marft-sandbox-"))
@@ -613,39 +916,38 @@ def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: s
     child = None
     try:
         with tempfile.TemporaryFile() as stdin:  # unnamed: nothing of the job is left in a file
-            stdin.write(json.dumps(job).encode())
+            stdin.write(b"%012d" % len(first) + first + second)
             stdin.seek(0)
             child = subprocess.Popen(child_command(mode, write_end, limits), cwd=folder or "/", env=child_environment(folder or "/sandbox"),
                                      stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      pass_fds=(write_end,), start_new_session=True, close_fds=True)
         os.close(write_end)
         write_end = None
-        events = read_events(read_end, child, started + limits.seconds_per_program, nonce, len(tests), caps)
+        events = read_events(read_end, child, started + limits.seconds_per_program, len(tests), caps)
     finally:
         for fd in (read_end, write_end):
             if fd is not None:
                 os.close(fd)
         if child is not None:
-            kill_group(child)
+            end_run(child, mode)
         if folder is not None:
             remove_folder(folder)
     before_start = events[: next((k for k, e in enumerate(events) if e["kind"] == "started"), len(events))]
-    errors = [e for e in before_start if e["kind"] == "sandbox_error"]  # later ones would be the program's
+    errors = [e for e in events if e["kind"] == "sandbox_error"]
     if errors:
         raise SandboxError(f"the code sandbox ({mode}) could not start a program here: {errors[0]['detail']}")
-    if not any(e["kind"] in ("started", "killed") for e in events):  # the program never ran: the machine's fault
+    if before_start == events and not any(e["kind"] == "killed" for e in events):  # the judge never started
         raise SandboxError(f"the code sandbox ({mode}) could not start a program here "
                            f"(its child exited with status {child.returncode})")
-    return make_report(events, comparisons, child.returncode, time.monotonic() - started, limits, caps)
+    return make_report(events, len(tests), child.returncode, time.monotonic() - started, limits)
 
 
-def read_events(read_end: int, child: subprocess.Popen, deadline: float, nonce: str, num_tests: int,
+def read_events(read_end: int, child: subprocess.Popen, deadline: float, num_tests: int,
                 caps: ResultCaps = ResultCaps()) -> list[dict]:
-    """The child's events (lines carrying `nonce`; anything else is dropped) until it ends or closes
-    the pipe, the deadline passes (then a "killed" event closes the list), or it has written more
-    than the caps allow (the rest is never read)."""
+    """The judge's events until it ends or closes the pipe, the deadline passes (then a "killed"
+    event closes the list), or it has written more than the caps allow (the rest is never read)."""
     buffer, total, events = b"", 0, []
-    most = 2 * num_tests + caps.extra_events
+    most = num_tests + caps.extra_events
     poller = select.poll()
     poller.register(read_end, select.POLLIN | select.POLLHUP)
     while not any(e["kind"] in END_EVENTS for e in events):
@@ -659,32 +961,29 @@ def read_events(read_end: int, child: subprocess.Popen, deadline: float, nonce: 
                 break
             total += len(chunk)
             *lines, buffer = (buffer + chunk).split(b"\n")
-            if len(buffer) > caps.line_bytes:  # a line too long to be one of ours: drop up to its end
+            if len(buffer) > caps.line_bytes:  # a line too long to be one of the judge's: drop up to its end
                 buffer = b"\0"  # the rest of the line parses as nothing
-            events += [e for e in (parse_event(line, nonce, caps) for line in lines) if e is not None]
+            events += [e for e in (parse_event(line, caps) for line in lines) if e is not None]
             if len(events) > most or total > caps.total_bytes:
                 events = events[:most]
                 break
-        elif child.poll() is not None:  # the child is gone (a descendant may still hold the pipe open)
+        elif child.poll() is not None:  # the judge is gone
             break
     return events
 
 
-# Events after which the child has nothing more to say.
+# Events after which the judge has nothing more to say.
 END_EVENTS = ("done", "syntax_error", "sandbox_error", "program_end")
-EVENT_KINDS = ("started", "program", "test", "value", "done", "syntax_error", "sandbox_error")
+EVENT_KINDS = ("started", "program", "test", "done", "syntax_error", "sandbox_error")
 
 
-def parse_event(line: bytes, nonce: str, caps: ResultCaps = ResultCaps()) -> dict | None:
-    """One event line `<nonce> ('kind', index, 'result', 'detail', 'output')` → a dict of those
-    five, or None (not ours, too long, garbled). Never raises."""
+def parse_event(line: bytes, caps: ResultCaps = ResultCaps()) -> dict | None:
+    """One event line `('kind', index, 'result', 'detail', 'output')` → a dict of those five, or
+    None (too long, garbled). Never raises."""
     try:
         if len(line) > caps.line_bytes:
             return None
-        mark, _, body = line.partition(b" ")
-        if not hmac.compare_digest(mark, nonce.encode()):
-            return None
-        fields = ast.literal_eval(body.decode("utf-8", errors="replace"))
+        fields = ast.literal_eval(line.decode("utf-8", errors="replace"))
         if not (type(fields) is tuple and len(fields) == 5 and fields[0] in EVENT_KINDS and type(fields[1]) is int
                 and all(type(f) is str for f in fields[2:])):
             return None
@@ -693,14 +992,40 @@ def parse_event(line: bytes, nonce: str, caps: ResultCaps = ResultCaps()) -> dic
     kind, index, result, detail, output = fields
     if kind == "program" and result != "ok":
         kind = "program_end"  # the program's top level timed out or crashed: no test follows
-    return {"kind": kind, "index": index, "result": result, "detail": detail, "output": output}
+    return {"kind": kind, "index": index, "result": result, "detail": detail[:DETAIL_CHARS], "output": output}
 
 
-def kill_group(child: subprocess.Popen) -> None:
-    """SIGKILL to the child, its process group and, in the namespace modes, its own children: the
-    PID 1 of the program's namespace (a program can leave the group with setsid, and the kernel
-    clears unshare's --kill-child when the runner changes user), after which the kernel ends
-    every process of the namespace. Then reap the child."""
+def children_in_group(group: int) -> list[int]:
+    """This process's children (of any of its threads) in process group `group`: what a run leaves
+    to the trainer when it is a child subreaper (or PID 1) and the run's parent died first."""
+    found = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+                if int(fields[2]) == group:  # state, ppid, pgrp
+                    found.append(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def end_run(child: subprocess.Popen, mode: str) -> None:
+    """End a run and reap every process of it. In the namespace modes the judge (PID 1 of its
+    namespace, the child of `unshare`) is killed first and `unshare` is let reap it (the kernel
+    then ends every process of the namespace); in the guard mode the run's process group goes
+    (the program's process cannot leave it: setsid and setpgid are denied). Whatever the trainer
+    inherits as a child subreaper is reaped too: no zombie is left."""
     try:
         with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
             inner = [int(pid) for pid in f.read().split()]
@@ -711,12 +1036,23 @@ def kill_group(child: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    if mode != GUARD:
+        try:
+            child.wait(timeout=2.0)  # unshare reaps the judge and exits with it
+        except subprocess.TimeoutExpired:
+            pass
     for kill, target in ((os.killpg, child.pid), (os.kill, child.pid)):
         try:
             kill(target, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     child.wait()
+    for pid in children_in_group(child.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ChildProcessError, ProcessLookupError, PermissionError):
+            pass
 
 
 def remove_folder(folder: str) -> None:
@@ -727,27 +1063,9 @@ def remove_folder(folder: str) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def compared(event: dict, comparison: Comparison, caps: ResultCaps) -> tuple[str, str]:
-    """(result, detail) of a computed value against the test's expected literal, in the parent."""
-    try:
-        if len(event["detail"]) > caps.value_chars:
-            raise ValueError("too large")
-        value = ast.literal_eval(event["detail"])
-        equal = bool(value == comparison.expected)
-    except Exception:
-        return "error", "the call's value could not be read"
-    if equal:
-        return PASSED, ""
-    shown = event["detail"] if len(event["detail"]) <= 200 else event["detail"][:200] + " …"
-    return FAILED, "AssertionError: " + (comparison.message or f"the call returned {shown}")
-
-
-def make_report(events: list[dict], comparisons: list[Comparison | None], returncode: int | None, seconds: float,
-                limits: Limits, caps: ResultCaps = ResultCaps()) -> TestReport:
-    """TestReport from the child's events (which may stop anywhere: it can be killed at any point).
-    A compared test passes only on a "value" equal to its expected literal; a test run in the child
-    only on its "passed" event; the first event of a test decides it."""
-    num_tests = len(comparisons)
+def make_report(events: list[dict], num_tests: int, returncode: int | None, seconds: float, limits: Limits) -> TestReport:
+    """TestReport from the judge's events (which may stop anywhere: the run can be killed at any
+    point). The first event of a test decides it."""
     tests = ["not_run"] * num_tests
     report = TestReport(CRASH, tests, seconds=seconds)
     details: dict[int, str] = {}
@@ -760,17 +1078,10 @@ def make_report(events: list[dict], comparisons: list[Comparison | None], return
             report.outcome = TIMEOUT if event["result"] == "timeout" else CRASH
             report.detail, report.output = event["detail"], event["output"][: limits.output_chars]
             return report
-        if kind in ("test", "value") and 0 <= index < num_tests and tests[index] == "not_run":
-            comparison = comparisons[index]
-            if kind == "value" and comparison is not None:
-                tests[index], detail = compared(event, comparison, caps)
-            elif kind == "test" and (event["result"] != PASSED or comparison is None):
-                tests[index] = event["result"] if event["result"] in (PASSED, "failed", "error", "timeout") else "error"
-                detail = event["detail"]
-            else:
-                continue  # a "passed" for a compared test, or a value for a test run in the child: not believed
+        if kind == "test" and 0 <= index < num_tests and tests[index] == "not_run":
+            tests[index] = event["result"] if event["result"] in (PASSED, "failed", "error", "timeout") else "error"
             if tests[index] != PASSED:
-                details[index] = detail
+                details[index] = event["detail"]
         if kind == "done":
             report.output = event["output"][: limits.output_chars]
     finished = any(e["kind"] == "done" for e in events)

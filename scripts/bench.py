@@ -34,6 +34,10 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     contention  the default chain's iteration alone and beside a competing 2-thread busy process,
                 under libgomp's default spin and under GOMP_SPINCOUNT=3000 (scripts/setup_env.sh's
                 choice on a shared machine): the slowdown of each.
+    grading     seconds to grade one program of the default code task (`--data code`, 4 tests) in
+                the code sandbox as the machine runs it (envs/sandbox.py: its isolation, the judge
+                and the program's process): the reference solutions and as many wrong programs,
+                one after the other; the median and the 90th percentile.
     learning    single agent vs two-agent chain vs two agents with D ≡ 0 (`parallel`) vs the
                 orchestrated team (D decided step by step), each with its defaults (critic + GAE;
                 the single agent: group advantages against the batch's mean, tasks.MATH's recipe for
@@ -78,6 +82,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -97,9 +102,9 @@ from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
 from run import Config, random_config_error  # noqa: E402
 
-SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "learning")
+SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "grading", "learning")
 DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (smollm2 unless given)
-FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
+FULL = dict(grading_programs=100, prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
             phase_cold_iterations=1, ceiling_repeats=5,
             phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
                             "onednn_linear"), eval_problems=4, learning_minutes=10.0,
@@ -109,7 +114,7 @@ FULL = dict(prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens,
 # The CI smoke test: every section, each with as few runs as still exercise it, the training runs on
 # prompts cut to their last 64 tokens (its figures say nothing about the real sizes); the phase run's
 # variants but the one without prefix sharing are left out (tests compare each option's numbers on and off).
-QUICK = dict(prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_cold_iterations=0, phase_variants=(),
+QUICK = dict(grading_programs=4, prompts=4, new_tokens=8, prompt_tokens=64, batch_size=1, phase_iterations=1, phase_cold_iterations=0, phase_variants=(),
              ceiling_repeats=1,
              eval_problems=1, learning_minutes=0.1,
              learning_runs=("chain-group",), learning_seeds=(1,),
@@ -287,6 +292,29 @@ def contention(sizes: dict, threads: int, out: Path) -> dict:
         table[policy] = {**{f"{where}_seconds": s for where, s in seconds.items()},
                          "slowdown": seconds["beside_a_busy_process"] / seconds["alone"]}
     return table
+
+
+def grading(sizes: dict) -> dict:
+    """Seconds of `sandbox.run_tests` per program of the default code task: the first
+    `grading_programs` training problems' reference solutions and a wrong program for each
+    (`f(x)` returns x), one after the other."""
+    from envs import make_code_problems, sandbox
+    seconds = []
+    for problem in make_code_problems("train")[: sizes["grading_programs"]]:
+        name = problem.solution.split("(")[0].removeprefix("def ")
+        for program in (problem.solution, f"def {name}(x):\n    return x\n"):
+            seconds.append(sandbox.run_tests(program, list(problem.tests)).seconds)
+    seconds.sort()
+    return {"isolation": sandbox.isolation(), "syscall_filter": sandbox.syscall_filter(), "programs": len(seconds),
+            "median_seconds": statistics.median(seconds), "p90_seconds": seconds[int(0.9 * (len(seconds) - 1))]}
+
+
+def grading_lines(g: dict) -> list[str]:
+    """The grading section of the report (markdown lines)."""
+    return ["| grading one program of the code task (4 tests) | programs | median (s) | 90th percentile (s) |",
+            "| --- | --- | --- | --- |",
+            f"| sandbox `{g['isolation']}`, syscall filter `{g['syscall_filter']}` | {g['programs']} | "
+            f"**{g['median_seconds']:.3f}** | {g['p90_seconds']:.3f} |", ""]
 
 
 def contention_lines(c: dict) -> list[str]:
@@ -661,6 +689,8 @@ def markdown(report: dict) -> str:
         lines += memory_lines(mem)
     if c := report.get("contention"):
         lines += contention_lines(c)
+    if g := report.get("grading"):
+        lines += grading_lines(g)
     if learn := report.get("learning"):
         lines += learning_lines(learn, m, model)
     return "\n".join(lines)
@@ -909,6 +939,7 @@ def main(argv: list[str] | None = None) -> dict:
                 record(name, measured[name])
         print(f"bench: phases + memory done in {time.perf_counter() - t0:.0f} s", flush=True)
     section("contention", lambda: contention(sizes, args.threads, out))
+    section("grading", lambda: grading(sizes))
     section("learning", lambda: learning(sizes, args.threads, out, minutes, args.quick, runs, earlier.get("learning")))
     report["seconds"] = report.get("seconds", 0.0) * bool(earlier) + time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(report, indent=2))

@@ -109,7 +109,9 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
                report["phases"]["floor"]["profile_run_seconds"], report["phases"]["floor"]["profile_run_floor_ratio"],
                *report["phases"]["floor"]["pass_ceiling_ratios"].values(),
                report["memory"]["default"]["ratio_4_to_1"],
-               *(row[key] for row in report["contention"].values() for key in ("alone_seconds", "slowdown"))]
+               *(row[key] for row in report["contention"].values() for key in ("alone_seconds", "slowdown")),
+               report["grading"]["median_seconds"], report["grading"]["p90_seconds"]]
+    assert report["grading"]["programs"] == 2 * bench.QUICK["grading_programs"]
     assert set(report["contention"]) == set(bench.QUICK["wait_policies"]) <= set(bench.WAIT_POLICIES)
     if "skipped" not in report["backends"]:
         numbers += [report["backends"]["hf_tokens_per_second"], report["backends"]["vllm_tokens_per_second"]]
@@ -121,7 +123,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "learning" / "heldout_accuracy.png").is_file()
     text = (tmp_path / "bench.md").read_text()
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
-    assert "| spin 3,000 rounds (GOMP_SPINCOUNT=3000) |" in text
+    assert "| spin 3,000 rounds (GOMP_SPINCOUNT=3000) |" in text and "grading one program of the code task" in text
     assert f"Model: `{model}`, random weights" in text
     assert "merged_bf16_copy_speedup" not in report["phases"]  # quick mode leaves that run out
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())  # the floor's: the better of two GEMM timings

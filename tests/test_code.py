@@ -195,6 +195,7 @@ def test_a_code_run_counts_program_outcomes_in_training_and_evaluation(tiny_mode
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     config = json.loads((tmp_path / "code" / "config.json").read_text())
     assert config["sandbox/isolation"] == sandbox.isolation()  # the run says which isolation graded it
+    assert config["sandbox/syscall_filter"] == "seccomp" and config["sandbox/limits"].startswith("per process")
     assert run_lib.read_config(tmp_path / "code", "--resume").data == "code"  # a recorded fact is no option
     for iteration in (1, 2):
         expected = [scripted_outcome(p) for p in marft.iteration_batch(make_code_problems("train", seed=1), 6, 1, iteration - 1)]

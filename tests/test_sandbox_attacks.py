@@ -695,3 +695,295 @@ def double(x):
 
 def test_the_expected_values_of_the_tests_cannot_be_read_and_answered_back(sandbox_root):
     assert_no_reward(run_tests(READ_THE_ANSWERS, LITERAL_TESTS, FAST))
+
+
+# ---------------------------------------------------------------------------------------------
+# Trust III: the verdict is the judge's, and the program's process is treated as wholly the
+# program's (the routes of the review of e66f9f0, where one generic wrong program earned 1.0 on
+# all 164 HumanEval problems). A program that "owns its process" is played by switching the
+# Python guard off and leaving ctypes loadable: then only the kernel and the judge stand.
+# ---------------------------------------------------------------------------------------------
+
+from envs import sandbox  # noqa: E402
+from envs.code_problems import load_humaneval  # noqa: E402
+
+
+@pytest.fixture
+def owns_its_process(monkeypatch):
+    """The program's process as the program's own: no Python guard, and ctypes (any syscall the
+    seccomp filter lets through) importable."""
+    monkeypatch.setattr(sandbox, "PYTHON_GUARD", False)
+    monkeypatch.setattr(sandbox, "REFUSED_MODULES", [m for m in sandbox.REFUSED_MODULES if m not in ("ctypes", "_ctypes")])
+
+
+SHADOWS = r"""
+import builtins
+class Always:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __hash__(self): return 0
+ALWAYS = Always()
+def zero(*args, **kwargs):
+    return 0
+class AnyModule:  # `math.isclose(...)`, `math.fabs(...)`: always True
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: True
+# the names a test calls, shadowed in the program's namespace (set(f(x)) == set(y) is 0 == 0) …
+range = abs = set = len = sorted = list = tuple = sum = min = max = round = frozenset = zero
+math = random = hashlib = itertools = collections = re = string = AnyModule()
+poly = encode_cyclic = encode_shift = decode_cyclic = decode_shift = is_palindrome = zero  # HumanEval's prompt helpers
+# … and in the builtins module of the program's process
+for _name in ("abs", "len", "set", "sorted", "range", "round", "sum", "min", "max"):
+    setattr(builtins, _name, zero)
+"""
+ENTRY = "def {name}(*args, **kwargs):\n    return {returned}\n"
+
+
+def generic_wrong_program(name: str, returned: str = "ALWAYS") -> str:
+    """Every shadow above, then the function under test returning `returned` (not its answer)."""
+    return SHADOWS + ENTRY.format(name=name, returned=returned)
+
+
+@pytest.mark.slow
+def test_a_generic_wrong_program_passes_no_humaneval_problem_and_canonical_solutions_all_pass(sandbox_root):
+    """HumanEval: the whole `check(candidate)` runs in the judge with the prompt's own helpers
+    (poly, encode_cyclic, …) and the judge's builtins and modules; the program's shadows and
+    always-equal objects never reach it. The canonical solutions still pass 164 of 164."""
+    problems = load_humaneval()
+    passed_wrong, passed_right = [], 0
+    for problem in problems:
+        entry = [line.split("(")[0][4:] for line in problem.prelude.splitlines() if line.startswith("def ")][-1]
+        report = run_tests(generic_wrong_program(entry), list(problem.tests), prelude=problem.prelude)
+        if report.passed_fraction > 0:
+            passed_wrong.append(problem.level)
+        right = run_tests(problem.solution[len(problem.prelude):], list(problem.tests), prelude=problem.prelude)
+        passed_right += right.outcome == PASSED
+    assert passed_wrong == [] and passed_right == len(problems) == 164
+
+
+# MBPP-format rows (the shapes of MBPP's asserts that passed for any function in the review),
+# with reference solutions: the tests run in the judge, with its own `set`, `math`, `sorted`.
+MBPP_ROWS = [
+    {"text": "Find the shared elements of two tuples.", "code": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
+     "test_list": ["assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))",
+                   "assert set(similar_elements((1, 2, 3, 4), (5, 4, 3, 7))) == set((3, 4))"]},
+    {"text": "Area of a circle.", "code": "import math\ndef circle_area(r):\n    return math.pi * r * r\n",
+     "test_list": ["assert math.isclose(circle_area(10), 314.15926535897927, rel_tol=0.001)",
+                   "assert math.isclose(circle_area(5), 78.53981633974483, rel_tol=0.001)"]},
+    {"text": "Sort a list.", "code": "def sort_list(xs):\n    return sorted(xs)\n",
+     "test_list": ["assert sort_list([3, 1, 2]) == [1, 2, 3]", "assert sort_list([]) == []"]},
+    {"text": "Absolute difference.", "code": "def diff(a, b):\n    return abs(a - b)\n",
+     "test_list": ["assert abs(diff(3, 5) - 2) < 1e-9", "assert (diff(2, 2) == 0) == True"]},
+    {"text": "Numbers below n.", "code": "def below(n):\n    return list(range(n))\n",
+     "test_list": ["assert below(3) == list(range(3))", "assert len(below(4)) == 4"]},
+]
+
+
+def test_a_generic_wrong_program_passes_no_mbpp_test_and_the_references_all_pass(sandbox_root):
+    from envs.code_problems import mbpp_row_to_problem
+    for row in MBPP_ROWS:
+        problem = mbpp_row_to_problem(row, "mbpp.jsonl:1")
+        name = row["code"].split("def ")[1].split("(")[0]
+        for returned in ("ALWAYS", "True", "None"):
+            assert_no_reward(run_tests(generic_wrong_program(name, returned), list(problem.tests), FAST))
+        assert run_tests(problem.solution, list(problem.tests), FAST).outcome == PASSED
+
+
+def test_a_comparison_on_the_call_side_is_the_judges(sandbox_root):
+    """`assert (f(2) == 4) == True`: the inner == runs in the judge, on the plain value."""
+    program = "class E(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n" \
+              "def double(x):\n    return E(x)\n"
+    tests = ["assert (double(2) == 4) == True", "assert (double(3) == 6) is True", "assert [double(5)] == [10]"]
+    assert_no_reward(run_tests(program, tests, FAST))
+    assert run_tests("def double(x):\n    return 2 * x\n", tests, FAST).outcome == PASSED
+
+
+REFUSED_ON_EVERY_PATH = r"""
+import importlib, sys
+def attempt(name, action):
+    try:
+        action()
+        print(name, "loaded")
+    except BaseException as err:
+        print(name, "refused", type(err).__name__)
+for module in ("_signal", "gc", "faulthandler", "_socket", "_posixsubprocess", "_ctypes"):
+    attempt("import_module " + module, lambda: importlib.import_module(module))
+    attempt("__import__ " + module, lambda: __import__(module))
+    def by_imp():
+        import _imp
+        import importlib.machinery as machinery
+        if module in sys.builtin_module_names:
+            _imp.create_builtin(machinery.ModuleSpec(module, machinery.BuiltinImporter, origin="built-in"))
+        else:
+            spec = machinery.PathFinder.find_spec(module)
+            _imp.create_dynamic(spec)
+    attempt("_imp " + module, by_imp)
+"""
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
+def test_a_refused_module_stays_refused_on_every_import_path(guard, monkeypatch, sandbox_root):
+    """importlib.import_module raises no `import` audit event for a built-in module, and _imp makes
+    one directly: the program's process can load no C module once it runs (the guard or not)."""
+    monkeypatch.setattr(sandbox, "PYTHON_GUARD", guard)
+    report = run_tests(REFUSED_ON_EVERY_PATH, [], FAST)
+    lines = report.output.splitlines()
+    assert len(lines) == 18 and not [line for line in lines if line.endswith("loaded")], report.output
+
+
+FRAMES_TO_THE_REPORTER = r"""
+import sys
+found = []
+def search(frame):
+    while frame is not None:
+        for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+            if callable(value) and getattr(value, "__name__", "") in ("say", "send", "main"):
+                found.append(value)
+        frame = frame.f_back
+search(sys._getframe())
+for say in found:
+    for kind in ("test", "done"):
+        for index in range(3):
+            try:
+                say(kind, index, "passed")
+            except BaseException:
+                pass
+            try:
+                say(3, ("value", index, True))
+                say(3, (kind, index, "passed", "", ""))
+            except BaseException:
+                pass
+for fd in range(0, 64):
+    for line in (b"('test', 0, 'passed', '', '')\n", b"('done', -1, '', '', '')\n", b"('value', 1, 4)\n"):
+        try:
+            import os
+            os.write(fd, line)
+        except BaseException:
+            pass
+import threading
+def double(x):
+    return x
+"""
+
+
+def test_a_program_that_owns_its_process_forges_nothing(owns_its_process, sandbox_root):
+    """Frames, the runner's own functions, every descriptor: nothing of the judge is in the
+    program's process, and what it writes on its answer pipe is a value, never a verdict."""
+    assert_no_reward(run_tests(FRAMES_TO_THE_REPORTER.replace("import threading\n", ""), TESTS, FAST))
+
+
+SYSCALLS = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(number, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(number, *args)
+    return "ok" if result >= 0 else os.strerror(ctypes.get_errno())
+buffer = ctypes.create_string_buffer(256)
+calls = {
+    "fork": (57,), "clone": (56, 17, 0, 0, 0, 0), "unshare user": (272, 0x10000000), "unshare net": (272, 0x40000000),
+    "keyctl": (250, 0, -4, 0), "add_key": (248, b"user", b"marft-key", b"x", 1, -4),
+    "request_key": (249, b"user", b"marft-key", 0, 0), "io_uring_setup": (425, 1, buffer), "bpf": (321, 0, buffer, 0),
+    "memfd_create": (319, b"m", 0), "ptrace": (101, 16, os.getppid(), 0, 0), "kill parent": (62, os.getppid(), 0),
+    "socket": (41, 1, 1, 0), "mount": (165, b"none", b"/tmp", b"tmpfs", 0, 0), "setsid": (112,), "shmget": (29, 0, 4096, 0o1600),
+    "process_vm_readv": (310, os.getppid(), 0, 0, 0, 0, 0), "execve": (59, b"/bin/true", 0, 0), "userfaultfd": (323, 0),
+}
+def results():
+    return {name: errno_of(*arguments) for name, arguments in calls.items()}
+def forks():
+    made = 0
+    for _ in range(12):
+        try:
+            if os.fork() == 0:
+                os._exit(0)
+            made += 1
+        except OSError:
+            pass
+    return made
+def thread():
+    import dataclasses
+    try:
+        dataclasses._thread.start_new_thread(lambda: None, ())
+        return "started"
+    except BaseException as err:
+        return type(err).__name__
+"""
+
+
+def test_the_kernel_refuses_the_program_every_door_the_review_found(owns_its_process, sandbox_root):
+    """With the guard off and ctypes in hand: no process, thread, namespace, mount, keyring (state
+    across runs), io_uring, bpf, memfd (memory outside the limit), socket, ptrace or signal to
+    the judge. Each syscall fails with EPERM from the seccomp filter."""
+    report = run_tests(SYSCALLS + "print(results())\nprint(forks(), thread())\n", [], FAST)
+    assert report.outcome == PASSED, report
+    results, forked = report.output.splitlines()
+    assert set(ast_literal(results).values()) == {"Operation not permitted"}, results
+    assert forked == "0 RuntimeError"
+
+
+def ast_literal(text: str):
+    import ast
+    return ast.literal_eval(text)
+
+
+KEY_WRITER = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def write():
+    return libc.syscall(248, b"user", b"marft-across-runs", b"secret", 6, -4)  # add_key into the user keyring
+def read():
+    buffer = ctypes.create_string_buffer(64)
+    key = libc.syscall(249, b"user", b"marft-across-runs", 0, 0)  # request_key
+    if key < 0:
+        return ""
+    size = libc.syscall(250, 11, key, buffer, 64)  # keyctl(KEYCTL_READ)
+    return buffer.raw[: max(size, 0)].decode(errors="replace")
+"""
+
+
+def test_nothing_a_run_writes_in_a_keyring_reaches_a_later_run(owns_its_process, sandbox_root):
+    written = run_tests(KEY_WRITER + "print(write())\n", [], FAST)
+    assert written.output.strip() == "-1"
+    later = run_tests(KEY_WRITER + "print(repr(read()))\n", [], FAST)
+    assert later.output.strip() == "''"
+
+
+def test_a_value_never_reaches_the_trainer_which_reads_only_short_verdicts(monkeypatch, sandbox_root):
+    """Answers at the size cap made of hash-colliding integers are parsed by the judge (under its
+    alarm), never by the trainer: every line the trainer reads is a short event."""
+    lines = []
+    parse = sandbox.parse_event
+    monkeypatch.setattr(sandbox, "parse_event", lambda line, *a: lines.append(len(line)) or parse(line, *a))
+    colliding = "def double(x):\n    m = (1 << 61) - 1\n    return {m * k for k in range(1, 4000)}\n"  # under the value cap
+    assert_no_reward(run_tests(colliding, LITERAL_TESTS, FAST))
+    assert lines and max(lines) < 1000
+
+
+SUBREAPER = r"""
+import ctypes, json, os, sys, time
+sys.path.insert(0, {root!r})
+from envs import sandbox
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER: orphans come to this process
+fast = sandbox.Limits(seconds_per_test=0.5, seconds_per_program=1.5)
+programs = ["def f(x):\n    return x\n", "def f(x):\n    while True:\n        pass\n",
+            "def f(x):\n    while True:\n        try:\n            while True:\n                pass\n        except BaseException:\n            pass\n",
+            "import os\nos._exit(0)\n", "raise ValueError\n", "def f(x):\n    return [0] * 10 ** 9\n"]
+for mode in (sandbox.NAMESPACES, sandbox.GUARD):
+    for program in programs[:1] * 15 + programs[1:] * 2:
+        sandbox.run_tests(program, ["assert f(1) == 1"], fast, mode=mode)
+time.sleep(0.3)
+children = []
+for task in os.listdir("/proc/self/task"):
+    children += open(f"/proc/self/task/{{task}}/children").read().split()
+print(json.dumps(children))
+"""
+
+
+def test_a_trainer_that_is_a_child_subreaper_is_left_no_zombie(sandbox_root):
+    """The trainer as PR_SET_CHILD_SUBREAPER (as PID 1 of a container is): 50 runs, honest,
+    looping, alarm-swallowing, exiting, crashing and out of memory, in both isolations, leave it
+    no child at all (the judge is reaped before its namespace goes, and orphans are reaped)."""
+    script = SUBREAPER.format(root=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []
