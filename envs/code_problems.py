@@ -123,5 +123,8 @@ def mbpp_row_to_problem(row: dict, where: str) -> Problem:
     defined = re.search(r"^def (\w+)", str(row.get("code") or ""), re.MULTILINE)  # the reference's function
     name = f" The function is called `{defined.group(1)}`." if defined else ""
     task = f"{text.strip()}{name} {_ANSWER_FORMAT}"
+    # the function declared: the judge calls the program's even when it is named like a builtin (`sum`)
+    prelude = f'def {defined.group(1)}(*args, **kwargs):\n    """The function the task asks for."""\n' if defined else ""
     return Problem(problem=task, answer="", level=str(row.get("task_id", "")), type="mbpp",
-                   solution=str(row.get("code") or ""), tests=tuple(f"{setup}\n{t}" if setup else t for t in tests))
+                   solution=str(row.get("code") or ""), tests=tuple(f"{setup}\n{t}" if setup else t for t in tests),
+                   prelude=prelude)

