@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -487,3 +488,57 @@ def test_a_program_cannot_leave_its_process_group(leaves_nothing_behind):
     program = "import os\nos.setsid()\n"
     report = run_tests(program, ["assert True"], Limits(seconds_per_test=0.5, seconds_per_program=1.5))
     assert report.outcome == CRASH and report.detail == "PermissionError: [Errno 1] Operation not permitted"
+
+
+# ---------------------------------------------------------------------------------------------
+# The seccomp filter, read by a classic-BPF interpreter written here (the kernel's behaviour is
+# tested in test_sandbox_attacks.py: every door answers EPERM)
+# ---------------------------------------------------------------------------------------------
+
+def run_filter(program: bytes, nr: int, args=(0,) * 6, arch: int = 0xC000003E) -> str:
+    """What a seccomp filter returns for one syscall: "allow", "deny" (EPERM) or the raw value.
+    struct seccomp_data: nr (u32), arch (u32), instruction pointer (u64), args[6] (u64)."""
+    data = struct.pack("<IIQ6Q", nr, arch, 0, *[a & (2**64 - 1) for a in args])
+    code = [struct.unpack("<HBBI", program[k:k + 8]) for k in range(0, len(program), 8)]
+    at, accumulator = 0, 0
+    while True:
+        op, jt, jf, k = code[at]
+        if op == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            accumulator = struct.unpack_from("<I", data, k)[0]
+        elif op in (0x15, 0x35, 0x45):  # JEQ, JGE, JSET
+            taken = {0x15: accumulator == k, 0x35: accumulator >= k, 0x45: bool(accumulator & k)}[op]
+            at += jt if taken else jf
+        elif op == 0x06:  # BPF_RET
+            return {0x7FFF0000: "allow", 0x00050001: "deny"}.get(k, hex(k))
+        else:
+            raise AssertionError(f"unexpected instruction {op:#x}")
+        at += 1
+
+
+O_WRONLY, O_CREAT = 0o1, 0o100
+
+
+@pytest.mark.parametrize("mode, nr, args, arch, expected", [
+    ("namespaces", 0, (), 0xC000003E, "allow"),  # read
+    ("namespaces", 57, (), 0xC000003E, "deny"),  # fork
+    ("namespaces", 56, (0x11,), 0xC000003E, "deny"),  # clone
+    ("namespaces", 250, (), 0xC000003E, "deny"),  # keyctl
+    ("namespaces", 2, (0, 0), 0x40000003, "deny"),  # the i386 ABI (int 0x80)
+    ("namespaces", 0x40000000 + 57, (), 0xC000003E, "deny"),  # the x32 ABI
+    ("namespaces", 302, (0, 7), 0xC000003E, "allow"),  # prlimit64 of itself
+    ("namespaces", 302, (1, 7), 0xC000003E, "deny"),  # … of the judge
+    ("namespaces", 302, (1 << 32, 7), 0xC000003E, "deny"),  # a pid with only its high half set
+    ("namespaces", 72, (3, 1), 0xC000003E, "allow"),  # fcntl F_GETFD
+    ("namespaces", 72, (3, 8, 1), 0xC000003E, "deny"),  # F_SETOWN
+    ("namespaces", 72, (3, 10, 9), 0xC000003E, "deny"),  # F_SETSIG
+    ("namespaces", 72, (3, 15), 0xC000003E, "deny"),  # F_SETOWN_EX
+    ("namespaces", 257, (-100, 0, O_WRONLY | O_CREAT), 0xC000003E, "allow"),  # openat for writing: its own tmpfs
+    ("guard", 257, (-100, 0, O_WRONLY | O_CREAT), 0xC000003E, "deny"),  # … not in the guard mode
+    ("guard", 257, (-100, 0, 0), 0xC000003E, "allow"),  # reading
+    ("guard", 2, (0, 0o2000), 0xC000003E, "deny"),  # open with O_APPEND
+    ("guard", 2, (0, 0), 0xC000003E, "allow"),
+    ("guard", 83, (), 0xC000003E, "deny"),  # mkdir
+    ("guard", 302, (0, 7), 0xC000003E, "allow"),
+])
+def test_the_seccomp_filter_on_a_hand_table(mode, nr, args, arch, expected):
+    assert run_filter(sandbox.filter_for(mode), nr, tuple(args) + (0,) * (6 - len(args)), arch) == expected
