@@ -354,7 +354,7 @@ def main():
     def answer():
         try:
             message = from_repr(program["answers"].next(), 1_000_000)
-        except (EOFError, OSError, ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as err:
+        except Exception as err:  # EOF, garbage, an int too large for a float, …: never the judge's own error
             raise Gone("the program's process " + ("ended" if type(err) is EOFError else "answered garbage"))
         if type(message) is not tuple or not message or type(message[0]) is not str:
             raise Gone("the program's process answered garbage")

