@@ -303,7 +303,7 @@ def main():
         mib = 1024 * 1024
         for name, value in (("RLIMIT_AS", limits["memory_mib"] * mib), ("RLIMIT_CPU", int(limits["seconds_per_program"]) + 1),
                             ("RLIMIT_FSIZE", limits["file_mib"] * mib), ("RLIMIT_NOFILE", limits["open_files"]),
-                            ("RLIMIT_NPROC", limits["processes"]), ("RLIMIT_CORE", 0)):
+                            ("RLIMIT_CORE", 0)):
             kind = getattr(resource, name)
             hard = resource.getrlimit(kind)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -342,6 +342,8 @@ def main():
                 os.dup2(calls_r, 0)
                 os.dup2(answers_w, 3)
                 os.closerange(4, 1 << 16)
+                processes = min(limits["processes"], resource.getrlimit(resource.RLIMIT_NPROC)[1])
+                resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))  # the program's, after the judge's one fork
                 drop_privileges(limits["chroot"])
                 serve(part, settings)
             finally:
