@@ -94,10 +94,14 @@ class Lines:
             raise ValueError("a message too large to read")
         return line.decode("utf-8", "replace")
 
-def send(fd, message):
-    data = (repr(message) + "\n").encode("utf-8", "replace")
+def write_line(fd, text):
+    # All of it: a write to a pipe that a signal interrupts may return having written part.
+    data = (text + "\n").encode("utf-8", "replace")
     while data:
         data = data[os.write(fd, data):]
+
+def send(fd, message):
+    write_line(fd, repr(message))
 
 # ------------------------------------------------------------------ the program's process
 
@@ -184,7 +188,7 @@ def serve(job, settings):
     while True:
         message = from_repr(requests.next(), 1_000_000)
         if message[0] == "output":
-            os.write(3, (repr(("output", message[1], output())) + "\n").encode("utf-8", "replace"))
+            send(3, ("output", message[1], output()))
             continue
         _, number, name, args, kwargs = message
         try:
@@ -199,7 +203,7 @@ def serve(job, settings):
             computing[0] = False
             kind = type(err).__name__ if isinstance(type(err).__name__, str) else "Exception"
             answer = repr(("raised", number, kind[:80], last_line(err)))
-        os.write(3, (answer + "\n").encode("utf-8", "replace"))
+        write_line(3, answer)
 
 
 def guard_for(folder, limits):
@@ -286,9 +290,8 @@ def main():
     del sys.argv[1:]
 
     def say(kind, index=-1, result="", detail="", output=""):
-        line = repr((kind, index, result, str(detail)[: limits["detail_chars"]], output)) + "\n"
         try:
-            os.write(results, line.encode("utf-8", "replace"))
+            send(results, (kind, index, result, str(detail)[: limits["detail_chars"]], output))
         except BaseException:
             os._exit(3)
 
