@@ -35,25 +35,7 @@ model, or `random:<config.json>` (that architecture with random weights: seconds
 download). It is read in --base_dtype straight onto this rank's device (`resolve_device`,
 distributed.py: cuda:LOCAL_RANK under torchrun); the adapters stay float32.
 
-The reference policy for the optional KL term is the base model with adapters disabled (peft
-`disable_adapter()`): no extra model copy.
-
-An orchestrator's choice of whom to call is one token of its response, the first of the called
-name; its entropy over the names it may call alone (`choice_entropy`, --route_ent_coef; not in the
-paper) is
-
-    H_C = −Σ_{c ∈ C} q_c log q_c,   q_c = π(c | ô, w_<k) / Σ_{c' ∈ C} π(c' | ô, w_<k)
-
-Each adapted projection computes h = W x + s · B A x (peft LoRA). With `--fused_lora` (on,
-`fuse_lora_updates`) the scaling s multiplies the rank-r product A x and B's product adds itself
-onto W x in one matrix product, instead of peft's two elementwise passes at the projection's
-full width; the same function up to float rounding. With `--onednn_linear` (on,
-`onednn_frozen_linears`) the frozen base's float32 products W x, and ∂L/∂x = (∂L/∂h) W in the
-backward pass, run through oneDNN instead of torch's default matrix library (on an x86 CPU): the
-same products up to float rounding, faster where MKL runs below the CPU's vector width (the bench's
-`onednn_linear_speedup`).
-
-Prefix sharing (`forward_responses`, generation.generate; Config `prefix_sharing`, on by default): about
+Prefix sharing (`forward_responses`, generation.generate; --prefix_sharing, on): about
 three quarters of an agent's prompt is its fixed instructions and worked example, identical in
 every prompt of a batch. That prefix is run once per pass ([1, P] tokens) and its keys/values
 repeated over the batch's rows, which then run only their own tokens. Causal attention makes
@@ -67,7 +49,6 @@ import contextlib
 import hashlib
 import importlib.util
 import os
-import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -75,16 +56,8 @@ from typing import NamedTuple
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
-from peft.tuners.lora.layer import Linear as LoraLinear
-try:
-    from peft.tuners.lora.layer import LoraVariant
-except ImportError:  # a peft before per-adapter variants: --fused_lora leaves peft's forward (fuse_lora_updates)
-    LoraVariant = object
 from safetensors.torch import load_file
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
 import distributed
 
@@ -210,33 +183,10 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
     # a GenerationConfig leaves unset from the model's). Only its end-of-turn ids are kept: they
     # say where a response ends (`stop_token_ids`).
     model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id)
-    if model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation(GROUPED_KV_SDPA)
     model.eval()  # no dropout anywhere: a ratio of 1 at the first PPO epoch is exactly 1
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tokenizer
-
-
-def sdpa_grouped_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention
-    (SmolLM2: 9 query heads read 3 key/value heads) hands torch's kernel the key/value heads as
-    they are (`enable_gqa`) instead of copying each one per query head that reads it. The copy
-    was the whole key/value cache of every layer at every call (5% of the time of a profiled
-    two-iteration chain run); the numbers are the same. Elsewhere (no mask: the library uses grouped heads itself; CUDA, where a
-    mask with grouped heads falls back to the slow kernel) it is the library's function unchanged.
-    query [n, heads, q, d], key/value [n, kv_heads, k, d] → ([n, q, heads, d], None)."""
-    if attention_mask is None or query.device.type != "cpu" or query.shape[1] == key.shape[1]:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                                           scale=scaling, enable_gqa=True)  # a mask: never is_causal
-    return out.transpose(1, 2).contiguous(), None
-
-
-GROUPED_KV_SDPA = "sdpa_grouped_kv"  # a model that uses "sdpa" is switched to it (load_base_model)
-AttentionInterface.register(GROUPED_KV_SDPA, sdpa_grouped_kv)
-AttentionMaskInterface.register(GROUPED_KV_SDPA, sdpa_mask)  # the masks "sdpa" gets
 
 
 # --base_dtype: the frozen base weights' dtype (a GPU's memory); trainable weights stay float32.
@@ -262,12 +212,6 @@ def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer
     torch.manual_seed(cfg.seed)  # LoRA A matrices
     model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
     model.to(device)  # the adapters (made on the CPU by peft when the base is elsewhere)
-    if cfg.fused_lora:
-        fuse_lora_updates(model)
-    if cfg.onednn_linear:
-        onednn_frozen_linears(model)
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
     return model, tokenizer
 
 
@@ -302,118 +246,6 @@ def attach_adapters(base_model: torch.nn.Module, adapter_names: list[str], confi
             param.data = param.data.float()
             param.requires_grad_(True)
     return model
-
-
-class _ScaledLowRankUpdate(LoraVariant):
-    """Plain LoRA, h = W x + B (s · A x), in fewer passes over the activations than peft's own
-    forward, which computes B A x at the projection's full width [.., out], then multiplies it by
-    s and adds it to W x (two elementwise passes of that width). Here s multiplies the rank-r
-    product A x [.., r], and the product with B adds itself onto W x inside one matrix product
-    (addmm). The same function; only the rounding of its float operations moves. Merging (peft's
-    `merge`) is plain LoRA's W + s B A."""
-
-    @staticmethod
-    def init(module, adapter_name: str) -> None:
-        pass
-
-    @staticmethod
-    def merge_safe(module, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
-        return orig_weight + module.get_delta_weight(active_adapter).to(orig_weight.dtype)
-
-    @staticmethod
-    def merge_unsafe(module, active_adapter: str, orig_weight: torch.Tensor) -> None:
-        orig_weight.data += module.get_delta_weight(active_adapter).to(orig_weight.dtype)
-
-    @staticmethod
-    def unmerge(module, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
-        return orig_weight - module.get_delta_weight(active_adapter).to(orig_weight.dtype)
-
-    @staticmethod
-    def forward(module, active_adapter: str, x: torch.Tensor, result: torch.Tensor, **kwargs) -> torch.Tensor:
-        lora_a, lora_b = module.lora_A[active_adapter], module.lora_B[active_adapter]
-        low_rank = lora_a(module.lora_dropout[active_adapter](x)) * module.scaling[active_adapter]  # s · A x, [.., r]
-        if result.dtype != low_rank.dtype or lora_b.bias is not None:  # a bf16 base under float32 adapters
-            return result + lora_b(low_rank)
-        out = torch.addmm(result.reshape(-1, result.shape[-1]), low_rank.reshape(-1, low_rank.shape[-1]), lora_b.weight.t())
-        return out.view(result.shape)  # W x + B (s · A x), [.., out]
-
-
-def fuse_lora_updates(model: PeftModel) -> int:
-    """--fused_lora: every adapted linear layer computes each of its adapters with
-    `_ScaledLowRankUpdate` (peft's per-adapter variant hook); returns how many (layer, adapter)
-    pairs. Layers of a peft without that hook keep its own forward."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, LoraLinear) and isinstance(getattr(module, "lora_variant", None), dict):
-            for adapter in module.lora_A:
-                module.lora_variant.setdefault(adapter, _ScaledLowRankUpdate())
-                count += 1
-    return count
-
-
-def cpu_specific_paths() -> bool:
-    """False under MARFT_CPU_PATHS=off: every path that this CPU's instructions choose is off
-    (oneDNN's float32 products, its packed bf16 weights), and scripts/setup_env.sh caps torch's,
-    oneDNN's and MKL's kernels at AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
-    MKL_ENABLE_INSTRUCTIONS), so a run computes as on a CPU without AVX-512 or bf16 instructions.
-    None of these paths changes what is sampled or learned beyond float rounding."""
-    return os.environ.get("MARFT_CPU_PATHS", "on") != "off"
-
-
-def onednn_available() -> bool:
-    """Whether --onednn_linear applies: an x86 CPU (the kind it was measured on; an Arm laptop's torch
-    has its own fast library), a torch with oneDNN's linear operator, and the CPU-specific paths on
-    (`cpu_specific_paths`)."""
-    return (cpu_specific_paths() and platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
-
-
-def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x Wᵀ + b by oneDNN, x [.., in] and W [out, in] (or any strided view of that shape) → [.., out]."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
-
-
-class _FrozenLinear(torch.autograd.Function):
-    """h = x Wᵀ + b with W and b frozen: the backward pass needs only ∂L/∂x = (∂L/∂h) W, itself the
-    product of ∂L/∂h with Wᵀ read as a [in, out] weight (a view: no copy)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(weight)
-        return onednn_product(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (weight,) = ctx.saved_tensors
-        return onednn_product(grad_out, weight.t(), None), None, None  # [.., out] × [out, in] → [.., in]
-
-
-class OneDnnLinear(torch.nn.Linear):
-    """A frozen torch.nn.Linear whose float32 products on the CPU run through oneDNN (`_FrozenLinear`);
-    any other case (a trainable weight, another dtype or device) is torch's own linear."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.requires_grad or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32:
-            return super().forward(x)
-        return _FrozenLinear.apply(x, self.weight, self.bias)
-
-
-def onednn_frozen_linears(model: torch.nn.Module) -> int:
-    """--onednn_linear: every frozen float32 torch.nn.Linear of the model on the CPU (the base's
-    projections under the adapters, its output layer) becomes a `OneDnnLinear`, in place (its
-    class only: the same parameters, names and state dict); the adapters' own small products and
-    the value heads stay torch's. Torch's default library for float32 products (MKL in its x86
-    builds) runs below the CPU's vector width on some CPUs (AMD's among them), oneDNN at it.
-    Returns how many layers; 0 where it does not apply (`onednn_available`)."""
-    if not onednn_available():
-        return 0
-    count = 0
-    for module in model.modules():
-        if (type(module) is torch.nn.Linear and not module.weight.requires_grad and module.weight.dtype == torch.float32
-                and module.weight.device.type == "cpu"):
-            module.__class__ = OneDnnLinear
-            count += 1
-    return count
 
 
 def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
@@ -464,10 +296,6 @@ def backbone(model):
 @contextlib.contextmanager
 def active_adapter(model: PeftModel, adapter: str | None):
     """Run the block under adapter `adapter`; None runs the bare base model (the reference policy)."""
-    if not isinstance(model, PeftModel):  # a plain model (generation's merged copy) has no adapter to switch
-        assert adapter is None, "a model without adapters runs as itself"
-        yield
-        return
     if adapter is None:
         with model.disable_adapter():
             yield
@@ -518,33 +346,6 @@ def right_padded_batch(prompt_ids: list[list[int]], response_ids: list[list[int]
         input_ids[row, : len(p) + len(r)] = torch.tensor(p + r)
         attention_mask[row, : len(p) + len(r)] = 1
     return input_ids, attention_mask, torch.tensor([len(p) for p in prompt_ids])
-
-
-def enable_gradient_checkpointing(model: PeftModel) -> None:
-    """Recompute each decoder layer's activations during the backward pass instead of keeping them:
-    activation memory then no longer grows with (prompt tokens × layers), for ≈ 1.5× the update
-    time on a CPU. A checkpointed layer keeps no key/value cache, so the passes with gradient then
-    run without prefix sharing (`forward_responses`); the micro-batches of the updates bound
-    memory without it."""
-    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.get_base_model().eval()  # enabling switches to training mode; layers are switched per pass instead
-
-
-@contextlib.contextmanager
-def checkpointed_layers(model: PeftModel):
-    """With gradient checkpointing on and grad enabled, run the block with the decoder layers in
-    training mode: transformers checkpoints a layer only while that layer object is in training
-    mode. Only the layer objects switch (their dropout children stay in eval mode)."""
-    backbone = model.get_base_model().model
-    layers = [m for m in backbone.modules() if isinstance(m, GradientCheckpointingLayer)] \
-        if torch.is_grad_enabled() and getattr(backbone, "gradient_checkpointing", False) else []
-    for layer in layers:
-        layer.training = True
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.training = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,10 +403,9 @@ class SharedPrefix(NamedTuple):
 
 def run_shared_prefix(model: PeftModel, prompt_ids: list[list[int]], adapter: str | None) -> SharedPrefix | None:
     """The prefix every prompt of these rows shares (`shared_prefix_length`), run once under
-    `adapter` (with gradient where grad is enabled); None when they share nothing or, for a pass
-    with gradient, under gradient checkpointing (whose layers keep no cache)."""
+    `adapter` (with gradient where grad is enabled); None when they share nothing."""
     length = shared_prefix_length(prompt_ids)
-    if length == 0 or (torch.is_grad_enabled() and getattr(model.get_base_model().model, "gradient_checkpointing", False)):
+    if length == 0:
         return None
     with active_adapter(model, adapter):
         computed = prefix_states(model, prompt_ids[0][:length])
@@ -657,7 +457,7 @@ def float32_head(backbone):
     The head runs at the positions the caller feeds it (`head_at`; decoding: the last). W is cast
     once for the block (V·H·4 bytes while it lasts: one pass, or one `generation.decode` call). A
     float32 head runs untouched (the same bits), and so does a head that is not a plain linear
-    layer (the merged copy's `LowPrecisionLinear`, a LoRA-adapted head)."""
+    layer (a LoRA-adapted head)."""
     head = backbone.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or head.weight.dtype == torch.float32 or "forward" in vars(head):
         yield  # float32 already, not a plain linear, or inside another float32_head of the same head
@@ -691,16 +491,13 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     prefix: a prefix already run for several passes (`run_shared_prefix`); every prompt starts
     with its tokens, and the pass runs the rest."""
     device, backbone = model.device, model.get_base_model()
-    # A checkpointed layer is recomputed in the backward pass and keeps no cache (transformers
-    # drops it): passes with gradient under --gradient_checkpointing run plain.
-    checkpointing = torch.is_grad_enabled() and getattr(backbone.model, "gradient_checkpointing", False)
     if prefix is not None:
         shared = len(prefix.tokens)
         if any(p[:shared] != prefix.tokens for p in prompt_ids):
             raise ValueError("forward_responses: a prompt does not start with the shared prefix it was given")
         cache = cache_from_states(model, prefix.states, len(prompt_ids))
     else:
-        shared = shared_prefix_length(prompt_ids) if share_prefix and not checkpointing else 0
+        shared = shared_prefix_length(prompt_ids) if share_prefix else 0
         cache = prefix_cache(model, prompt_ids[0][:shared], len(prompt_ids)) if shared else None
     input_ids, attention_mask, prompt_lengths = right_padded_batch([p[shared:] for p in prompt_ids], response_ids, pad_id)
     if shared:  # the rows attend to the prefix: its columns are real tokens of every row
@@ -710,32 +507,10 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     positions = ((prompt_lengths - 1).unsqueeze(1) + torch.arange(longest)).clamp(max=input_ids.shape[1] - 1).to(device)  # [n, L]
     inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), past_key_values=cache,
                   use_cache=cache is not None)
-    with checkpointed_layers(model):
-        if output == "logits":
-            with head_at(backbone, positions), float32_head(backbone):
-                return backbone(**inputs, logits_to_keep=0).logits  # [n, L, V], float32
-        return at_positions(backbone.model(**inputs).last_hidden_state, positions)  # [n, W, H] → [n, L, H]
-
-
-class RouteChoices(NamedTuple):
-    """Where each row of a batch chooses among a few tokens (an orchestrator naming whom it calls)."""
-
-    positions: list[int]  # k of the response token that makes the choice, per row (−1: none) [n]
-    tokens: list[int]  # the candidate tokens [C]
-
-
-def choice_entropy(log_probs: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The entropy of π at one position per row over the candidate tokens alone, renormalised:
-
-        q_c = π(c | ·) / Σ_{c' ∈ C} π(c' | ·),   H_C = −Σ_{c ∈ C} q_c log q_c
-
-    log_probs [n, L, V] (log π per response position), positions [n] (−1: the row has no choice,
-    H_C = 0), tokens [C]. H_C depends only on the differences of the candidates' logits, so its
-    gradient moves probability among them and never onto or off the other tokens. Returns [n]."""
-    rows = torch.arange(len(positions), device=log_probs.device)
-    candidates = log_probs[rows, positions.clamp(min=0)][:, tokens]  # [n, C]
-    log_q = torch.log_softmax(candidates, dim=-1)  # renormalised over C
-    return -(log_q.exp() * log_q).sum(-1) * (positions >= 0)
+    if output == "logits":
+        with head_at(backbone, positions), float32_head(backbone):
+            return backbone(**inputs, logits_to_keep=0).logits  # [n, L, V], float32
+    return at_positions(backbone.model(**inputs).last_hidden_state, positions)  # [n, W, H] → [n, L, H]
 
 
 def token_logprobs_and_entropy(
@@ -745,17 +520,14 @@ def token_logprobs_and_entropy(
     pad_id: int,
     temperature: float,
     share_prefix: bool = True,
-    entropy_gradient: bool = False,
     prefix: SharedPrefix | None = None,
-    route: RouteChoices | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log π(w_k | ô, w_<k) and entropy under the active adapter.
 
     Returns token_logprob [n, L], token_entropy [n, L], response_mask [n, L], where column k holds
     the k-th response token (left-aligned, L = longest response); on the model's device. The
-    entropy carries a gradient only with `entropy_gradient` (an entropy bonus): otherwise its
-    [n, L, V] intermediates are not kept for the backward pass. With `route`, also the entropy of
-    each row's choice (`choice_entropy`, differentiable) [n]; else None.
+    entropy is a metric: it carries no gradient, and its [n, L, V] intermediates are not kept for
+    the backward pass.
     """
     longest = max(len(r) for r in response_ids)
     logits = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix, prefix)[:, :longest]  # [n, L, V]
@@ -768,14 +540,9 @@ def token_logprobs_and_entropy(
     log_probs = torch.log_softmax(scaled, dim=-1)  # [n, L, V]
     targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
     token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * response_mask
-    if entropy_gradient:
-        token_entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask
-    else:  # no graph: p · log p in p's own buffer
-        detached = log_probs.detach()
-        token_entropy = -detached.exp().mul_(detached).sum(-1) * response_mask
-    route_entropy = (choice_entropy(log_probs, torch.tensor(route.positions, device=device), torch.tensor(route.tokens, device=device))
-                     if route is not None else None)
-    return token_logprob, token_entropy, response_mask, route_entropy
+    detached = log_probs.detach()  # no graph: p · log p in p's own buffer
+    token_entropy = -detached.exp().mul_(detached).sum(-1) * response_mask
+    return token_logprob, token_entropy, response_mask
 
 
 def token_logprobs(
@@ -786,7 +553,6 @@ def token_logprobs(
     pad_id: int,
     temperature: float,
     share_prefix: bool = True,
-    entropy_gradient: bool = False,
     prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable):
@@ -795,7 +561,7 @@ def token_logprobs(
     Token-level MARFT treats every token as an action; adapter None gives the reference policy.
     """
     out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "token", "sum", temperature, share_prefix,
-                          entropy_gradient, prefix)
+                          prefix)
     return out.token_logprob, out.entropy, out.token_mask
 
 
@@ -819,16 +585,13 @@ class PolicyLogProbs(NamedTuple):
     logprob: torch.Tensor  # log π^i per decision: the PPO ratio's log-probabilities
     entropy: torch.Tensor  # mean token entropy per decision
     mask: torch.Tensor  # 1 on real decisions
-    token_logprob: torch.Tensor  # log π^i(w_k | ô, w_<k) per token, at both levels (the KL to π_ref)
+    token_logprob: torch.Tensor  # log π^i(w_k | ô, w_<k) per token, at both levels (rollout correction, metrics)
     token_mask: torch.Tensor  # 1 on real tokens
-    route_entropy: torch.Tensor | None = None  # H_C of each row's choice (`choice_entropy`) [n], with `route`
-    route_mask: torch.Tensor | None = None  # 1 on rows that make a choice [n]
 
 
 def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
                     pad_id: int, level: str, normalisation: str, temperature: float, share_prefix: bool = True,
-                    entropy_gradient: bool = False, prefix: SharedPrefix | None = None,
-                    route: RouteChoices | None = None) -> PolicyLogProbs:
+                    prefix: SharedPrefix | None = None) -> PolicyLogProbs:
     """log π^i per decision, entropy per decision and the decision mask, each [n, L], and the
     token log-probs [n, K], on the CPU.
 
@@ -836,16 +599,13 @@ def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
     level "token":  L = K = the longest response, log π^i(w_k | ô, w_<k).
     Every later table of the trainer (old log-probs, values, advantages, returns) has the [n, L] shape.
     share_prefix: the batch's common prompt prefix is run once (`forward_responses`), or
-    `prefix` was run already for several passes; entropy_gradient: the entropy is differentiable
-    (for an entropy bonus); route: also each row's choice entropy (`choice_entropy`, for
-    --route_ent_coef)."""
+    `prefix` was run already for several passes."""
     with active_adapter(model, adapter):
-        token_logprob, token_entropy, token_mask, route_entropy = token_logprobs_and_entropy(
-            model, prompt_ids, response_ids, pad_id, temperature, share_prefix, entropy_gradient, prefix, route)
+        token_logprob, token_entropy, token_mask = token_logprobs_and_entropy(
+            model, prompt_ids, response_ids, pad_id, temperature, share_prefix, prefix)
     token_logprob, token_entropy, token_mask = token_logprob.cpu(), token_entropy.cpu(), token_mask.cpu()
-    routes = (route_entropy.cpu(), (torch.tensor(route.positions) >= 0).float()) if route is not None else (None, None)
     if level == "token":
-        return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask, *routes)
+        return PolicyLogProbs(token_logprob, token_entropy, token_mask, token_logprob, token_mask)
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation={normalisation!r}: choose one of {NORMALISATIONS}")
     lengths = token_mask.sum(-1).clamp(min=1.0)
@@ -854,7 +614,7 @@ def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
         action_logprob = action_logprob / lengths
     entropy = token_entropy.sum(-1) / lengths
     return PolicyLogProbs(action_logprob.unsqueeze(-1), entropy.unsqueeze(-1), torch.ones(len(prompt_ids), 1),
-                          token_logprob, token_mask, *routes)
+                          token_logprob, token_mask)
 
 
 def summed_logprobs(decision_logprob: torch.Tensor, mask: torch.Tensor, response_lengths: torch.Tensor,

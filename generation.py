@@ -11,9 +11,6 @@ the benchmark:
     HFGenerator     `decode`, a plain sampling loop over transformers' forward, on the training
                     model itself (adapters switched per agent), left-padded batches whose shared
                     prompt prefix runs once; the default
-    MergedHFGenerator  the same on a scratch copy with the acting agent's adapter merged in
-                    (--merged_generation), its linear layers' weights optionally in bfloat16
-                    (--merged_weight_dtype: half the bytes a decoding step reads)
     VLLMGenerator   one vLLM engine in the same process, `enable_lora=True`, one `LoRARequest` per
                     agent; `sync(model)` after every update publishes the new adapter weights under
                     fresh `lora_int_id`s; on a GPU it can sleep during the updates (--vllm_sleep)
@@ -27,7 +24,6 @@ tests/test_vllm.py).
 """
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import tempfile
@@ -36,16 +32,10 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel
-from peft.tuners.lora import LoraLayer
 from tqdm import tqdm
 from transformers import DynamicCache, TopPLogitsWarper
-from transformers.cache_utils import DynamicLayer
 
-from agents import (BASE_DTYPES, RANDOM_MODEL, active_adapter, backbone, model_source, onednn_available, onednn_product,
-                    prefix_states, shared_prefix_length)
-
-
-SAMPLERS = ("multinomial", "inverse")  # how the hf backend draws a token (`decode`); vLLM has its own
+from agents import RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -53,13 +43,12 @@ class Sampling:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     max_new_tokens: int = 48
-    sampler: str = "multinomial"  # one of SAMPLERS
 
     @classmethod
     def of(cls, cfg, top_p: float = 1.0) -> "Sampling":
         """The rollouts' sampling of a run.Config: the full softmax at T, which π_old and π_θ are too
         (training takes no nucleus); evaluate.py may pass its --top_p."""
-        return cls(cfg.temperature, top_p, cfg.max_new_tokens, cfg.sampler)
+        return cls(cfg.temperature, top_p, cfg.max_new_tokens)
 
 
 @dataclass
@@ -84,32 +73,6 @@ def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
     return next((k + 1 for k, token in enumerate(tokens) if token in stop_ids), len(tokens))
 
 
-def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """One token per row of `probs` [n, V], drawn from it by the inverse transform: with `uniform`
-    [n] in [0, 1) (float64), u = uniform · Σp, and the first token whose running sum of
-    probabilities exceeds u, [n]. The running sum is in float64, so even a token of probability
-    1e-12 keeps an interval of its own width. A token of probability 0 owns an empty interval and
-    is never drawn; a u that rounds up to the total (the only case no running sum exceeds) takes
-    the last token of positive probability. A row that is not finite or sums to 0 raises, as
-    torch.multinomial does.
-
-    --sampler inverse. torch.multinomial (--sampler multinomial, the default: the draws transformers'
-    `generate` makes) draws the same distribution with one exponential variate per vocabulary entry,
-    49,152 per row per step here, about 1 s of a default chain iteration on the CPU
-    (results/speed/sampling-and-attention.txt); this draws one uniform per row. The two give
-    different tokens for one seed."""
-    cdf = probs.double().cumsum(-1)  # [n, V]
-    total = cdf[:, -1:]  # [n, 1]
-    if not (torch.isfinite(total) & (total > 0)).all():  # what torch.multinomial refuses too
-        raise ValueError("sample_tokens: a row of probabilities is not finite or sums to 0 (inf or nan in the logits)")
-    u = uniform.unsqueeze(-1) * total  # [n, 1]
-    token = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # [n]: the first i with Σ_{j ≤ i} p_j > u
-    if (token == probs.shape[-1]).any():  # u rounded up to the total: no running sum exceeds it
-        last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [n]
-        token = torch.minimum(token, last_positive)
-    return token
-
-
 def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The scores a sampling step draws from, logits [n, V] → logits / T, then (top_p < 1) the
     tokens outside the nucleus at −inf (transformers' TopPLogitsWarper). Greedy: the logits."""
@@ -125,7 +88,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     """a ~ π(· | prompt), token by token, for a batch of prompts [n, W] (attention_mask [n, W]: 0 on
     padding) whose first `cache.get_seq_length()` positions are in `cache` already. Each step reads
     the next-token logits of every row, draws from logits / T (`warp_scores`; greedy: the argmax;
-    else torch.multinomial, or `sample_tokens` with sampler "inverse") and records the drawn
+    else torch.multinomial, the draw transformers' `generate` makes) and records the drawn
     token's log-prob under that same distribution; the logits come from a float32 product of the
     last hidden state and the head's weight (agents.float32_head), as training's do. A row that
     has drawn a stop id is finished: it is fed the pad id from then on; the loop ends when every
@@ -154,12 +117,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
             # would round differently from the softmax transformers' generate draws from
             if sampling.temperature == 0:
                 token = scores.argmax(-1)  # [n]
-            elif sampling.sampler == "multinomial":
-                token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
-            elif sampling.sampler == "inverse":
-                token = sample_tokens(torch.softmax(scores, dim=-1), torch.rand(n, dtype=torch.float64, device=device))  # [n]
             else:
-                raise ValueError(f"Sampling.sampler={sampling.sampler!r}: choose one of {', '.join(SAMPLERS)}")
+                token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
             token = token.masked_fill(finished, pad_id)
             logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))  # [n]
             tokens.append(token)
@@ -172,54 +131,10 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
 
-class ReservedLayer(DynamicLayer):
-    """One decoder layer's key/value cache for one `decode` call: a buffer [n, heads, capacity,
-    head_dim] reserved at the first write, each step's keys/values written into it in place, and
-    the filled part [.., :length, :] handed to attention. transformers' DynamicLayer instead
-    concatenates the whole cache with the new step at every step (a copy of all of it, per layer,
-    per step); the attention reads the same numbers either way (tests/test_prefix_sharing.py: the
-    same tokens and log-probs). Serves sampling and greedy decoding (nothing here reorders or crops
-    the cache, as beam search would)."""
-
-    is_croppable = False  # transformers reads it before cropping a cache (`_unsupported` below)
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = self.get_seq_length()  # the positions written so far (0 before the first write or after a reset)
-        end = start + key_states.shape[-2]
-        if start == 0 or end > self.key_buffer.shape[-2]:  # the first write, or past the reserved length
-            shape = (*key_states.shape[:-2], max(end, self.capacity), key_states.shape[-1])
-            key_buffer, value_buffer = key_states.new_empty(shape), value_states.new_empty(shape)
-            if start:
-                key_buffer[..., :start, :], value_buffer[..., :start, :] = self.keys, self.values
-            self.key_buffer, self.value_buffer = key_buffer, value_buffer
-        self.key_buffer[..., start:end, :] = key_states
-        self.value_buffer[..., start:end, :] = value_states
-        self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
-        return self.keys, self.values
-
-    def _unsupported(self, *args, **kwargs):
-        raise NotImplementedError("generation.ReservedLayer serves sampling and greedy decoding only: it cannot crop, "
-                                  "reorder or repeat its rows (beam search, assisted decoding, several sequences per prompt)")
-
-    crop = reorder_cache = batch_repeat_interleave = batch_select_indices = _unsupported
-
-
-def decoding_cache(model, prefix: list[int], rows: int, capacity: int) -> DynamicCache:
-    """The cache `decode` decodes a batch of `rows` into: a `ReservedLayer` of `capacity` positions
-    per decoder layer (a layer of another kind, e.g. a sliding window, keeps transformers' own),
-    holding the shared `prefix` (run once, written into every row) when there is one."""
-    cache = DynamicCache(config=backbone(model).config)
-    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    if prefix:
-        for layer, (keys, values) in enumerate(prefix_states(model, prefix)):  # each [1, heads, P, head_dim]
-            cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
-    return cache
+def decoding_cache(model, prefix: list[int], rows: int) -> DynamicCache:
+    """The cache `decode` decodes a batch of `rows` into: transformers' own, holding the shared
+    `prefix` (run once, repeated over the rows: agents.prefix_cache) when there is one."""
+    return prefix_cache(model, prefix, rows) if prefix else DynamicCache(config=backbone(model).config)
 
 
 @torch.no_grad()
@@ -258,7 +173,7 @@ def generate(
             for row, p in enumerate(own):
                 input_ids[row, width - len(p) :] = torch.tensor(p)
                 attention_mask[row, width - len(p) :] = 1
-            cache = decoding_cache(model, chunk[0][:shared], len(chunk), width + sampling.max_new_tokens)
+            cache = decoding_cache(model, chunk[0][:shared], len(chunk))
             tokens, logprobs = decode(model, input_ids.to(model.device), attention_mask.to(model.device), cache, sampling,
                                       stop_ids, pad_id)  # [n, steps] each
             for row, (ids, row_logprobs) in enumerate(zip(tokens.cpu().tolist(), logprobs.cpu().tolist())):
@@ -274,6 +189,7 @@ class HFGenerator:
     `progress`: show a progress bar over the batches of each call (evaluation of large sets)."""
 
     exact = True  # μ = π_old: the sampler is the training model itself (rollout correction has nothing to weigh)
+    description = "hf backend (the training model itself)"
 
     def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True):
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
@@ -297,133 +213,18 @@ class HFGenerator:
         pass
 
 
-class LowPrecisionLinear(torch.nn.Module):
-    """A frozen linear layer of the merged copy whose weight is kept in `dtype` (bfloat16): the input
-    is rounded to it for the one matrix product and the output comes back in the input's dtype, so
-    only the products run in low precision (on a CPU with bf16 instructions they read half the
-    bytes, which is what a decoding step of 16 rows is bound by); norms, rotary embeddings,
-    attention, the key/value cache and the sampling stay in the base's dtype.
-
-    On a CPU whose oneDNN multiplies bf16 a bfloat16 weight is held in oneDNN's own blocked layout
-    (`load`). Given a weight in the plain [out, in] layout, oneDNN rearranges it inside every
-    product, which for the 16 rows of a decoding step is 8–40% of the product's time here
-    (results/speed/bf16-packed-weight-ab.txt); the products are the same bit for bit
-    (tests/test_merged_generation.py). That layout is opaque: `dense_weight` reads it. The weight is
-    a plain attribute, neither a parameter nor a buffer: the copy is never moved, saved or trained."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
-        super().__init__()
-        self.weight_dtype = dtype
-        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-        self.load(linear.weight)
-
-    @torch.no_grad()
-    def load(self, weight: torch.Tensor) -> None:
-        """W [out, in], rounded once into the layer's dtype (and packed, see the class docstring)."""
-        weight = weight.detach().to(self.weight_dtype, copy=True)
-        self.packed = weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_packing_available()
-        # the layout oneDNN picks for products of 16 rows; any row count gives the same products
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 16) if self.packed else weight
-
-    def dense_weight(self) -> torch.Tensor:
-        """W [out, in] in the layer's dtype, in the plain layout (a copy when it is packed)."""
-        return self.weight.to_dense() if self.packed else self.weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            y = onednn_product(x.to(self.weight_dtype), self.weight, None)
-        else:
-            y = torch.nn.functional.linear(x.to(self.weight_dtype), self.weight)
-        y = y.to(x.dtype)
-        return y if self.bias is None else y + self.bias
-
-
-def onednn_packing_available() -> bool:
-    """Whether `LowPrecisionLinear` can hold a bf16 weight in oneDNN's layout: agents.onednn_available,
-    a torch with the operator that packs it, and a CPU on which oneDNN multiplies bf16 (it refuses
-    to pack for one without AVX-512, where such a copy keeps the plain layout)."""
-    return (onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def with_low_precision_linears(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """Every torch.nn.Linear of `model` (its own copy, frozen) replaced by a `LowPrecisionLinear`."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, LowPrecisionLinear(child, dtype))
-    return model
-
-
-class MergedHFGenerator:
-    """The transformers backend on a merged copy (--merged_generation): before an agent's turn its
-    adapter is folded into a scratch copy of the base, W = W_base + ΔW^i (peft's delta, B·A·α/r),
-    and the copy decodes without the two small LoRA products per adapted projection of every step.
-    Only the rollout's sampling numerics move (by the rounding of W_base + ΔW); the PPO old
-    log-probs are recomputed by the training model as always, and the rollout is corrected for
-    the copy's μ (marft.rollout_correction, `rollout/*`). The
-    copy holds a second set of the adapted projections' weights. `sync(model)` after each update
-    marks every merge stale; between syncs an agent's merge is reused."""
-
-    exact = False  # μ ≠ π_old by the merge's rounding (and bf16's): the rollout is corrected (marft.rollout_correction)
-
-    def __init__(self, model: PeftModel, tokenizer, batch_size: int, progress: bool = False, share_prefix: bool = True,
-                 weight_dtype: torch.dtype | None = None):
-        self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
-        self.share_prefix = share_prefix
-        self.scratch = copy.deepcopy(model).unload().eval().requires_grad_(False)  # the base alone, its own tensors
-        if weight_dtype is not None:  # --merged_weight_dtype: the copy's linear layers hold their weights in it
-            with_low_precision_linears(self.scratch, weight_dtype)
-        scratch_modules = dict(self.scratch.named_modules())
-        # (LoRA layer of the training model, the plain linear of the copy at the same path)
-        self.pairs = [(module, scratch_modules[name]) for name, module in backbone(model).named_modules()
-                      if isinstance(module, LoraLayer) and name in scratch_modules]
-        self.merged: str | None | bool = False  # the adapter in the copy now (None: the base); False: none yet / stale
-
-    @torch.no_grad()
-    def merge(self, adapter: str | None) -> None:
-        if self.merged is not False and self.merged == adapter:
-            return
-        for lora, plain in self.pairs:
-            base = lora.get_base_layer().weight
-            # summed in float32 and rounded once into the copy's dtype (bf16 base: one rounding, not two)
-            merged = base if adapter is None else base.float() + lora.get_delta_weight(adapter).float()
-            if isinstance(plain, LowPrecisionLinear):
-                plain.load(merged)
-            else:
-                plain.weight.copy_(merged)
-        self.merged = adapter
-
-    def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
-        self.merge(adapter)
-        label = f"  {adapter or 'base'} (merged): batches of {self.batch_size}" if self.progress else None
-        return generate(self.scratch, self.tokenizer, prompt_ids, None, sampling, self.batch_size, progress=label,
-                        share_prefix=self.share_prefix)
-
-    def sync(self, model: PeftModel) -> None:
-        self.merged = False  # the adapters moved: merge again at the next turn
-
-    def sleep(self) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def describe_sampler(cfg) -> str:
     """The sampler a run.Config names, in words (messages, config.json)."""
     if cfg.backend == "vllm":
         return f"vLLM engine ({cfg.vllm_dtype} weights)"
-    if cfg.merged_generation:
-        return f"hf backend's merged copy ({cfg.merged_weight_dtype or cfg.base_dtype} weights)"
     return "hf backend (the training model itself)"
 
 
+GENERATION_BATCH_SIZE = 64  # prompts per hf `generate` call (32 lowers an orchestrated evaluation's peak, same time)
+
+
 def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
-                 external_launcher: bool = False):
+                 external_launcher: bool = False, batch_size: int = GENERATION_BATCH_SIZE):
     """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
 
     hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
@@ -432,10 +233,7 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
-        if cfg.merged_generation:
-            weight_dtype = BASE_DTYPES[cfg.merged_weight_dtype] if cfg.merged_weight_dtype else None
-            return MergedHFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing, weight_dtype)
-        return HFGenerator(model, tokenizer, cfg.generation_batch_size, progress, cfg.prefix_sharing)
+        return HFGenerator(model, tokenizer, batch_size, progress, cfg.prefix_sharing)
     shm = Path("/dev/shm")
     shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
     sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))
@@ -511,6 +309,7 @@ class VLLMGenerator:
             **({"distributed_executor_backend": "external_launcher"} if external_launcher else {}),
         )
         self.sleep_mode = sleep_mode
+        self.description = f"vLLM engine ({dtype} weights)"
         self.adapter_names, self.stop_ids = adapter_names, stop_ids
         Path(sync_root).mkdir(parents=True, exist_ok=True)
         self.sync_root = Path(tempfile.mkdtemp(dir=sync_root, prefix="marft-vllm-"))  # this engine's own folder

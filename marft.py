@@ -101,8 +101,7 @@ Deviations from the paper and choices it leaves open (each a named option of run
   PPO old log-probs are recomputed by the training model, on the rollout's exact token ids.
   vLLM draws one seed per request from torch's generator, so runs stay reproducible.
 - Rollout correction (`rollout_correction`, not in the paper; verl's, ms-swift's TIS/MIS): a
-  sampler μ other than the training model (vLLM, the merged copy of --merged_generation, bf16 or
-  not) draws from another policy than π_old, so each decision's surrogate term is weighted by
+  sampler μ other than the training model (vLLM, in float32 or bf16) draws from another policy than π_old, so each decision's surrogate term is weighted by
   w = min(π_old/μ, C) (`tis`, C = 2) or dropped where π_old/μ > C (`mis`), at both levels (the
   action level: π_old(a)/μ(a) under --normalisation); M stays π_new/π_old. The default hf backend
   samples from π_old itself (w = 1). rollout/* logs μ's distance from π_old per token, and after
@@ -136,6 +135,7 @@ import distributed
 import generation
 import ppo
 import run as run_lib
+import speed
 import tasks
 from envs import Grader, Problem
 from flex_pomdp import Organisation
@@ -177,7 +177,8 @@ def train(cfg: Config) -> dict:
                 # 2b. The sampler μ against π_old: each decision's weight w, and how far μ is (rollout/*)
                 metrics |= rollout_correction(rollout, old, backend.exact, cfg)
                 if previous:  # the sampler serves the adapters of the last update, or the run stops here
-                    metrics |= check_sampler_is_current(model, pad, org, rollout, old, previous, cfg, iteration)
+                    metrics |= check_sampler_is_current(model, pad, org, rollout, old, previous, cfg, iteration,
+                                                        backend.description)
             # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain,
             #    or (--advantage group) each return against the others of its problem's group.
             with timer("advantages"):
@@ -269,13 +270,11 @@ def set_up(cfg: Config) -> Job:
 
 def set_up_process(cfg: Config) -> str:
     """This rank's device (current before anything touches CUDA), its torch threads, and the
-    allocator's and oneDNN's settings a run's speed and memory depend on (run.return_freed_memory,
-    run.bound_onednn_caches)."""
+    allocator's settings (speed.return_freed_memory)."""
     device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
     torch.set_num_threads(distributed.local_threads(cfg.threads))
     print_main(run_lib.threads_line(torch.get_num_threads()), flush=True)
-    run_lib.return_freed_memory()
-    run_lib.bound_onednn_caches()
+    speed.return_freed_memory()
     return device
 
 
@@ -300,6 +299,9 @@ def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) 
 # ---------------------------------------------------------------------------------------------
 # 2. Old log-probs and values (no grad, batched per agent)
 # ---------------------------------------------------------------------------------------------
+
+FORWARD_BATCH_SIZE = 8  # sequences per no-grad pass (old log-probs, values, M); 16 measured no faster
+
 
 @dataclass
 class OldPolicy:
@@ -337,8 +339,8 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
     chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch of this rank
     batches = []  # (agent, role, samples) of every forward batch
     for n, role in enumerate(org.order):
-        idx = length_order(rollout, rollout.agent_samples(n), cfg.sort_by_length)
-        batches += [(n, role, idx[start : start + cfg.forward_batch_size]) for start in range(0, len(idx), cfg.forward_batch_size)]
+        idx = rollout.agent_samples(n)
+        batches += [(n, role, idx[start : start + FORWARD_BATCH_SIZE]) for start in range(0, len(idx), FORWARD_BATCH_SIZE)]
     @functools.cache
     def prefix(n: int, adapter: str | None, reader: str = "policy") -> agents_lib.SharedPrefix | None:
         """The prompt prefix all of agent n's samples share, run once for all its batches (not once per batch)."""
@@ -431,12 +433,6 @@ def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
 
 STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
 STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
-LAGGING: set[str] = set()  # agents whose bf16 merged copy was found lagging (said once)
-
-
-def lags_by_rounding(cfg: Config) -> bool:
-    """Whether the sampler is a merged copy whose weights are rounded below float32, which drops small updates."""
-    return cfg.backend == "hf" and cfg.merged_generation and (cfg.merged_weight_dtype or cfg.base_dtype) != "float32"
 
 
 def adapter_moved(model, adapter: str, weights: list[torch.Tensor]) -> bool:
@@ -446,7 +442,7 @@ def adapter_moved(model, adapter: str, weights: list[torch.Tensor]) -> bool:
 
 @torch.no_grad()
 def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
-                             previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int) -> dict:
+                             previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int, sampler: str) -> dict:
     """After a sync, the rollout's sampler μ must serve each updated agent's new adapter. On up to
     STALE_CHECK_SAMPLES of the agent's samples that this rank drew (under torchrun each rank has its
     own engine), one pass under its adapter as it is (π_new) and one under its adapter from before
@@ -454,11 +450,9 @@ def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollou
     U = Σ_k log π_prev − log π_new of each sample and μ's error X = Σ_k log μ − log π_new;
     ppo.stale_share regresses X on U. A sampler that kept the old adapter misses the whole update,
     β ≈ 1; a current one β ≈ 0. Every rank sees every rank's (β, error): β > 0.5 + 3 errors, with an
-    error below STALE_CHECK_POWER (an update large enough to tell), stops the run with one line.
-    Except on a merged copy in bf16 (`lags_by_rounding`): round(W + ΔW) to bf16 drops an update
-    smaller than half a unit in the last place of W, so the copy lags behind small updates with its
-    sync intact (β ≈ 1 late in the default run); it is said once, and the correction weighs the lag
-    like any other μ ≠ π_old. Logs rollout/stale_share/<agent> (the largest over ranks)."""
+    error below STALE_CHECK_POWER (an update large enough to tell), stops the run with one line
+    naming the agent and the `sampler` (the backend's description). Logs rollout/stale_share/<agent>
+    (the largest over ranks)."""
     tokens, _ = sampler_logprobs(rollout, old, cfg)  # [S, K]
     ranks, rank = distributed.world_size(), distributed.rank()
     stats = {}
@@ -480,14 +474,8 @@ def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollou
             continue
         beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
         stats[f"rollout/stale_share/{label}"] = beta
-        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error and lags_by_rounding(cfg):
-            if label not in LAGGING:
-                LAGGING.add(label)
-                print_main(f"\n[rollout] the bf16 merged copy misses {beta:.2f} ± {error:.2f} of agent {label!r}'s update of "
-                           f"iteration {iteration}: rounded to bf16, W + ΔW did not move; --rollout_correction weighs "
-                           "the lag (said once per agent; rollout/stale_share logs it every iteration)", flush=True)
-        elif error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
-            raise SystemExit(f"stale sampler: the {generation.describe_sampler(cfg)} still serves agent {label!r} as it "
+        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
+            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
                              f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
                              "that update's change to the log-probs of its samples), so its rollouts would sample the "
                              f"old policy; the run stops, its checkpoints are intact. The backend's sync "
@@ -710,9 +698,8 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
                           cfg: Config) -> torch.Tensor:
     """log π^{i_m}_new per decision of the agent's samples under its updated adapter, [n, L] like old.logprob."""
     new_logprob = torch.zeros(len(samples), old.logprob.shape[1])
-    positions = torch.tensor(length_order(rollout, samples.tolist(), cfg.sort_by_length, positions=True), dtype=torch.long)
     prefix = agent_prefix(model, rollout, samples, adapter, cfg)  # run once for all the batches
-    for chunk in distributed.shard(positions.split(cfg.forward_batch_size)):  # every G-th batch per rank
+    for chunk in distributed.shard(torch.arange(len(samples)).split(FORWARD_BATCH_SIZE)):  # every G-th batch per rank
         logprob = decision_logprobs(model, pad, rollout, samples[chunk], adapter, cfg, prefix).logprob
         new_logprob[chunk, : logprob.shape[1]] = logprob
     return distributed.sum_(new_logprob)
@@ -739,21 +726,11 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
     return ppo.update_happo_weight(happo_weight, log_ratio_grid, acted, cfg.happo_ratio_clip or None)
 
 
-def length_order(rollout: Rollout, samples: list[int], sort: bool, positions: bool = False) -> list[int]:
-    """--sort_by_length: the samples ordered by prompt + response tokens (ties as given), so that a
-    pass over consecutive ones pads little; off: as given. positions=True: their positions 0 … n−1
-    in that order instead of the samples themselves."""
-    length = lambda i: len(rollout.prompt_ids[samples[i]]) + len(rollout.response_ids[samples[i]])
-    order = sorted(range(len(samples)), key=length) if sort else list(range(len(samples)))
-    return order if positions else [samples[i] for i in order]
-
-
 def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int], token_budget: int,
-                  share_prefix: bool, sort: bool = False) -> list[list[torch.Tensor]]:
+                  share_prefix: bool) -> list[list[torch.Tensor]]:
     """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
     the agent of each row) → for each agent, in order of its first row, its micro-batches of
-    positions, in order (sort: each agent's rows by length first, ties as given: rows of like
-    length share a micro-batch, so fewer positions are padding). A micro-batch of k rows costs the prompt prefix all the agent's rows of
+    positions, in order. A micro-batch of k rows costs the prompt prefix all the agent's rows of
     the minibatch share once (`agents.shared_prefix_length`; 0 without prefix sharing; `agent_prefix`
     runs it once for all of them and its activations live while they do), plus k × (its longest
     row − the prefix), and stays within `token_budget`. A row over the budget makes a micro-batch of
@@ -764,8 +741,6 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
         by_group.setdefault(group, []).append(position)
     out = []
     for positions in by_group.values():
-        if sort:
-            positions = sorted(positions, key=lambda p: lengths[p])
         shared = agents_lib.shared_prefix_length([prompts[p] for p in positions]) if share_prefix else 0
         agent_micro_batches, current = [], []
         for position in positions:
@@ -784,8 +759,7 @@ def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config, re
     samples = batch.tolist()
     prompts, responses = rollout.sequences(samples, reader)
     return micro_batches(prompts, [len(p) + len(r) for p, r in zip(prompts, responses)],
-                         [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing,
-                         cfg.sort_by_length)
+                         [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
 
 
 def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config,
@@ -961,7 +935,7 @@ def print_main(*args, **kwargs) -> None:
 
 class PhaseTimer:
     """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
-    Each phase ends by giving the memory it freed back to the OS (run.return_freed_memory), and on a
+    Each phase ends by giving the memory it freed back to the OS (speed.return_freed_memory), and on a
     GPU by waiting for its kernels (CUDA runs asynchronously: else a phase's time lands in the
     next one); there the iteration's peak GPU memory is perf/peak_gpu_memory_gib."""
 
@@ -976,7 +950,7 @@ class PhaseTimer:
         yield
         if self.cuda:
             torch.cuda.synchronize()
-        run_lib.return_freed_memory()
+        speed.return_freed_memory()
         self.seconds[phase] = time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:

@@ -109,33 +109,67 @@ def serve(job, settings):
     # Runs in the forked process, reading calls on fd 0 and answering on fd 3 (nothing else open).
     limits = job["limits"]
     if settings["filter"]:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            class Program(ctypes.Structure):
-                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-            code = ctypes.create_string_buffer(settings["filter"], len(settings["filter"]))
-            program = Program(len(settings["filter"]) // 8, ctypes.addressof(code))
-            if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(program), 0, 0) != 0:  # NO_NEW_PRIVS, SECCOMP
-                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-        except BaseException as err:
-            send(3, ("sandbox_error", "the seccomp filter could not be installed: " + last_line(err)))
-            os._exit(3)
+        install_filter(settings["filter"])
+    state = {"computing": False}
 
     class Interrupted(BaseException):
         pass
 
-    computing = [False]
-
     def interrupted(signum, frame):  # the judge's signal that a call ran out of time
-        if computing[0]:
-            computing[0] = False
+        if state["computing"]:
+            state["computing"] = False
             raise Interrupted("the call ran out of time")
 
     signal.signal(signal.SIGALRM, interrupted)
-    for name in list(sys.modules):  # the C modules refused to the program, and what holds them
-        if name.split(".")[0] in limits["refused_modules"]:
+    refuse_c_modules(limits["refused_modules"])
+    requests, folder = Lines(0, 1 << 24), os.getcwd()
+    output = capture_output(limits["output_chars"])
+    send(3, ("running",))  # from here on, everything on fd 3 may be the program's
+    namespace = run_program(job, settings, folder, output)
+    send(3, ("ready", sorted(str(k) for k, v in dict.items(namespace) if type(k) is str and callable(v))))
+    while True:
+        message = from_repr(requests.next(), 1_000_000)
+        if message[0] == "output":
+            send(3, ("output", message[1], output()))
+            continue
+        _, number, name, args, kwargs = message
+        try:
+            function = namespace[name]
+            state["computing"] = True
+            value = function(*args, **kwargs)
+            state["computing"] = False
+            answer = repr(("value", number, plain(value)))
+            if len(answer) > limits["value_chars"]:
+                raise ValueError("the value is too large to report")
+        except BaseException as err:
+            state["computing"] = False
+            kind = type(err).__name__ if isinstance(type(err).__name__, str) else "Exception"
+            answer = repr(("raised", number, kind[:80], last_line(err)))
+        write_line(3, answer)
+
+
+def install_filter(bpf):
+    # The seccomp filter (envs/sandbox.py builds it), after no_new_privs; or one line and exit.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        class Program(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+        code = ctypes.create_string_buffer(bpf, len(bpf))
+        program = Program(len(bpf) // 8, ctypes.addressof(code))
+        if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(program), 0, 0) != 0:  # NO_NEW_PRIVS, SECCOMP
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except BaseException as err:
+        send(3, ("sandbox_error", "the seccomp filter could not be installed: " + last_line(err)))
+        os._exit(3)
+
+
+def refuse_c_modules(refused):
+    # The C modules refused to the program leave sys.modules and this file's globals, and no further
+    # C module loads on any path (import, importlib, _imp).
+    for name in list(sys.modules):
+        if name.split(".")[0] in refused:
             del sys.modules[name]
-    for name in limits["refused_modules"]:  # and the judge's own references to them
+    for name in refused:
         globals().pop(name, None)
     import _imp
 
@@ -143,11 +177,12 @@ def serve(job, settings):
         raise ImportError("sandbox: no C module is loaded once the program runs (import it from PRELOADED_MODULES)")
 
     for loader in ("create_builtin", "create_dynamic", "exec_builtin", "exec_dynamic"):
-        if hasattr(_imp, loader):  # no further C module on any path (import, importlib, _imp)
+        if hasattr(_imp, loader):
             setattr(_imp, loader, no_c_module)
-    del _imp
-    requests, folder = Lines(0, 1 << 24), os.getcwd()
 
+
+def capture_output(cap):
+    # What the program prints goes into a buffer of `cap` characters; returns the reader of it.
     class Printed(io.TextIOBase):
         def __init__(self, cap):
             self.cap, self.parts, self.size = cap, [], 0
@@ -159,17 +194,20 @@ def serve(job, settings):
             self.size += len(text)
             return len(text)
 
-    printed = Printed(limits["output_chars"])
+    printed = Printed(cap)
     sys.stdout = sys.stderr = printed
     sys.stdin = io.StringIO("")
 
     def output():
         try:
-            return "".join(p for p in printed.parts if type(p) is str)[: limits["output_chars"]]
+            return "".join(p for p in printed.parts if type(p) is str)[:cap]
         except BaseException:
             return ""
+    return output
 
-    send(3, ("running",))  # from here on, everything on fd 3 may be the program's
+
+def run_program(job, settings, folder, output):
+    # The prelude and the program at top level; their namespace, or one line and exit.
     try:
         code = compile(job["prelude"] + job["program"], "program.py", "exec")
     except (SyntaxError, ValueError) as err:
@@ -177,33 +215,14 @@ def serve(job, settings):
         os._exit(0)
     namespace = {"__name__": "program", "exit": sys.exit, "quit": sys.exit}  # as the site module would give
     if settings["guard"]:
-        sys.addaudithook(guard_for(folder, limits))
+        sys.addaudithook(guard_for(folder, job["limits"]))
     sys.setrecursionlimit(2000)
     try:
         exec(code, namespace)
     except BaseException as err:
         send(3, ("crash", last_line(err), output()))
         os._exit(0)
-    send(3, ("ready", sorted(str(k) for k, v in dict.items(namespace) if type(k) is str and callable(v))))
-    while True:
-        message = from_repr(requests.next(), 1_000_000)
-        if message[0] == "output":
-            send(3, ("output", message[1], output()))
-            continue
-        _, number, name, args, kwargs = message
-        try:
-            function = namespace[name]
-            computing[0] = True
-            value = function(*args, **kwargs)
-            computing[0] = False
-            answer = repr(("value", number, plain(value)))
-            if len(answer) > limits["value_chars"]:
-                raise ValueError("the value is too large to report")
-        except BaseException as err:
-            computing[0] = False
-            kind = type(err).__name__ if isinstance(type(err).__name__, str) else "Exception"
-            answer = repr(("raised", number, kind[:80], last_line(err)))
-        write_line(3, answer)
+    return namespace
 
 
 def guard_for(folder, limits):
@@ -283,60 +302,64 @@ def read_exactly(fd, size):
         data += chunk
     return data
 
-def main():
-    # The job's first part (limits, prelude, program): what the program's process is forked with.
-    part = json.loads(read_exactly(0, int(read_exactly(0, 12))))
-    limits, results = part["limits"], int(sys.argv[1])
-    del sys.argv[1:]
+class Judge:
+    """The judge's side: its limits, the program's process it forks, the proxies the tests call."""
 
-    def say(kind, index=-1, result="", detail="", output=""):
+    def __init__(self, part, results):
+        self.part, self.limits, self.results = part, part["limits"], results
+        self.program = {"pid": 0, "to": -1, "answers": None, "names": set(), "in_call": 0, "calls": 0}
+        self.pristine, self.problem, self.complete, self.declared = {}, {}, frozenset(), frozenset()
+        self.settings = {}  # the program's process's seccomp filter and Python guard, read before the fork
+
+    def say(self, kind, index=-1, result="", detail="", output=""):
         try:
-            send(results, (kind, index, result, str(detail)[: limits["detail_chars"]], output))
+            send(self.results, (kind, index, result, str(detail)[: self.limits["detail_chars"]], output))
         except BaseException:
             os._exit(3)
 
-    program = {"pid": 0, "to": -1, "answers": None, "names": set(), "in_call": 0, "calls": 0}
-
-    def leave():
-        if program["pid"]:
-            stop_program()
+    def leave(self):
+        if self.program["pid"]:
+            self.stop_program()
         os._exit(0)
 
-    try:
-        mib = 1024 * 1024
-        for name, value in (("RLIMIT_AS", limits["memory_mib"] * mib), ("RLIMIT_CPU", int(limits["seconds_per_program"]) + 1),
-                            ("RLIMIT_FSIZE", limits["file_mib"] * mib), ("RLIMIT_NOFILE", limits["open_files"]),
-                            ("RLIMIT_CORE", 0)):
-            kind = getattr(resource, name)
-            hard = resource.getrlimit(kind)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(kind, (value, value))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit raises OSError instead of killing
-        for name in limits["preload"] + [n for n in sys.builtin_module_names if n not in limits["refused_modules"]]:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process of its user reads its /proc
-    except Exception as err:
-        say("sandbox_error", detail=last_line(err))
-        os._exit(0)
-    settings = {"filter": bytes.fromhex(limits["filter"]), "guard": limits["python_guard"]}
+    def limit_itself(self):
+        # rlimits, the preloaded modules, no /proc for others of its user; or one line and exit.
+        limits = self.limits
+        try:
+            mib = 1024 * 1024
+            for name, value in (("RLIMIT_AS", limits["memory_mib"] * mib), ("RLIMIT_CPU", int(limits["seconds_per_program"]) + 1),
+                                ("RLIMIT_FSIZE", limits["file_mib"] * mib), ("RLIMIT_NOFILE", limits["open_files"]),
+                                ("RLIMIT_CORE", 0)):
+                kind = getattr(resource, name)
+                hard = resource.getrlimit(kind)[1]
+                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                resource.setrlimit(kind, (value, value))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit raises OSError instead of killing
+            for name in limits["preload"] + [n for n in sys.builtin_module_names if n not in limits["refused_modules"]]:
+                try:
+                    __import__(name)
+                except ImportError:
+                    pass
+            ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process of its user reads its /proc
+        except Exception as err:
+            self.say("sandbox_error", detail=last_line(err))
+            os._exit(0)
 
-    def drop_privileges(chroot):
+    def drop_privileges(self, chroot):
         # To `nobody` when root; the program's process of the guard mode first into its folder
         # alone (chroot: no host file to read or write, no /proc, no /tmp).
-        if os.getuid() == 0 and limits["drop_to"] is not None:
+        if os.getuid() == 0 and self.limits["drop_to"] is not None:
             if chroot:
                 os.chroot(os.getcwd())
                 os.chdir("/")
             os.setgroups([])
-            os.setgid(limits["drop_to"])
-            os.setuid(limits["drop_to"])
+            os.setgid(self.limits["drop_to"])
+            os.setuid(self.limits["drop_to"])
 
-    def start_program():
+    def start_program(self):
         # Fork the program's process, before the judge reads the tests (they are never in its
         # memory): fd 0 the calls it reads, fd 3 its answers, nothing else open (not the job).
+        limits = self.limits
         calls_r, calls_w = os.pipe()
         answers_r, answers_w = os.pipe()
         pid = os.fork()
@@ -347,25 +370,26 @@ def main():
                 os.closerange(4, 1 << 16)
                 processes = min(limits["processes"], resource.getrlimit(resource.RLIMIT_NPROC)[1])
                 resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))  # the program's, after the judge's one fork
-                drop_privileges(limits["chroot"])
-                serve(part, settings)
+                self.drop_privileges(limits["chroot"])
+                serve(self.part, self.settings)
             finally:
                 os._exit(4)
         os.close(calls_r)
         os.close(answers_w)
-        program.update(pid=pid, to=calls_w, answers=Lines(answers_r, limits["value_chars"] + 4096))
-        drop_privileges(False)
+        self.program.update(pid=pid, to=calls_w, answers=Lines(answers_r, limits["value_chars"] + 4096))
+        self.drop_privileges(False)
 
-    def answer():
+    def answer(self):
         try:
-            message = from_repr(program["answers"].next(), 1_000_000)
+            message = from_repr(self.program["answers"].next(), 1_000_000)
         except Exception as err:  # EOF, garbage, an int too large for a float, …: never the judge's own error
             raise Gone("the program's process " + ("ended" if type(err) is EOFError else "answered garbage"))
         if type(message) is not tuple or not message or type(message[0]) is not str:
             raise Gone("the program's process answered garbage")
         return message
 
-    def stop_program():
+    def stop_program(self):
+        program = self.program
         pid, program["pid"] = program["pid"], 0
         for fd in (program["to"], program["answers"].fd if program["answers"] else -1):
             try:
@@ -382,10 +406,10 @@ def main():
         except OSError:
             pass
 
-    def answer_to(number):
+    def answer_to(self, number):
         # The program's answer to call `number` (an answer to a call given up on is dropped).
         while True:
-            message = answer()
+            message = self.answer()
             if message[0] in ("value", "raised", "output") and len(message) > 1 and type(message[1]) is int:
                 if message[1] == number:
                     return message
@@ -393,8 +417,9 @@ def main():
                     continue
             raise Gone("the program's process answered garbage")
 
-    def call(name, args, kwargs):
+    def call(self, name, args, kwargs):
         # One call of the program's function `name`: plain data there, plain data back.
+        program = self.program
         try:
             crossing = ("call", plain(args), plain(kwargs))
         except (TypeError, ValueError) as err:
@@ -405,154 +430,187 @@ def main():
         program["in_call"] = number = program["calls"]
         try:
             send(program["to"], ("call", number, name) + crossing[1:])
-            message = answer_to(number)
+            message = self.answer_to(number)
         except (Gone, OSError):
-            stop_program()
+            self.stop_program()
             raise Gone("the program's process ended")
         program["in_call"] = 0
         if message[0] == "value" and len(message) == 3:
             return message[2]
         if message[0] == "raised" and len(message) == 4 and type(message[2]) is str and type(message[3]) is str:
-            kind, text = pristine.get(message[2]), message[3].partition(": ")[2]
+            kind, text = self.pristine.get(message[2]), message[3].partition(": ")[2]
             crosses = isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, (StopIteration, StopAsyncIteration))
             try:  # (a StopIteration would end the test's own loop, `all(map(f, xs))`, as if every f(x) were true)
                 error = kind(text) if crosses else RuntimeError(message[3])
             except BaseException:
                 error = RuntimeError(message[3])
             raise error
-        stop_program()
+        self.stop_program()
         raise Gone("the program's process answered garbage")
 
-    def interrupt_program():
+    def interrupt_program(self):
         # A test ran out of time during a call: the program's process turns the judge's signal into
         # an exception and answers that call; one that does not answer within 0.5 s is ended.
+        program = self.program
         if not (program["pid"] and program["in_call"]):
             return
         try:
             os.kill(program["pid"], signal.SIGALRM)
             signal.setitimer(signal.ITIMER_REAL, 0.5)
-            answer_to(program["in_call"])
+            self.answer_to(program["in_call"])
             signal.setitimer(signal.ITIMER_REAL, 0)
             program["in_call"] = 0
         except BaseException:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            stop_program()
+            self.stop_program()
 
-    def proxy(name):
+    def proxy(self, name):
         def candidate(*args, **kwargs):
-            return call(name, args, kwargs)
+            return self.call(name, args, kwargs)
         candidate.__name__ = candidate.__qualname__ = name
         return candidate
 
-    def test_globals(code):
+    def test_globals(self, code):
         # What a test sees: the judge's builtins and standard modules, the problem's prelude, and a
         # proxy for each name it uses that the program defines as a function (never a builtin,
         # a standard module's name, or a helper the prelude defines in full).
-        names = dict(problem)
-        names["__builtins__"], names["__name__"] = dict(pristine), "test"
+        names = dict(self.problem)
+        names["__builtins__"], names["__name__"] = dict(self.pristine), "test"
         used, stack = set(), [code]
         while stack:
             c = stack.pop()
             used |= set(c.co_names)
             stack += [k for k in c.co_consts if type(k) is type(code)]
+        defined = self.program["names"]
         for name in used:
-            if name in declared and name in program["names"]:  # the problem says the program defines it
-                names[name] = proxy(name)
+            if name in self.declared and name in defined:  # the problem says the program defines it
+                names[name] = self.proxy(name)
                 continue
-            if name in pristine or name in complete:
+            if name in self.pristine or name in self.complete:
                 continue
-            if name in limits["preload"] and name in sys.modules:
+            if name in self.limits["preload"] and name in sys.modules:
                 names[name] = sys.modules[name]
-            elif name in program["names"]:
-                names[name] = proxy(name)
+            elif name in defined:
+                names[name] = self.proxy(name)
         return names
 
-    def alarm(signum, frame):
-        raise OutOfTime()
-
-    signal.signal(signal.SIGALRM, alarm)
-    say("started", detail=limits["filter_status"])
-    signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
-    try:
-        start_program()
-        rest = json.loads(read_exactly(0, 1 << 62))  # the tests, read after the fork
+    def read_tests(self):
+        # The job's second part, read after the fork; each test compiled (a malformed one: its error).
+        rest = json.loads(read_exactly(0, 1 << 62))
         os.close(0)
-        complete, declared = frozenset(rest["complete"]), frozenset(rest["declared"])
+        self.complete, self.declared = frozenset(rest["complete"]), frozenset(rest["declared"])
         tests = []
         for index, code in enumerate(rest["tests"]):
             try:
                 tests.append(compile(code, "test_" + str(index), "exec"))
             except (SyntaxError, ValueError) as err:  # a malformed test: an error of that test, not of the sandbox
                 tests.append(last_line(err))
-        del rest
-        pristine = dict(builtins.__dict__)
-        problem = {"__builtins__": dict(pristine), "__name__": "problem"}
-        exec(compile(part["prelude"], "prelude.py", "exec"), problem)  # the problem's own helpers, for the tests
-        first = answer()  # ("running",), or why the sandbox could not start it: before any code of the program
-        if first[0] == "sandbox_error" and len(first) == 2 and type(first[1]) is str:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            say("sandbox_error", detail=first[1])
-            leave()
-        if first != ("running",):
-            raise Gone("the program's process answered garbage")
-        first = answer()  # the program's: ready, crash or syntax_error
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    except OutOfTime:
-        say("program", result="timeout", detail="the program's top level ran out of time")
-        leave()
-    except Gone as err:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        say("program", result="crash", detail=str(err))
-        leave()
-    except Exception as err:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        say("sandbox_error", detail=last_line(err))
-        leave()
-    strings = all(type(f) is str for f in first[1:])
-    if first[0] == "ready" and len(first) == 2 and type(first[1]) is list:
-        program["names"] = {n for n in first[1] if type(n) is str}
-    elif first[0] == "syntax_error" and len(first) == 2 and strings:
-        say("syntax_error", detail=first[1])
-        leave()
-    elif first[0] == "crash" and len(first) == 3 and strings:
-        say("program", result="crash", detail=first[1], output=first[2][: limits["output_chars"]])
-        leave()
-    else:
-        say("program", result="crash", detail="the program's process answered garbage")
-        leave()
-    say("program", result="ok")
-    for index, test in enumerate(tests):
+        self.pristine = dict(builtins.__dict__)
+        self.problem = {"__builtins__": dict(self.pristine), "__name__": "problem"}
+        exec(compile(self.part["prelude"], "prelude.py", "exec"), self.problem)  # the problem's own helpers, for the tests
+        return tests
+
+    def start(self):
+        # Fork the program, read the tests, and wait for the program's top level; returns the tests
+        # and its first message (ready, crash or syntax_error), or says why not and leaves.
+        signal.setitimer(signal.ITIMER_REAL, self.limits["seconds_per_test"])
         try:
-            if type(test) is str:
-                say("test", index, "error", test)
-                continue
-            names = test_globals(test)
-            signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
-            exec(test, names)
+            self.start_program()
+            tests = self.read_tests()
+            first = self.answer()  # ("running",), or why the sandbox could not start it: before any code of the program
+            if first[0] == "sandbox_error" and len(first) == 2 and type(first[1]) is str:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self.say("sandbox_error", detail=first[1])
+                self.leave()
+            if first != ("running",):
+                raise Gone("the program's process answered garbage")
+            first = self.answer()  # the program's: ready, crash or syntax_error
             signal.setitimer(signal.ITIMER_REAL, 0)
-            say("test", index, "passed")
         except OutOfTime:
-            interrupt_program()
-            say("test", index, "timeout", "test " + str(index) + " ran out of time")
-        except AssertionError as err:
+            self.say("program", result="timeout", detail="the program's top level ran out of time")
+            self.leave()
+        except Gone as err:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            say("test", index, "failed", last_line(err))
-        except BaseException as err:
+            self.say("program", result="crash", detail=str(err))
+            self.leave()
+        except Exception as err:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            say("test", index, "error", last_line(err))
-    printed = ""
-    if program["pid"]:
-        signal.setitimer(signal.ITIMER_REAL, limits["seconds_per_test"])
+            self.say("sandbox_error", detail=last_line(err))
+            self.leave()
+        return tests, first
+
+    def take_first(self, first):
+        # The program's top level: its function names when ready, else one event and leave.
+        strings = all(type(f) is str for f in first[1:])
+        if first[0] == "ready" and len(first) == 2 and type(first[1]) is list:
+            self.program["names"] = {n for n in first[1] if type(n) is str}
+        elif first[0] == "syntax_error" and len(first) == 2 and strings:
+            self.say("syntax_error", detail=first[1])
+            self.leave()
+        elif first[0] == "crash" and len(first) == 3 and strings:
+            self.say("program", result="crash", detail=first[1], output=first[2][: self.limits["output_chars"]])
+            self.leave()
+        else:
+            self.say("program", result="crash", detail="the program's process answered garbage")
+            self.leave()
+        self.say("program", result="ok")
+
+    def run_tests(self, tests):
+        for index, test in enumerate(tests):
+            try:
+                if type(test) is str:
+                    self.say("test", index, "error", test)
+                    continue
+                names = self.test_globals(test)
+                signal.setitimer(signal.ITIMER_REAL, self.limits["seconds_per_test"])
+                exec(test, names)
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self.say("test", index, "passed")
+            except OutOfTime:
+                self.interrupt_program()
+                self.say("test", index, "timeout", "test " + str(index) + " ran out of time")
+            except AssertionError as err:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self.say("test", index, "failed", last_line(err))
+            except BaseException as err:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self.say("test", index, "error", last_line(err))
+
+    def printed(self):
+        # What the program printed, asked for last (nothing once its process was ended).
+        program = self.program
+        if not program["pid"]:
+            return ""
+        signal.setitimer(signal.ITIMER_REAL, self.limits["seconds_per_test"])
         try:
             program["calls"] += 1
             send(program["to"], ("output", program["calls"]))
-            message = answer_to(program["calls"])
+            message = self.answer_to(program["calls"])
             signal.setitimer(signal.ITIMER_REAL, 0)
-            printed = message[2] if message[0] == "output" and len(message) == 3 and type(message[2]) is str else ""
+            return message[2] if message[0] == "output" and len(message) == 3 and type(message[2]) is str else ""
         except BaseException:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    say("done", output=printed[: limits["output_chars"]])
-    leave()
+            return ""
+
+
+def alarm(signum, frame):
+    raise OutOfTime()
+
+
+def main():
+    # The job's first part (limits, prelude, program): what the program's process is forked with.
+    part = json.loads(read_exactly(0, int(read_exactly(0, 12))))
+    judge = Judge(part, int(sys.argv[1]))
+    del sys.argv[1:]
+    judge.limit_itself()
+    judge.settings = {"filter": bytes.fromhex(judge.limits["filter"]), "guard": judge.limits["python_guard"]}
+    signal.signal(signal.SIGALRM, alarm)
+    judge.say("started", detail=judge.limits["filter_status"])
+    tests, first = judge.start()
+    judge.take_first(first)
+    judge.run_tests(tests)
+    judge.say("done", output=judge.printed()[: judge.limits["output_chars"]])
+    judge.leave()
 
 
 if __name__ == "__main__":

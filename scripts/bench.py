@@ -11,16 +11,11 @@ Sections (each a function returning a dict; `--skip a,b` leaves sections out):
     phases      seconds per iteration by phase (rollout, values, advantages, policy update, critic
                 update, adapter sync) from the `time/*` metrics of a real `marft.py` run (chain),
                 averaged over its iterations after the first (whose one-time costs are reported
-                apart), with prefix sharing (the default) and without (`--no-prefix_sharing`),
-                with the opt-in merged copies as samplers (`--merged_generation`, its weights in
-                bfloat16 or float32: corrected rollouts), without
-                the rows sorted by length (`--no-sort_by_length`), with peft's own LoRA forward
-                (`--no-fused_lora`) and with torch's own float32 products (`--no-onednn_linear`), one
-                run after the other: `prefix_sharing_speedup`, `merged_bf16_copy_speedup`,
-                `merged_float32_copy_speedup`, `sort_by_length_speedup`, `fused_lora_speedup` and
-                `onednn_linear_speedup` are ratios of their iteration times (each > 1 when the
-                default's choice is the faster; `default_rollout` says what the default decoded on,
-                the adapter path on every machine); the evaluation is reported apart. `floor_ratio`: the
+                apart), with prefix sharing (the default) and without (`--no-prefix_sharing`), and
+                with the CPU-specific paths off (MARFT_CPU_PATHS=off: kernels capped at AVX2, speed.py),
+                one run after the other: `prefix_sharing_speedup` and `cpu_paths_speedup` are ratios
+                of their iteration times (each > 1 when the
+                default's choice is the faster); the evaluation is reported apart. `floor_ratio`: the
                 default run's iteration time over its floor, the matrix products it executes at this
                 machine's GEMM rate (scripts/profile_iteration.py, one more run of the same options,
                 over the same iterations); `padding_free_floor_ratio`: over the products no
@@ -97,6 +92,7 @@ import torch  # noqa: E402
 import agents  # noqa: E402
 import critic  # noqa: E402
 import generation  # noqa: E402
+import speed  # noqa: E402
 import tasks  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
@@ -106,8 +102,7 @@ SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "grading
 DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (smollm2 unless given)
 FULL = dict(grading_programs=100, prompts=32, new_tokens=32, prompt_tokens=DEFAULTS.max_prompt_tokens, batch_size=16, phase_iterations=3,
             phase_cold_iterations=1, ceiling_repeats=5,
-            phase_variants=("merged_generation", "merged_bf16_weights", "sort_by_length", "fused_lora",
-                            "onednn_linear"), eval_problems=4, learning_minutes=10.0,
+            phase_variants=("cpu_paths",), eval_problems=4, learning_minutes=10.0,
             learning_runs=("single", "chain", "parallel", "chain-group", "orchestrated", "word:calculator_team",
                            "word:calculator_team+shared", "word:single"), learning_seeds=(1, 2, 3),
             wait_policies=("spin 300,000 rounds (libgomp's default)", "spin 3,000 rounds (GOMP_SPINCOUNT=3000)"))
@@ -343,17 +338,9 @@ def phase_seconds(rows: list[dict], cold: int = 0) -> dict:
 
 
 # The phase run's variants, each the default chain run with one of the default's choices undone: the
-# report's key of its phase table, the options, the name of its speedup (the variant's iteration time
-# over the default's: how many times faster the default's choice makes the iteration).
-# The two merged copies are opt-in samplers (corrected, --rollout_correction): their "speedup" is the
-# default's time over theirs' inverse, below 1 where the copy is the faster.
-PHASE_VARIANTS = {"merged_generation": ("with_merged_bf16_copy", "--merged_generation --merged_weight_dtype bfloat16",
-                                        "merged_bf16_copy_speedup"),
-                  "merged_bf16_weights": ("with_merged_float32_weights", "--merged_generation",
-                                          "merged_float32_copy_speedup"),
-                  "sort_by_length": ("without_sort_by_length", "--no-sort_by_length", "sort_by_length_speedup"),
-                  "fused_lora": ("without_fused_lora", "--no-fused_lora", "fused_lora_speedup"),
-                  "onednn_linear": ("without_onednn_linear", "--no-onednn_linear", "onednn_linear_speedup")}
+# report's key of its phase table, the environment it runs in, the name of its speedup (the variant's
+# iteration time over the default's: how many times faster the default's choice makes the iteration).
+PHASE_VARIANTS = {"cpu_paths": ("without_cpu_paths", {speed.CPU_PATHS_VARIABLE: "off", **speed.AVX2_CAPS}, "cpu_paths_speedup")}
 
 
 def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> tuple[dict, dict]:
@@ -371,8 +358,7 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
         rows, peak = run_marft(out, f"memory-default-{agents_name}", args, threads)
         memory["default"][f"{count}_agents"] = {"organisation": agents_name, "peak_rss_mib": peak}
         if is_phase_run and "phases" not in skip:
-            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows, sizes["phase_cold_iterations"]),
-                           "default_rollout": rollout_path(out / "runs" / f"memory-default-{agents_name}")}
+            phase_table = {"problems_per_iteration": sizes["batch_size"], **phase_seconds(rows, sizes["phase_cold_iterations"])}
             plain_rows, plain_peak = run_marft(out, "phases-no-prefix-sharing", args + ["--no-prefix_sharing"], threads)
             phase_table["without_prefix_sharing"] = {**phase_seconds(plain_rows, sizes["phase_cold_iterations"]), "peak_rss_mib": plain_peak}
             phase_table["prefix_sharing_speedup"] = (phase_table["without_prefix_sharing"]["iteration_seconds_without_eval"]
@@ -383,8 +369,8 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
             phase_table["padding_free_floor_ratio"] = (phase_table["iteration_seconds_without_eval"]
                                                        / phase_table["floor"]["padding_free_floor_seconds"])
             for variant in sizes["phase_variants"]:
-                key, option, speedup = PHASE_VARIANTS[variant]
-                variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args + option.split(), threads)
+                key, environment, speedup = PHASE_VARIANTS[variant]
+                variant_rows, variant_peak = run_marft(out, f"phases-{key.replace('_', '-')}", args, threads, environment)
                 phase_table[key] = {**phase_seconds(variant_rows, sizes["phase_cold_iterations"]), "peak_rss_mib": variant_peak}
                 seconds = phase_table["iteration_seconds_without_eval"], phase_table[key]["iteration_seconds_without_eval"]
                 phase_table[speedup] = seconds[1] / seconds[0]
@@ -397,15 +383,6 @@ def phases_and_memory(sizes: dict, threads: int, out: Path, skip: set[str]) -> t
     memory["adapter_mib"] = sum(p.numel() * p.element_size() for p in agents.adapter_parameters(model, "one")) / 2**20
     memory["prompt_tokens_by_agent_position"] = prompt_lengths_by_position(tokenizer)
     return phase_table, memory
-
-
-def rollout_path(run_dir: Path) -> str:
-    """What a run's rollout decoded on, from its config.json: the adapters applied at every step, or
-    the merged copy (--merged_generation) with its weights in --merged_weight_dtype."""
-    config = json.loads((run_dir / "config.json").read_text())
-    if not config["merged_generation"]:
-        return "the adapters applied at every decoding step"
-    return f"the merged copy, its weights in {config['merged_weight_dtype'] or config['base_dtype']}"
 
 
 def iteration_floor(out: Path, phase_args: list[str], iterations: int, cold: int, threads: int, ceiling_repeats: int) -> dict:
@@ -735,8 +712,8 @@ def backends_lines(b: dict) -> list[str]:
 
 def phases_lines(p: dict) -> list[str]:
     """The phases section of the report (markdown lines)."""
-    columns = [("without_prefix_sharing", "without prefix sharing")] + [
-        (key, f"with {option}") for key, option, _ in PHASE_VARIANTS.values() if key in p]
+    columns = [(key, head) for key, head in (("without_prefix_sharing", "without prefix sharing"),
+                                             ("without_cpu_paths", "MARFT_CPU_PATHS=off")) if key in p]
     variants, heads = [p[key] for key, _ in columns], [head for _, head in columns]
     warm = f"mean of {p['iterations']}" + (" after the first" if p.get("cold_iterations") else "")
     lines = [f"| phase (chain, {p['problems_per_iteration']} problems per iteration, {warm}) | seconds "
@@ -771,25 +748,9 @@ def phases_lines(p: dict) -> list[str]:
             lines[-1] += (f" One plain pass of the same model ({rows} rows of {tokens} tokens, no shared prefix, no padding) "
                           f"takes **{c['forward']:.2f}×** its floor forward and **{c['forward_backward']:.2f}×** forward + "
                           f"backward (`pass_ceiling_ratios`): an iteration of such passes alone would take about these ratios.")
-    if "default_rollout" in p:
-        lines[-1] += f" The default run's rollout decoded on {p['default_rollout']} (`default_rollout`)."
-    if "without_merged_generation" in p:  # reports from before the copy was opt-in
-        lines[-1] += (f" That default iteration was **{p['merged_generation_speedup']:.2f}×** faster than with the adapters "
-                      f"applied at every decoding step (`merged_generation_speedup`).")
-    for key, speedup, options in (("with_merged_bf16_copy", "merged_bf16_copy_speedup", "--merged_generation --merged_weight_dtype bfloat16"),
-                                  ("with_merged_float32_weights", "merged_float32_copy_speedup", "--merged_generation")):
-        if key in p and speedup in p:
-            lines[-1] += (f" The opt-in sampler `{options}` (corrected, `rollout/*`) takes **{p[speedup]:.2f}×** the "
-                          f"default iteration's time (`{speedup}`).")
-    if "sort_by_length_speedup" in p:
-        lines[-1] += (f" Sorting each agent's rows by length before the passes (`--sort_by_length`, the default) makes "
-                      f"it **{p['sort_by_length_speedup']:.2f}×** faster (`sort_by_length_speedup`; every phase but the rollout).")
-    if "fused_lora_speedup" in p:
-        lines[-1] += (f" The fused LoRA update (`--fused_lora`, the default: the scaling on the rank-r product, the sum inside "
-                      f"the matrix product) makes it **{p['fused_lora_speedup']:.2f}×** faster (`fused_lora_speedup`).")
-    if "onednn_linear_speedup" in p:
-        lines[-1] += (f" The frozen base's float32 products through oneDNN (`--onednn_linear`, the default) make it "
-                      f"**{p['onednn_linear_speedup']:.2f}×** faster than through torch's default library (`onednn_linear_speedup`).")
+    if "cpu_paths_speedup" in p:
+        lines[-1] += (f" The kernels this CPU's instructions choose make it **{p['cpu_paths_speedup']:.2f}×** faster than "
+                      f"with them capped at AVX2 (`cpu_paths_speedup`, MARFT_CPU_PATHS=off).")
     return lines + [""]
 
 

@@ -5,8 +5,8 @@
 2. The GPU tests (tests/test_gpu.py: device placement, a bfloat16 base with float32 LoRA and Adam,
    generation's log-probs against training's, prefix sharing on CUDA kernels, NCCL collectives).
 3. Each `--models` model's decoding step against its memory-bandwidth floor (`decoding_probe`,
-   one child process per model): the hf backend's `decode` on 16 of the default job's prompts, on
-   the adapter path and on the merged copy, the milliseconds of each step (median) beside
+   one child process per model): the hf backend's `decode` on 16 of the default job's prompts,
+   the milliseconds of each step (median) beside
 
        floor = (bytes of the weights a step reads + bytes of the key/value cache it reads) / bandwidth
 
@@ -16,9 +16,10 @@
    bandwidth: the GPU's datasheet figure (`BANDWIDTH`, by the name torch reports) or
    --bandwidth_tb_s. A step far above its floor is bound by something else (kernel launches,
    the host), not by the GPU's memory.
-4. The corrected rollout (--corrected_run: a bfloat16 base decoding on the merged copy, a sampler
-   μ ≠ π_old, so marft's rollout correction applies): `--iterations` iterations of the default
-   job with the first model, its rollout/* metrics recorded (a commit without them: a note says so).
+4. The corrected rollout (--corrected_run: a bfloat16 base sampled by vLLM, a sampler μ ≠ π_old,
+   so marft's rollout correction applies; only where vLLM imports, since the hf backend samples
+   from the training model itself): `--iterations` iterations of the default job with the first
+   model, its rollout/* metrics recorded (a commit without them: a note says so).
 5. `--iterations` iterations of the default job (the chain, critic, both updates, held-out
    evaluation) on cuda with each `--models` random-weight model (models/; accuracies mean
    nothing, seconds and bytes do), bfloat16 base: the hf backend; vLLM too when it imports; over
@@ -78,9 +79,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip_tests", action="store_true", help="no GPU tests (the decoding probe and the runs)")
     parser.add_argument("--tasks", default="word", help="tasks (tasks.py) run after the default job, with the first "
                         "model, the hf backend and one GPU (comma-separated; empty: none)")
-    parser.add_argument("--corrected_run", default="--base_dtype bfloat16 --merged_generation",
-                        help="marft.py options of the run whose rollout is corrected (a sampler other than the training "
-                             "model); empty: no such run")
+    parser.add_argument("--corrected_run", default="--base_dtype bfloat16",
+                        help="marft.py options of the vLLM run whose rollout is corrected (vLLM is a sampler other than "
+                             "the training model); empty: no such run")
     parser.add_argument("--skip_decoding", action="store_true", help="no decoding steps against their floor")
     parser.add_argument("--decode_rows", type=int, default=16, help="prompts decoded together in the decoding probe")
     parser.add_argument("--decode_steps", type=int, default=32, help="decoding steps of the probe")
@@ -162,8 +163,7 @@ def decoding_probe(model_name: str, args: argparse.Namespace) -> dict:
     """One model's decoding steps against their floor (in a child process of the check, so its GPU
     memory is freed before the runs): the default job's planner prompts (--decode_rows), the hf
     backend's `generate` for --decode_steps steps (no stop: a random model's eos is improbable),
-    once to warm up and once timed, on the adapter path (one adapter with nonzero B, fused as a
-    run has it) and on the merged copy. A step is the time between two calls of the output head,
+    once to warm up and once timed, on the adapter path (one adapter with nonzero B). A step is the time between two calls of the output head,
     the GPU synchronised at each: the forward, the draw, the loop's own work. The cache read by
     step k holds the batch's width W (the longest prompt: shared prefix + left padding + own
     tokens) + k positions per row."""
@@ -194,9 +194,7 @@ def decoding_probe(model_name: str, args: argparse.Namespace) -> dict:
     out = {"model": model_name, "base_dtype": args.base_dtype, "rows": len(prompts), "prompt_width": width,
            "bandwidth_bytes_per_s": bandwidth, "bandwidth_from": "--bandwidth_tb_s" if args.bandwidth_tb_s > 0 else
            ("BANDWIDTH, by the device name" if bandwidth else f"unknown for {name!r}: give --bandwidth_tb_s"), "paths": {}}
-    merged = generation.MergedHFGenerator(model, tokenizer, len(prompts))
-    for path, generator, decoder in (("adapter", generation.HFGenerator(model, tokenizer, len(prompts)), model),
-                                     ("merged", merged, merged.scratch)):
+    for path, generator, decoder in (("adapter", generation.HFGenerator(model, tokenizer, len(prompts)), model),):
         stamps = []
 
         def stamp(module, inputs):
@@ -205,7 +203,7 @@ def decoding_probe(model_name: str, args: argparse.Namespace) -> dict:
 
         handle = agents.backbone(decoder).get_output_embeddings().register_forward_pre_hook(stamp)
         try:
-            generator.generate(prompts, "policy_planner", sampling)  # warm-up (and the merge)
+            generator.generate(prompts, "policy_planner", sampling)  # warm-up
             stamps.clear()
             generator.generate(prompts, "policy_planner", sampling)
         finally:
@@ -214,7 +212,7 @@ def decoding_probe(model_name: str, args: argparse.Namespace) -> dict:
         # against W + k + 1 cached positions per row
         step_ms = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
         kv_bytes = [per_position * len(prompts) * (width + k + 1) for k in range(len(step_ms))]
-        weights = weight_bytes_per_step(decoder if path == "merged" else model)
+        weights = weight_bytes_per_step(model)
         out["paths"][path] = step_against_floor(step_ms, weights, kv_bytes, bandwidth) if step_ms else {"steps": 0}
     return out
 
@@ -357,7 +355,10 @@ def main() -> None:
     backends = ["hf"] + (["vllm"] if report["versions"]["vllm"] and not report["versions"]["vllm"].startswith("does not") else [])
     first = args.models.split(",")[0]
     corrected = tuple(shlex.split(args.corrected_run))
-    plan = [(first, "hf", 1, "math", corrected)] if corrected else []  # never run on a GPU before: first
+    plan = [(first, "vllm", 1, "math", corrected)] if corrected and "vllm" in backends else []  # never run on a GPU: first
+    if corrected and "vllm" not in backends:
+        print("gpu_check: no corrected run: vLLM is not installed, and the hf backend samples from the training model "
+              "itself (μ = π_old)", flush=True)
     plan += [(model, backend, 1, "math", ()) for model in args.models.split(",") for backend in backends]
     if report["device"]["count"] >= 2:
         plan.append((first, "hf", report["device"]["count"], "math", ()))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What anyone with a GPU runs first: the GPU tests; each model's decoding step against its
-# memory-bandwidth floor; the default job with a bf16 base decoding on the merged copy (the rollout
-# correction's rollout/* metrics); then two iterations of the default job on cuda with random-weight
+# memory-bandwidth floor; the default job with a bf16 base sampled by vLLM where it is installed (the
+# rollout correction's rollout/* metrics); then two iterations of the default job on cuda with random-weight
 # models shaped like SmolLM2-135M and Qwen2.5-1.5B; writes results/gpu.json.
 # Needs a CUDA build of torch with transformers and peft already installed; installs nothing from
 # the network. PYTHON=… picks the interpreter (default: python3); WHEELS=dir installs the small

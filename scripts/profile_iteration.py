@@ -36,9 +36,8 @@ weights in the decoder layers, A: one adapter's LoRA weights) and 2·V·d more a
 token, whose next-token logits a log-prob pass needs (V·d: the output layer; the critic's passes
 have no such term); a backward through the frozen base costs 2·W + 4·A (the inputs' gradients, and
 the adapters' own weight gradients) plus 2·V·d per response token. The passes, as marft.train runs
-them: the rollout's generation (one forward), the old log-probs and (critic + GAE) the values, the
-reference's log-probs with kl_coef > 0 (the base alone), ppo_epochs forward + backward per learning
-agent (one more forward with --gradient_checkpointing), the forward that recomputes each updated
+them: the rollout's generation (one forward), the old log-probs and (critic + GAE) the values,
+ppo_epochs forward + backward per learning agent, the forward that recomputes each updated
 agent's log-probs for M (all but the last updated; counted as all but σ's last, the same positions
 up to which agent the random order leaves last), and ppo_epochs forward + backward of the critic;
 all at the same GEMM rate. Every learning agent counts as updated each iteration
@@ -67,7 +66,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -86,11 +84,10 @@ import run as run_lib  # noqa: E402
 
 PHASES = ("rollout", "values", "advantages", "policy_update", "critic_update", "adapter_sync")
 FAMILIES = ("matrix products", "attention", "elementwise", "copies & layout", "autograd engine", "optimiser", "python & other")
-ONEDNN_LINEAR = "mkldnn::_linear_pointwise"  # --onednn_linear's product (agents.OneDnnLinear), whose FLOPs the profiler does not count
-MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", ONEDNN_LINEAR}
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
 TOP_OPS = 12  # ops listed by self time under the table
 CEILING_ROWS, CEILING_PROMPT_TOKENS, CEILING_RESPONSE_TOKENS = 8, 16, 32  # the pass ceiling's pass: 8 × 48 = 384 positions
-COUNTED_FLOPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", ONEDNN_LINEAR}  # aten::matmul / linear call these
+COUNTED_FLOPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}  # aten::matmul / linear call these
 LAYOUT = {"aten::" + name for name in (
     "copy_", "_to_copy", "to", "contiguous", "clone", "cat", "stack", "index", "index_select", "gather", "scatter",
     "scatter_", "slice", "view", "transpose", "t", "reshape", "_reshape_alias", "_unsafe_view", "expand", "expand_as",
@@ -117,15 +114,6 @@ def family(name: str, under_optimiser: bool) -> str:
     if name.startswith("aten::"):
         return "elementwise"
     return "python & other"
-
-
-def event_flops(name: str, profiler_flops: int, shapes: list[list[int]]) -> int:
-    """An op's FLOPs: the profiler's count, and for oneDNN's linear (which it leaves at 0) 2 · rows ·
-    in · out from its input [.., in] and weight [out, in]."""
-    if name != ONEDNN_LINEAR:
-        return profiler_flops
-    x, weight = shapes[0], shapes[1]
-    return 2 * math.prod(x[:-1]) * x[-1] * weight[0]
 
 
 class Event(NamedTuple):
@@ -185,15 +173,9 @@ def model_gemm_rate(model, repeats: int) -> float:
 
 def gemm_flops_per_second(hidden: int, intermediate: int, dtype: torch.dtype, repeats: int) -> float:
     """This machine's matrix-product rate on the model's MLP shape, [512, hidden] × [hidden, intermediate]:
-    the best of `repeats` products by each library the run can use, torch's default (torch.mm: MKL in
-    torch's x86 builds) and, for float32 where torch has it, oneDNN (agents.OneDnnLinear's product,
-    --onednn_linear), which on some CPUs runs at twice MKL's rate; the faster library's rate is the
-    machine's."""
+    the best of `repeats` products by torch's default library (torch.mm: MKL in torch's x86 builds)."""
     a, b = torch.randn(512, hidden, dtype=dtype), torch.randn(hidden, intermediate, dtype=dtype)
     products = [lambda: torch.mm(a, b)]
-    if dtype == torch.float32 and agents.onednn_available():
-        weight = b.t().contiguous()  # [intermediate, hidden], as a linear layer holds it
-        products.append(lambda: agents.onednn_product(a, weight, None))
     best = float("inf")
     for product in products:
         product()  # warm-up
@@ -247,19 +229,16 @@ def model_shape(model) -> ModelShape:
     return ModelShape(base, lora // adapters, config.vocab_size * config.hidden_size)
 
 
-def padding_free_flops(agent_rows: list[AgentTokens], shape: ModelShape, critic: bool, kl: bool, ppo_epochs: int,
-                       checkpointing: bool) -> dict[str, float]:
+def padding_free_flops(agent_rows: list[AgentTokens], shape: ModelShape, critic: bool, ppo_epochs: int) -> dict[str, float]:
     """The padding-free floor's matrix FLOPs per phase (module docstring) of one iteration."""
     W, A, out = shape
     forward = lambda positions, logits: 2 * (W + A) * positions + 2 * out * logits
     backward = lambda positions, logits: (2 * W + 4 * A) * positions + 2 * out * logits
     learners = [a for a in agent_rows if a.learns]
-    train = lambda positions, logits: ppo_epochs * (forward(positions, logits) * (2 if checkpointing else 1)
-                                                    + backward(positions, logits))
+    train = lambda positions, logits: ppo_epochs * (forward(positions, logits) + backward(positions, logits))
     return {
         "rollout": sum(forward(a.policy, a.responses) for a in agent_rows),
-        "values": sum(forward(a.policy, a.responses) + (forward(a.critic, 0) if critic else 0)
-                      + (2 * W * a.policy + 2 * out * a.responses if kl else 0) for a in agent_rows),
+        "values": sum(forward(a.policy, a.responses) + (forward(a.critic, 0) if critic else 0) for a in agent_rows),
         "policy_update": sum(train(a.policy, a.responses) for a in learners)
                          + sum(forward(a.policy, a.responses) for a in learners[:-1]),  # M: all but the last
         "critic_update": sum(train(a.critic, 0) for a in agent_rows) if critic else 0.0,
@@ -283,14 +262,13 @@ def agent_tokens(org, rollout, cfg) -> list[AgentTokens]:
 
 def counted_flops(events) -> int:
     """The matrix-product FLOPs of profiled events (kineto's), counted as the floor counts them."""
-    return sum(event_flops(e.name(), e.flops(), e.shapes()) for e in events if e.name() in COUNTED_FLOPS)
+    return sum(e.flops() for e in events if e.name() in COUNTED_FLOPS)
 
 
 def pass_ceiling(model, adapter: str, pad_id: int, repeats: int) -> dict:
     """The plain pass of the pass ceiling (module docstring) timed and counted, forward and forward +
     backward: {"forward": {...}, "forward_backward": {...}}, each with its best seconds of `repeats`
-    and its matrix FLOPs (`at_gemm_rate` adds the floor and the ratio). Under --gradient_checkpointing
-    the forward + backward includes the recomputed forward, as the updates' passes do."""
+    and its matrix FLOPs (`at_gemm_rate` adds the floor and the ratio)."""
     vocab = agents.backbone(model).config.vocab_size
     generator = torch.Generator().manual_seed(0)
     draw = lambda length: torch.randint(0, vocab, (CEILING_ROWS, length), generator=generator).tolist()
@@ -365,8 +343,7 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
         seen["timings"].append({phase: timer.seconds.get(phase, 0.0) for phase in PHASES})
         seen["tokens"].append(sum(map(len, rollout.prompt_ids)) + sum(map(len, rollout.response_ids)))
         seen["padding_free_flops"].append(padding_free_flops(agent_tokens(org, rollout, cfg), seen["model_shape"],
-                                                             cfg.advantage == "gae", cfg.kl_coef > 0, cfg.ppo_epochs,
-                                                             cfg.gradient_checkpointing))
+                                                             cfg.advantage == "gae", cfg.ppo_epochs))
         return original_metrics(org, rollout, old, returns, cfg, timer)
 
     patched = {"build": build, "iteration_metrics": metrics}
@@ -378,7 +355,7 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
     finally:
         marft.PhaseTimer.__call__, marft.PhaseTimer.__init__ = original_call, original_init
         vars(marft).update(originals)
-    events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), event_flops(e.name(), e.flops(), e.shapes()))
+    events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.flops())
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
     return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"],
             "model_shape": seen["model_shape"]._asdict(), "padding_free_flops": seen["padding_free_flops"],

@@ -69,6 +69,12 @@ PY
     export GOMP_SPINCOUNT=3000 MARFT_SHARED_CPU="$busy_cores"
   fi
 fi
+# MARFT_CPU_PATHS=off (speed.py): compute as a CPU without AVX-512 or bf16 instructions would. torch,
+# oneDNN and MKL read these once, when torch loads.
+if [ "${MARFT_CPU_PATHS:-on}" = "off" ]; then
+  export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
+  export MKL_ENABLE_INSTRUCTIONS="${MKL_ENABLE_INSTRUCTIONS:-AVX2}"
+fi
 export TOKENIZERS_PARALLELISM=false
 export HF_HUB_DISABLE_TELEMETRY=1
 cd "$ROOT"

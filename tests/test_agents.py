@@ -1,17 +1,10 @@
 """agents.py and critic.py on a tiny random Llama: log-probs, generation, adapter isolation, critic."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import agents
 import critic
 import generation
-import run
-from conftest import ROOT
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -115,34 +108,6 @@ def test_sampling_is_reproducible_with_the_seed(setup):
     assert first == second
 
 
-def test_the_inverse_transform_draws_each_token_on_its_own_interval():
-    """Hand-worked: p = (1/8, 0, 2/8, 5/8, 0), running sums (1/8, 1/8, 3/8, 1, 1). A uniform u
-    takes the first token whose running sum exceeds u; token 1 (p = 0) owns no interval, and a u
-    at the total (what rounding can give) takes token 3, the last of positive probability."""
-    probs = torch.tensor([0.125, 0.0, 0.25, 0.625, 0.0])
-    uniform = torch.tensor([0.0, 0.1249, 0.125, 0.3749, 0.375, 0.99999, 1.0], dtype=torch.float64)
-    tokens = generation.sample_tokens(probs.expand(len(uniform), -1), uniform)
-    assert tokens.tolist() == [0, 0, 2, 2, 3, 3, 3]
-    # unnormalised rows are drawn in proportion: u = 0.5 · 4 = 2 lies in token 1's [1, 3)
-    assert generation.sample_tokens(torch.tensor([[1.0, 2.0, 1.0]]), torch.tensor([0.5], dtype=torch.float64)).tolist() == [1]
-    for bad in ([0.0, 0.0, 0.0], [float("nan"), 0.5, 0.5]):  # refused, as torch.multinomial refuses them
-        with pytest.raises(ValueError, match="not finite or sums to 0"):
-            generation.sample_tokens(torch.tensor([bad]), torch.tensor([0.5], dtype=torch.float64))
-
-
-def test_the_inverse_transform_draws_the_distribution():
-    """40,000 seeded draws from p = (0.5, 0.3, 0.15, 0.05, 0): each frequency within 4 standard
-    errors of its p, and the zero-probability token never."""
-    torch.manual_seed(0)
-    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    draws = 40_000
-    tokens = generation.sample_tokens(p.expand(draws, -1), torch.rand(draws, dtype=torch.float64))
-    frequency = torch.bincount(tokens, minlength=5).double() / draws
-    standard_error = (p.double() * (1 - p.double()) / draws).sqrt()
-    assert ((frequency - p.double()).abs() <= 4 * standard_error).all(), frequency
-    assert frequency[4] == 0
-
-
 @pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)])
 def test_decoding_gives_transformers_generate_tokens_and_logprobs(setup, temperature, top_p):
     """`generation.decode` (positions from the attention mask, the pad id after a stop, the default
@@ -159,7 +124,7 @@ def test_decoding_gives_transformers_generate_tokens_and_logprobs(setup, tempera
     drawing = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
     with agents.active_adapter(model, "planner"):
         torch.manual_seed(4)
-        cache = generation.decoding_cache(model, [], len(PROMPTS), width + 6)
+        cache = generation.decoding_cache(model, [], len(PROMPTS))
         tokens, logprobs = generation.decode(model, input_ids, attention_mask, cache, sampling, stop_ids, pad)
         torch.manual_seed(4)
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, pad_token_id=pad,
@@ -185,7 +150,7 @@ def test_decoding_stops_rows_like_transformers_generate(setup):
 
     def both(stop_ids):
         with agents.active_adapter(model, "planner"):
-            cache = generation.decoding_cache(model, [], len(PROMPTS), width + greedy.max_new_tokens)
+            cache = generation.decoding_cache(model, [], len(PROMPTS))
             ours = generation.decode(model, input_ids, attention_mask, cache, greedy, stop_ids, pad)
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=greedy.max_new_tokens,
                                  pad_token_id=pad, eos_token_id=stop_ids, do_sample=False, output_scores=True,
@@ -205,34 +170,19 @@ def test_decoding_stops_rows_like_transformers_generate(setup):
     (tokens, logprobs), (expected_tokens, expected_logprobs) = both([tokenizer.eos_token_id, *first[:, 0].tolist()])
     assert tokens.shape == (3, 1) and torch.equal(tokens, expected_tokens) and torch.equal(logprobs, expected_logprobs)
     with agents.active_adapter(model, "planner"):  # (transformers' generate refuses 0)
-        cache = generation.decoding_cache(model, [], len(PROMPTS), width)
+        cache = generation.decoding_cache(model, [], len(PROMPTS))
         tokens, logprobs = generation.decode(model, input_ids, attention_mask, cache, generation.Sampling(0.0, 1.0, 0),
                                              [tokenizer.eos_token_id], pad)
     assert tokens.shape == logprobs.shape == (3, 0)
 
 
-def test_the_inverse_sampler_draws_other_tokens_for_a_seed(setup):
-    """--sampler inverse: every sampled token's log-prob is still that of an independent forward
-    pass, and the tokens of a seed differ from the multinomial draw's (the temperature and top-p
-    tests below run both samplers)."""
-    model, tokenizer, _ = setup
-    actions = {}
-    for sampler in generation.SAMPLERS:
-        torch.manual_seed(3)
-        actions[sampler] = generation.generate(model, tokenizer, PROMPTS * 4, "solver", generation.Sampling(1.0, 1.0, 5, sampler), 12)
-    for prompt, response, logprobs in zip(PROMPTS * 4, actions["inverse"].token_ids, actions["inverse"].logprobs):
-        assert logprobs == pytest.approx(reference_logprobs(model, "solver", prompt, response).tolist(), abs=1e-4)
-    assert actions["inverse"].token_ids != actions["multinomial"].token_ids
-
-
-@pytest.mark.parametrize("sampler", generation.SAMPLERS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature, sampler):
+def test_generation_logprobs_are_the_sampled_tokens_logprobs_under_the_temperature(setup, temperature):
     """The backend's own log-probs equal an independent forward pass at logits / T (left padding
-    in the generation batch must not shift them), by either sampler."""
+    in the generation batch must not shift them)."""
     model, tokenizer, _ = setup
     torch.manual_seed(3)
-    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(temperature, 1.0, 5, sampler), batch_size=3)
+    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(temperature, 1.0, 5), batch_size=3)
     for prompt, response, logprobs in zip(PROMPTS, actions.token_ids, actions.logprobs):
         assert len(logprobs) == len(response)
         with agents.active_adapter(model, "solver"), torch.no_grad():
@@ -303,36 +253,6 @@ def test_base_model_weights_exist_once_whatever_the_number_of_agents(tiny_model_
     four_shared, four_lora = weight_bytes(["planner", "solver", "checker", "writer"])
     assert four_shared == one_shared
     assert four_lora == pytest.approx(one_lora * 5 / 2)  # 2 adapters (agent + critic) → 5 adapters
-
-
-def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_generation_alone(tiny_model_dir):
-    """Checkpointing recomputes activations: the gradient of log π must not change, and the
-    decoder layers must be back in eval mode (KV cache on) once the pass is over."""
-    def gradients(checkpointing: bool):
-        base, tokenizer = agents.load_base_model(str(tiny_model_dir))
-        torch.manual_seed(0)
-        model = agents.attach_adapters(base, ["solver"], agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.1)
-        if checkpointing:
-            agents.enable_gradient_checkpointing(model)
-        calls = []
-        base.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *_: calls.append(1))
-        logprob, _ = agents.action_logprobs(model, PROMPTS, RESPONSES, "solver", tokenizer.pad_token_id, "sum", 1.0,
-                                            share_prefix=False)  # one forward pass: the hook counts the recompute
-        logprob.sum().backward()
-        assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
-        assert not any(layer.training for layer in base.model.layers)
-        greedy = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(0.0, 1.0, 4), 3).token_ids
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, greedy
-
-    plain, plain_greedy = gradients(False)
-    checkpointed, checkpointed_greedy = gradients(True)
-    assert plain.keys() == checkpointed.keys() and plain
-    for name in plain:
-        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-6)
-    assert checkpointed_greedy == plain_greedy
 
 
 @pytest.mark.parametrize("allowed, threads, expected", [({0, 1}, 2, "0-1"), ({4, 5, 6, 7}, 2, "4-5"),
@@ -425,70 +345,18 @@ def test_a_bfloat16_base_trains_float32_adapters_critic_and_optimiser_state(tiny
     assert summary["final_iteration"] == 1
 
 
-def test_the_entropy_carries_a_gradient_only_for_an_entropy_bonus(setup):
-    """Without a bonus the entropy is a metric: its [n, L, V] intermediates are not kept for the
-    backward pass. With one, its gradient reaches the adapter and is that of the entropy."""
-    model, tokenizer, _ = setup
-    pad = tokenizer.pad_token_id
-    metric = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", pad, "action", "mean", 1.0)
-    assert metric.logprob.requires_grad and not metric.entropy.requires_grad
-    bonus = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", pad, "action", "mean", 1.0, entropy_gradient=True)
-    torch.testing.assert_close(bonus.entropy, metric.entropy)
-    params = agents.adapter_parameters(model, "solver")
-    grads = torch.autograd.grad(bonus.entropy.sum(), params)
-    assert sum(g.abs().sum() for g in grads) > 0
-
-
-@pytest.mark.parametrize("sampler", generation.SAMPLERS)
-def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_p(setup, sampler):
+def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_p(setup):
     """With top-p the recorded log-prob is the token's under the renormalised nucleus: larger than
     under the whole vocabulary by −log(nucleus mass), the same for every step of a row (the tiny
     random model's next-token distributions are close to uniform, so half the mass is about half
-    the vocabulary and the gap about log 2); by either sampler, so each draws inside the nucleus."""
+    the vocabulary and the gap about log 2)."""
     model, tokenizer, _ = setup
     torch.manual_seed(5)
-    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 0.5, 4, sampler), batch_size=3)
+    actions = generation.generate(model, tokenizer, PROMPTS, "solver", generation.Sampling(1.0, 0.5, 4), batch_size=3)
     whole, _, _ = agents.token_logprobs(model, PROMPTS, actions.token_ids, "solver", tokenizer.pad_token_id, 1.0)
     for row, logprobs in enumerate(actions.logprobs):
         gaps = [recorded - whole[row, k].item() for k, recorded in enumerate(logprobs)]
         assert gaps and all(0.5 < gap < 0.9 for gap in gaps)  # log 2 ≈ 0.69
-
-
-def test_grouped_key_value_attention_gives_the_library_sdpa_numbers_without_copying_the_heads(setup):
-    """load_base_model switches an "sdpa" model to agents.GROUPED_KV_SDPA (the tiny Llama reads one
-    key/value head from two query heads): on a padded batch, with and without a shared prefix,
-    log-probs and the LoRA gradients equal those of transformers' own "sdpa", which copies the
-    key/value head per query head, and that copy is no longer made."""
-    model, tokenizer, _ = setup
-    base = model.get_base_model()
-    assert base.config._attn_implementation == agents.GROUPED_KV_SDPA
-
-    def logprobs_and_gradients(share_prefix):
-        model.zero_grad(set_to_none=True)
-        prompts = [[1, 40, 41, 42] + p[1:] for p in PROMPTS]  # a 4-token shared prefix, then the rows' own tokens
-        logprob, _ = agents.action_logprobs(model, prompts, RESPONSES, "solver", tokenizer.pad_token_id, "sum", 1.0,
-                                            share_prefix=share_prefix)
-        logprob.sum().backward()
-        return logprob.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    import transformers.integrations.sdpa_attention as library
-    copies, repeat_kv = [], library.repeat_kv
-    library.repeat_kv = lambda states, n_rep: copies.append(n_rep) or repeat_kv(states, n_rep)
-    try:
-        for share_prefix in (False, True):
-            grouped, grouped_grads = logprobs_and_gradients(share_prefix)
-            assert not copies
-            base.set_attn_implementation("sdpa")
-            plain, plain_grads = logprobs_and_gradients(share_prefix)
-            base.set_attn_implementation(agents.GROUPED_KV_SDPA)
-            assert copies  # the library's path copies the heads
-            copies.clear()
-            torch.testing.assert_close(grouped, plain, rtol=1e-6, atol=1e-7)
-            assert grouped_grads.keys() == plain_grads.keys() and grouped_grads
-            for name in plain_grads:
-                torch.testing.assert_close(grouped_grads[name], plain_grads[name], rtol=1e-5, atol=1e-7)
-    finally:
-        library.repeat_kv = repeat_kv
 
 
 @pytest.mark.parametrize("tokenizer_eos, model_eos, expected", [
@@ -552,125 +420,6 @@ def test_vllm_requests_stop_at_every_end_of_turn_id_and_responses_are_cut_at_the
     assert len(seen) == 3 and all({2, 7} <= set(p.stop_token_ids) and p.max_tokens == 8 for p in seen)
     assert actions.token_ids == [[5, 7], [5, 9, 2], [5, 9, 11]]
     assert actions.logprobs == [[-0.5, -1.0], [-0.5, -1.0, -1.5], [-0.5, -1.0, -1.5]]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_lora_updates_give_peft_s_log_probs_values_and_gradients(tiny_model_dir, dtype):
-    """--fused_lora: W x + B (s · A x) through one addmm gives what peft's own forward gives —
-    token log-probs, the critic's values, and every LoRA gradient — within 1e-5 (float32 base);
-    with a bfloat16 base under float32 adapters the fused layer takes the plain sum, the same numbers."""
-    outcome = {}
-    for fused in (False, True):
-        base, _ = agents.load_base_model(str(tiny_model_dir), dtype)
-        torch.manual_seed(1)
-        model = agents.attach_adapters(base, ["solver", "critic"], agents.lora_config(4, 8, TARGETS))
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.5)
-        if fused:
-            assert agents.fuse_lora_updates(model) == 2 * len(TARGETS) * base.config.num_hidden_layers
-        heads = critic.make_value_heads(base.config.hidden_size, ["critic"])
-        with torch.no_grad():
-            heads["critic"].weight.normal_(0, 1.0)
-        out = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", 0, "token", "sum", 0.7)
-        values = critic.decision_values(model, heads, "critic", PROMPTS, RESPONSES, 0, "action", True)
-        (out.token_logprob.sum() + values.sum()).backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        outcome[fused] = out.token_logprob.detach(), values.detach(), grads
-    (plain_lp, plain_v, plain_g), (fused_lp, fused_v, fused_g) = outcome[False], outcome[True]
-    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=0)
-    torch.testing.assert_close(fused_lp, plain_lp, **tolerance)
-    torch.testing.assert_close(fused_v, plain_v, **tolerance)
-    assert plain_g.keys() == fused_g.keys() and any(".solver." in n for n in plain_g) and any(".critic." in n for n in plain_g)
-    for name in plain_g:
-        torch.testing.assert_close(fused_g[name], plain_g[name], **tolerance)
-
-
-@pytest.mark.skipif(not agents.onednn_available(), reason="--onednn_linear applies on an x86 torch with oneDNN")
-def test_onednn_linears_give_torch_s_log_probs_values_and_gradients_and_leave_the_trainable_layers_alone(tiny_model_dir):
-    """--onednn_linear: the frozen base's products through oneDNN, forward and backward, give torch's own
-    token log-probs and critic values within 1e-5 and every LoRA gradient within 1e-5 of its scale (2
-    layers, prefix shared and not); only the frozen float32 layers change class, the adapters' A and B and the value head keep
-    torch's linear, and the state dict keeps its names."""
-    outcome = {}
-    for onednn in (False, True):
-        base, _ = agents.load_base_model(str(tiny_model_dir))
-        torch.manual_seed(1)
-        model = agents.attach_adapters(base, ["solver", "critic"], agents.lora_config(4, 8, TARGETS))
-        agents.fuse_lora_updates(model)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.5)
-        keys = list(model.state_dict())
-        if onednn:  # every projection of every layer and the output layer
-            assert agents.onednn_frozen_linears(model) == len(TARGETS) * base.config.num_hidden_layers + 1
-            assert list(model.state_dict()) == keys
-            assert all(type(m) is torch.nn.Linear for n, m in model.named_modules() if ".lora_A." in n or ".lora_B." in n)
-        heads = critic.make_value_heads(base.config.hidden_size, ["critic"])
-        with torch.no_grad():
-            heads["critic"].weight.normal_(0, 1.0)
-        tables = []
-        for share in (True, False):
-            out = agents.policy_logprobs(model, PROMPTS, RESPONSES, "solver", 0, "token", "sum", 0.7, share)
-            values = critic.decision_values(model, heads, "critic", PROMPTS, RESPONSES, 0, "token", share)
-            (out.token_logprob.sum() + values.sum()).backward()
-            tables += [out.token_logprob.detach(), values.detach()]
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        outcome[onednn] = tables, grads
-    (plain_tables, plain_g), (onednn_tables, onednn_g) = outcome[False], outcome[True]
-    for ours, theirs in zip(onednn_tables, plain_tables):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    assert plain_g.keys() == onednn_g.keys() and any(".solver." in n for n in plain_g) and any(".critic." in n for n in plain_g)
-    for name in plain_g:  # within 1e-5 of each gradient's scale (an element near 0 carries the others' rounding)
-        assert (onednn_g[name] - plain_g[name]).abs().max() <= 1e-5 * plain_g[name].abs().max(), name
-
-
-ONEDNN_SHAPES = """
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import agents, run
-if sys.argv[2] == "bounded":
-    run.bound_onednn_caches()
-torch.set_num_threads(1)
-weight = torch.randn(1536, 576)  # the default model's MLP projection [out, in]
-def resident_mib():
-    run.return_freed_memory()  # freed tensors back to the OS: what stays is what the libraries hold
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-agents.onednn_product(torch.randn(4, 576), weight, None)
-before = resident_mib()
-for tokens in range(5, 5 + int(sys.argv[3])):  # a new token count at every forward, as a run's batches have
-    agents.onednn_product(torch.randn(tokens, 576), weight, None)  # forward: x Wᵀ
-    agents.onednn_product(torch.randn(tokens, 1536), weight.t(), None)  # backward: (∂L/∂h) W
-print(json.dumps({"rise_mib": resident_mib() - before,
-                  "caps": [os.environ.get(v) for v in run.ONEDNN_CACHE_VARIABLES]}))
-"""
-
-
-@pytest.mark.skipif(not agents.onednn_available(), reason="oneDNN's caches matter where --onednn_linear applies")
-def test_bounded_onednn_caches_keep_a_run_s_memory_from_growing_with_every_new_product_shape(monkeypatch):
-    """run.bound_onednn_caches: 200 products of new shapes (a run's forwards meet a new token count at
-    almost every batch) leave the process's memory where it was, while the libraries' default caches
-    keep an entry per shape; a capacity the user sets is kept. One fresh process each: both caches
-    read their capacity once, at the first product."""
-    env = {k: v for k, v in os.environ.items() if k not in run.ONEDNN_CACHE_VARIABLES}
-
-    def measure(mode: str, shapes: int) -> dict:
-        done = subprocess.run([sys.executable, "-c", ONEDNN_SHAPES, str(ROOT), mode, str(shapes)], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout.splitlines()[-1])
-
-    bounded, unbounded = measure("bounded", 100), measure("library defaults", 100)
-    assert bounded["caps"] == ["32", "32"] and unbounded["caps"] == [None, None]
-    assert bounded["rise_mib"] < 30, bounded
-    assert unbounded["rise_mib"] > bounded["rise_mib"] + 60, (bounded, unbounded)  # the measure sees the caches
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
-    run.bound_onednn_caches()
-    assert [os.environ[v] for v in run.ONEDNN_CACHE_VARIABLES] == ["32", "7"]
 
 
 def test_the_lm_head_runs_only_at_the_positions_that_predict_response_tokens(setup):

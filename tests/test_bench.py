@@ -125,7 +125,7 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     assert "ratio 4 / 1" in text and "equal wall time" in text and "without prefix sharing" in text and "its floor**" in text
     assert "| spin 3,000 rounds (GOMP_SPINCOUNT=3000) |" in text and "grading one program of the code task" in text
     assert f"Model: `{model}`, random weights" in text
-    assert "merged_bf16_copy_speedup" not in report["phases"]  # quick mode leaves that run out
+    assert "cpu_paths_speedup" not in report["phases"]  # quick mode leaves that run out
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())  # the floor's: the better of two GEMM timings
     assert profile["model"] == model
     assert profile["gemm_gflops_per_second"] == max(profile["gemm_gflops_per_second_before_and_after"])
@@ -398,17 +398,14 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     phase = {f"{name}_seconds": 1.0 for name in bench.PHASES} | {"iteration_seconds_without_eval": 50.0, "iterations": 2}
     report = {"problems_per_iteration": 16, **phase, "without_prefix_sharing": {**phase, "iteration_seconds_without_eval": 100.0},
               "prefix_sharing_speedup": 2.0}
-    old_report = "\n".join(bench.phases_lines(report))  # a report from before the merged run: two columns
-    assert "merged_generation" not in old_report and "**2.00×**" in old_report
-    # The run with the opt-in bf16 copy: a third column, its ratio the variant's seconds over the default's (40 / 50).
-    report |= {"with_merged_bf16_copy": {**phase, "iteration_seconds_without_eval": 40.0}, "merged_bf16_copy_speedup": 0.8,
-               "default_rollout": "the adapters applied at every decoding step"}
+    old_report = "\n".join(bench.phases_lines(report))  # a report from before the CPU-paths run: two columns
+    assert "MARFT_CPU_PATHS" not in old_report and "**2.00×**" in old_report
+    # The run with the CPU-specific paths off: a third column, its ratio the variant's seconds over the default's (60 / 50).
+    report |= {"without_cpu_paths": {**phase, "iteration_seconds_without_eval": 60.0}, "cpu_paths_speedup": 1.2}
     text = "\n".join(bench.phases_lines(report))
-    assert "| seconds | without prefix sharing | with --merged_generation --merged_weight_dtype bfloat16 |" in text
-    assert "| **iteration (without eval)** | **50.0** | **100.0** | **40.0** |" in text
-    assert "rollout decoded on the adapters applied at every decoding step" in text
-    assert ("The opt-in sampler `--merged_generation --merged_weight_dtype bfloat16` (corrected, `rollout/*`) takes **0.80×** "
-            "the default iteration's time") in text
+    assert "| seconds | without prefix sharing | MARFT_CPU_PATHS=off |" in text
+    assert "| **iteration (without eval)** | **50.0** | **100.0** | **60.0** |" in text
+    assert "make it **1.20×** faster than with them capped at AVX2 (`cpu_paths_speedup`" in text
     assert "floor" not in text  # a report from before the floor
     # The floor sentence: 50 s against a floor of 12.5 s is 4×; the families as shares of the profiled seconds.
     report |= {"floor": {"floor_seconds": 12.5, "gemm_gflops_per_second": 190.0, "matmul_mflop_per_token": 1750.0,
@@ -429,23 +426,6 @@ def test_the_phases_table_shows_the_variant_runs_when_there_are_some():
     text = "\n".join(bench.phases_lines(report))
     assert ("(8 rows of 48 tokens, no shared prefix, no padding) takes **1.50×** its floor forward and **1.75×** forward + "
             "backward (`pass_ceiling_ratios`)") in text
-    # The run without the rows sorted by length: a fourth column, its speedup the variant's seconds over the default's.
-    report |= {"without_sort_by_length": {**phase, "iteration_seconds_without_eval": 60.0}, "sort_by_length_speedup": 1.2}
-    text = "\n".join(bench.phases_lines(report))
-    assert "| without prefix sharing | with --merged_generation --merged_weight_dtype bfloat16 | with --no-sort_by_length |" in text
-    assert "| **50.0** | **100.0** | **40.0** | **60.0** |" in text and "makes it **1.20×** faster (`sort_by_length_speedup`" in text
-    report |= {"without_fused_lora": {**phase, "iteration_seconds_without_eval": 55.0}, "fused_lora_speedup": 1.1}
-    text = "\n".join(bench.phases_lines(report))
-    assert "| with --no-sort_by_length | with --no-fused_lora |" in text and "**1.10×** faster (`fused_lora_speedup`)" in text
-    report |= {"with_merged_float32_weights": {**phase, "iteration_seconds_without_eval": 57.5}, "merged_float32_copy_speedup": 1.15}
-    text = "\n".join(bench.phases_lines(report))
-    assert "| with --merged_generation --merged_weight_dtype bfloat16 | with --merged_generation | with --no-sort_by_length |" in text
-    assert "| **40.0** | **57.5** | **60.0** | **55.0** |" in text
-    assert "The opt-in sampler `--merged_generation` (corrected, `rollout/*`) takes **1.15×** the default" in text
-    report |= {"without_onednn_linear": {**phase, "iteration_seconds_without_eval": 65.0}, "onednn_linear_speedup": 1.3}
-    text = "\n".join(bench.phases_lines(report))
-    assert "| with --no-fused_lora | with --no-onednn_linear |" in text and "| **55.0** | **65.0** |" in text
-    assert "make it **1.30×** faster than through torch's default library (`onednn_linear_speedup`)" in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,12 +442,9 @@ def test_op_families_by_name():
              "aten::_scaled_dot_product_flash_attention_for_cpu": "attention", "MmBackward0": "autograd engine",
              "autograd::engine::evaluate_function: MmBackward0": "autograd engine", "aten::copy_": "copies & layout",
              "aten::cat": "copies & layout", "aten::silu": "elementwise", "aten::log_softmax": "elementwise",
-             "## tokenise ##": "python & other", "mkldnn::_linear_pointwise": "matrix products"}
+             "## tokenise ##": "python & other"}
     assert {name: profile_iteration.family(name, False) for name in table} == table
     assert profile_iteration.family("aten::mm", True) == "optimiser"  # everything under Adam's step
-    # oneDNN's linear, whose FLOPs the profiler leaves at 0: 2 · rows · in · out, here 2 · (4 · 60) · 576 · 1536
-    assert profile_iteration.event_flops("mkldnn::_linear_pointwise", 0, [[4, 60, 576], [1536, 576], [], []]) == 2 * 240 * 576 * 1536
-    assert profile_iteration.event_flops("aten::mm", 7, [[2, 3], [3, 4]]) == 7  # the profiler's own count elsewhere
 
 
 def test_the_phase_table_nests_events_by_time_and_counts_self_times_and_matmul_flops():
@@ -529,17 +506,13 @@ def test_padding_free_positions_and_flops_on_a_hand_count():
     shape = profile_iteration.ModelShape(10, 1, 100)
     planner = profile_iteration.AgentTokens(policy=8, critic=8, responses=3, learns=True)  # forward 776, critic forward 176
     solver = profile_iteration.AgentTokens(policy=5, critic=6, responses=2, learns=True)  # forward 510, critic forward 132
-    flops = profile_iteration.padding_free_flops([planner, solver], shape, critic=True, kl=False, ppo_epochs=1, checkpointing=False)
+    flops = profile_iteration.padding_free_flops([planner, solver], shape, critic=True, ppo_epochs=1)
     assert flops == {"rollout": 776 + 510, "values": 776 + 510 + 176 + 132,
                      "policy_update": (776 + 792) + (510 + 520) + 776,  # forward + backward each, M's forward for the planner
                      "critic_update": (176 + 192) + (132 + 144)}
-    # the reference's pass (the base: 20 per position + 200 per response token), two epochs, no critic, a frozen solver
-    frozen = profile_iteration.padding_free_flops([planner, solver._replace(learns=False)], shape, critic=False, kl=True,
-                                                  ppo_epochs=2, checkpointing=False)
-    assert frozen == {"rollout": 1286, "values": 1286 + 760 + 500, "policy_update": 2 * (776 + 792), "critic_update": 0.0}
-    # gradient checkpointing runs each forward of an update twice
-    again = profile_iteration.padding_free_flops([planner], shape, critic=False, kl=False, ppo_epochs=1, checkpointing=True)
-    assert again["policy_update"] == 2 * 776 + 792
+    # two epochs, no critic, a frozen solver
+    frozen = profile_iteration.padding_free_flops([planner, solver._replace(learns=False)], shape, critic=False, ppo_epochs=2)
+    assert frozen == {"rollout": 1286, "values": 1286, "policy_update": 2 * (776 + 792), "critic_update": 0.0}
 
 
 def test_model_shape_counts_projections_adapters_and_the_output_layer():

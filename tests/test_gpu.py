@@ -139,34 +139,6 @@ def test_nccl_collectives_take_cpu_tables_and_give_them_back_on_the_cpu(one_rank
     assert distributed.max_int(5) == 5
 
 
-@on_a_gpu
-@pytest.mark.parametrize("base_dtype, bound", [("float32", 1e-4), ("bfloat16", 0.0)])
-def test_fused_lora_update_gives_peft_s_numbers_on_cuda_kernels(tmp_path, base_dtype, bound):
-    """--fused_lora on CUDA's matrix kernels: log-probs, values and every LoRA gradient of the same
-    weights with peft's own forward and then with the fused update (addmm) agree within `bound`
-    (float32 base: rounding only; bfloat16 base: the fused layer takes the plain sum, peft's numbers)."""
-    cfg = config(tmp_path, "--base_dtype", base_dtype, "--no-fused_lora")
-    org, model, tokenizer, heads, _ = marft.build(cfg)
-    nudge_adapter(model, "policy_solver")
-    nudge_adapter(model, "critic", seed=1)
-    prompts = chat_prompts(tokenizer)
-    responses = [[10 + k, 20 + k, 30 + k][: 1 + k % 3] for k in range(len(prompts))]
-    out = {}
-    for fused in (False, True):
-        if fused:
-            assert agents.fuse_lora_updates(model) > 0
-        model.zero_grad(set_to_none=True)
-        policy = agents.policy_logprobs(model, prompts, responses, "policy_solver", 2, "token", "sum", 1.0)
-        values = critic.decision_values(model, heads, "critic", prompts, responses, 2, "token")
-        (policy.logprob.sum() + values.sum()).backward()
-        grads = torch.cat([p.grad.flatten() for adapter in ("policy_solver", "critic")
-                           for p in agents.adapter_parameters(model, adapter) if p.grad is not None])
-        out[fused] = (policy.logprob.detach(), values.detach(), grads.cpu())
-    assert out[False][2].abs().sum() > 0
-    for plain, fused in zip(out[False], out[True]):
-        torch.testing.assert_close(fused, plain, rtol=bound, atol=bound)
-
-
 # ---------------------------------------------------------------------------------------------
 # Log-probs from float32 logits under a bfloat16 base (agents.float32_head)
 # ---------------------------------------------------------------------------------------------
@@ -394,12 +366,12 @@ def test_the_weights_a_decoding_step_reads_by_hand(tiny_model_dir):
 
 def test_the_corrected_run_records_its_rollout_metrics_and_notes_their_absence(tmp_path, monkeypatch):
     """scripts/gpu_check.py's corrected run (marft.py faked: it writes the run folder): the command
-    carries --base_dtype bfloat16 --merged_generation once each, every rollout/* value of each
+    carries --base_dtype bfloat16 once and the vLLM backend, every rollout/* value of each
     iteration and the chosen/* options reach the report; a marft.py that logs no rollout/* gets
     a note naming the missing metrics."""
     gpu_check = gpu_check_module()
     args = gpu_check.argparse.Namespace(base_dtype="bfloat16", iterations=2, eval_problems=4)
-    extra = tuple(gpu_check.shlex.split("--base_dtype bfloat16 --merged_generation"))
+    extra = tuple(gpu_check.shlex.split("--base_dtype bfloat16"))
     commands = []
 
     def fake_marft(rollout):
@@ -417,12 +389,12 @@ def test_the_corrected_run_records_its_rollout_metrics_and_notes_their_absence(t
     measured = lambda k: {"rollout/logprob_abs_diff": 0.001 * k, "rollout/kl_sampler_old": 1e-6 * k,
                           "rollout/max_abs_diff": 0.01 * k, "rollout/beyond_cap": 0.0}
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_marft(measured))
-    out = gpu_check.run_job("smollm2-135m", "hf", 1, "math", args, tmp_path / "a", extra)
-    assert commands[-1].count("--base_dtype") == 1 and "--merged_generation" in commands[-1]
+    out = gpu_check.run_job("smollm2-135m", "vllm", 1, "math", args, tmp_path / "a", extra)
+    assert commands[-1].count("--base_dtype") == 1 and commands[-1][commands[-1].index("--backend") + 1] == "vllm"
     assert out["base_dtype"] == "bfloat16" and out["chosen"] == {"chosen/micro_batch_tokens": "4096: why"}
     assert [it["rollout"] for it in out["iterations"]] == [measured(1), measured(2)] and "note" not in out
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_marft(lambda k: {}))
-    out = gpu_check.run_job("smollm2-135m", "hf", 1, "math", args, tmp_path / "b", extra)
+    out = gpu_check.run_job("smollm2-135m", "vllm", 1, "math", args, tmp_path / "b", extra)
     assert [it["rollout"] for it in out["iterations"]] == [None, None]
     assert all(key in out["note"] for key in gpu_check.ROLLOUT_CORRECTION_KEYS)
     plain = gpu_check.run_job("smollm2-135m", "hf", 1, "math", args, tmp_path / "c")  # not the corrected run: no note

@@ -69,10 +69,9 @@ def assert_relatively_equal(shared: torch.Tensor, plain: torch.Tensor):
 def policy_pass(model, adapter, prompts, responses, pad, level, share):
     """Tables of one policy pass and the gradient of a loss that reads all of them."""
     model.zero_grad(set_to_none=True)
-    out = agents.policy_logprobs(model, prompts, responses, adapter, pad, level, "mean", 0.8, share_prefix=share,
-                                 entropy_gradient=True)
+    out = agents.policy_logprobs(model, prompts, responses, adapter, pad, level, "mean", 0.8, share_prefix=share)
     weights = torch.linspace(-1.0, 1.0, out.logprob.numel()).view_as(out.logprob)
-    ((out.logprob * weights).sum() - out.entropy.sum()).backward()
+    (out.logprob * weights).sum().backward()
     grads = torch.cat([p.grad.flatten() for p in agents.adapter_parameters(model, adapter)])
     return out, grads
 
@@ -122,9 +121,9 @@ def test_a_prefix_run_once_for_several_micro_batches_gives_the_plain_tables_and_
         parts = []
         for rows in (slice(0, 2), slice(2, 4)):
             out = agents.policy_logprobs(model, prompts[role][rows], responses[rows], role, pad, level, "mean", 0.8,
-                                         entropy_gradient=True, prefix=prefix)
+                                         prefix=prefix)
             width = out.logprob.shape[1]
-            ((out.logprob * weights[rows, :width]).sum() - out.entropy.sum()).backward()
+            (out.logprob * weights[rows, :width]).sum().backward()
             parts.append(out)
         agents.backward_shared_prefix(prefix)
         grads = torch.cat([p.grad.flatten() for p in agents.adapter_parameters(model, role)])
@@ -181,25 +180,6 @@ def test_the_gradient_flows_through_the_prefix_into_the_lora_weights(chain3):
     assert ((with_prefix - without_prefix).norm() / with_prefix.norm()).item() > 1e-3
 
 
-def test_gradient_checkpointing_runs_the_passes_with_gradient_plain(chain3):
-    """A checkpointed layer keeps no cache: under --gradient_checkpointing a pass with gradient
-    ignores the prefix (same gradient as the plain pass), a pass without gradient still shares it."""
-    model, tokenizer, heads, org, prompts, responses = chain3
-    role, pad = org.order[2], tokenizer.pad_token_id
-    _, plain = policy_pass(model, role, prompts[role], responses, pad, "token", share=False)
-    agents.enable_gradient_checkpointing(model)
-    calls = []
-    hook = model.get_base_model().model.layers[0].self_attn.q_proj.register_forward_hook(lambda *_: calls.append(1))
-    _, checkpointed = policy_pass(model, role, prompts[role], responses, pad, "token", share=True)
-    assert len(calls) == 2  # one plain forward and its recompute: no separate prefix pass
-    assert_relatively_equal(checkpointed, plain)
-    calls.clear()
-    with torch.no_grad():
-        agents.policy_logprobs(model, prompts[role], responses, role, pad, "token", "mean", 1.0, share_prefix=True)
-    assert len(calls) == 2  # the prefix once, then the rows
-    hook.remove()
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generation_with_the_shared_prefix_gives_the_plain_actions_and_log_probs(chain3, temperature):
     """Same seed, same tokens; the recorded log-probs of the sampled tokens agree too, and both
@@ -217,48 +197,6 @@ def test_generation_with_the_shared_prefix_gives_the_plain_actions_and_log_probs
     for row, (shared, plain) in enumerate(zip(results[True].logprobs, results[False].logprobs)):
         assert shared == pytest.approx(plain, rel=1e-4, abs=1e-5)
         assert shared == pytest.approx(recomputed[row, : len(shared)].tolist(), rel=1e-4, abs=1e-5)
-
-
-def test_the_reserved_cache_holds_what_concatenation_holds_even_past_its_reserved_length():
-    """generation.ReservedLayer against the concatenation it replaces (transformers' DynamicLayer):
-    writes of 3, 1, 1 and 2 positions into a layer reserved for 5 (the last write goes past it)
-    return, after each write, exactly the keys and values written so far, in order."""
-    torch.manual_seed(0)
-    layer = generation.ReservedLayer(capacity=5)
-    written_keys, written_values = [], []
-    for length in (3, 1, 1, 2):
-        keys, values = torch.randn(2, 3, length, 4), torch.randn(2, 3, length, 4)  # [n, kv heads, new positions, d]
-        written_keys.append(keys)
-        written_values.append(values)
-        got_keys, got_values = layer.update(keys, values)
-        assert torch.equal(got_keys, torch.cat(written_keys, dim=2)) and torch.equal(got_values, torch.cat(written_values, dim=2))
-        assert layer.get_seq_length() == sum(k.shape[2] for k in written_keys)
-    assert layer.key_buffer.shape[2] == 7  # reserved anew when the fourth write went past 5
-    with pytest.raises(NotImplementedError, match="sampling and greedy decoding only"):
-        layer.crop(-1)  # beam search or assisted decoding (a fork's) would need it: a clear error, not a wrong cache
-    layer.reset()  # transformers' reset: the next write starts a new cache of its own length
-    keys, values = torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4)
-    got_keys, got_values = layer.update(keys, values)
-    assert torch.equal(got_keys, keys) and torch.equal(got_values, values) and layer.get_seq_length() == 2
-
-
-@pytest.mark.parametrize("share", [False, True])
-def test_generation_samples_the_same_tokens_with_the_reserved_cache_as_with_concatenation(chain3, share):
-    """The same seed gives the same tokens and the same log-probs, bit for bit, whether the cache
-    is written in place (generation.decoding_cache, the default) or grown by concatenation at every
-    step (transformers' DynamicLayer): with and without a shared prefix in the cache."""
-    model, tokenizer, heads, org, prompts, responses = chain3
-    role = org.order[1]
-    sampling = generation.Sampling(1.0, 1.0, 8)
-    results = []
-    for layer_class in (generation.ReservedLayer, lambda capacity: generation.DynamicLayer()):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(generation, "ReservedLayer", layer_class)
-            torch.manual_seed(11)
-            results.append(generation.generate(model, tokenizer, prompts[role], role, sampling, 3, share_prefix=share))
-    reserved, concatenated = results
-    assert reserved.token_ids == concatenated.token_ids and reserved.logprobs == concatenated.logprobs
-    assert sum(map(len, reserved.token_ids)) > 3 * len(prompts[role])  # several decoding steps per prompt
 
 
 def test_training_iterations_with_and_without_prefix_sharing_log_the_same_metrics(tiny_model_dir, tmp_path):
