@@ -57,7 +57,7 @@ def nudge_adapter(model, adapter, seed=0):
 @on_a_gpu
 def test_the_base_is_bfloat16_on_the_gpu_and_every_trainable_state_float32_there(tmp_path):
     cfg = config(tmp_path, "--base_dtype", "bfloat16")
-    assert distributed.init(cfg.device, 1.0) == "cuda:0" and torch.cuda.current_device() == 0
+    assert distributed.init(cfg.device) == "cuda:0" and torch.cuda.current_device() == 0
     org, model, tokenizer, heads, optimisers = marft.build(cfg)
     frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
@@ -289,7 +289,7 @@ def mock_cuda(monkeypatch, gpus: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
 
 
-GPU_CHOICES = {"base_dtype": "bfloat16", "vllm_dtype": "bfloat16", "micro_batch_tokens": 4096}
+GPU_CHOICES = {"base_dtype": "bfloat16", "micro_batch_tokens": 4096}
 
 
 @pytest.mark.parametrize("device", ["auto", "cuda", "cuda:0"])
@@ -300,7 +300,7 @@ def test_on_a_gpu_the_options_not_given_take_a_gpu_s_values_and_say_why(monkeypa
     assert set(GPU_CHOICES) <= set(cfg.chosen)
     assert cfg.chosen["base_dtype"].startswith("bfloat16: on a GPU") and "--rollout_correction" in cfg.chosen["base_dtype"]
     assert "float32_head" in cfg.chosen["base_dtype"]  # the log-probs stay float32's
-    assert cfg.chosen["vllm_dtype"].startswith("bfloat16: on a GPU") and "--rollout_correction" in cfg.chosen["vllm_dtype"]
+    assert run_lib.vllm_dtype(cfg) == "bfloat16"  # the vLLM engine's weights follow the base's on a GPU
     assert cfg.chosen["micro_batch_tokens"].startswith("4096: on a GPU")
     assert (cfg.forward_batch_size, cfg.generation_batch_size) == (run_lib.Config.forward_batch_size,
                                                                    run_lib.Config.generation_batch_size)  # no GPU figure
@@ -315,10 +315,10 @@ def test_on_a_gpu_the_options_not_given_take_a_gpu_s_values_and_say_why(monkeypa
 def test_a_given_option_wins_over_the_gpu_s_and_a_cpu_changes_nothing(monkeypatch, tmp_path):
     mock_cuda(monkeypatch, 1)
     cfg = run_lib.parse_args(["--base_dtype", "float32", "--micro_batch_tokens", "512"])
-    assert (cfg.base_dtype, cfg.micro_batch_tokens, cfg.vllm_dtype) == ("float32", 512, "bfloat16")
-    assert set(GPU_CHOICES) & set(cfg.chosen) == {"vllm_dtype"}
+    assert (cfg.base_dtype, cfg.micro_batch_tokens, run_lib.vllm_dtype(cfg)) == ("float32", 512, "float32")
+    assert not set(GPU_CHOICES) & set(cfg.chosen)
     defaults = {option: getattr(run_lib.Config, option) for option in GPU_CHOICES}
-    assert defaults == {"base_dtype": "float32", "vllm_dtype": "float32", "micro_batch_tokens": 384}
+    assert defaults == {"base_dtype": "float32", "micro_batch_tokens": 384}
     cpu = run_lib.parse_args(["--device", "cpu", "--output_dir", str(tmp_path), "--run_name", "cpu"])  # a GPU there, not used
     assert {option: getattr(cpu, option) for option in GPU_CHOICES} == defaults and not set(GPU_CHOICES) & set(cpu.chosen)
     # a --config file records what its run used: a CPU run's options stay, run again on the GPU
@@ -384,7 +384,7 @@ def test_the_weights_a_decoding_step_reads_by_hand(tiny_model_dir):
     gpu_check = gpu_check_module()
     base, _ = agents.load_base_model(str(tiny_model_dir), torch.bfloat16)
     assert gpu_check.weight_bytes_per_step(base) == 1_591_456 * 2
-    model = agents.attach_adapters(base, ["policy"], agents.lora_config(2, 4.0, run_lib.Config.lora_targets.split(",")))
+    model = agents.attach_adapters(base, ["policy"], agents.lora_config(2, 4.0, run_lib.LORA_TARGETS.split(",")))
     assert gpu_check.weight_bytes_per_step(model) == 1_591_456 * 2 + 2_048 * 4
     untied = LlamaForCausalLM(LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))

@@ -126,11 +126,11 @@ def test_a_bfloat16_weight_in_onednns_layout_gives_the_plain_layouts_products_bi
             assert torch.equal(layer(x), plain), shape
 
 
-def test_training_iterations_with_and_without_merged_generation_log_the_same_metrics(tiny_model_dir, tmp_path):
+def test_training_iterations_with_and_without_merged_generation_log_the_same_metrics(tiny_model_dir, tmp_path,
+                                                                                  varied_rewards):
     """Two iterations of the chain on the tiny model, critic + GAE: the same sampled tokens, so every
     PPO number (rewards, losses, KL, values) and the held-out accuracy agree to float rounding."""
-    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", "chain",
-              "--format_penalty", "0.5", "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5",
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--agents", "chain", "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5",
               "--eval_problems", "2", "--eval_samples", "1", "--threads", "1", "--output_dir", str(tmp_path)]
     for name, flag in (("plain", "--no-merged_generation"), ("merged", "--merged_generation")):
         marft.train(run.parse_args(common + [flag, "--run_name", name]))
@@ -162,13 +162,13 @@ class StaleCopy(generation.MergedHFGenerator):
 
 
 def short_run(model_dir, tmp_path, name, *options):
-    return run.parse_args(["--model", str(model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj",
-                           "--batch_size", "4", "--iterations", "3", "--max_new_tokens", "6", "--eval_problems", "2",
+    return run.parse_args(["--model", str(model_dir), "--lora_rank", "2", "--batch_size", "4", "--iterations", "3", "--max_new_tokens", "6", "--eval_problems", "2",
                            "--eval_samples", "1", "--eval_interval", "0", "--threads", "1", "--output_dir", str(tmp_path),
                            "--run_name", name, *options])
 
 
-def test_the_bf16_copy_is_opt_in_on_every_cpu_and_its_rollout_is_corrected_and_measured(peaked_llama, tmp_path, monkeypatch):
+def test_the_bf16_copy_is_opt_in_on_every_cpu_and_its_rollout_is_corrected_and_measured(peaked_llama, tmp_path, monkeypatch,
+                                                                                         varied_rewards):
     """No CPU makes the bf16 copy the default (whatever its instructions); asked for, it samples μ ≠ π_old,
     so the run weighs each decision by min(π_old/μ, 2) and logs μ's distance per token, and the check
     after every sync finds the copy serving the updated adapters (β of the stale check near 0)."""
@@ -176,8 +176,7 @@ def test_the_bf16_copy_is_opt_in_on_every_cpu_and_its_rollout_is_corrected_and_m
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
         cfg = run.parse_args([])
         assert (cfg.merged_generation, cfg.merged_weight_dtype, cfg.chosen) == (False, "", {})
-    cfg = short_run(peaked_llama, tmp_path, "bf16", "--merged_generation", "--merged_weight_dtype", "bfloat16", "--lr", "0.003",
-                    "--ent_coef", "0.1")
+    cfg = short_run(peaked_llama, tmp_path, "bf16", "--merged_generation", "--merged_weight_dtype", "bfloat16", "--lr", "0.003")
     marft.train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
     trained = [row for row in rows if row["iteration"] > 0]
@@ -185,32 +184,33 @@ def test_the_bf16_copy_is_opt_in_on_every_cpu_and_its_rollout_is_corrected_and_m
         assert 0 < row["rollout/logprob_abs_diff"] < 0.5  # the copy's bf16 rounding, per token
         assert row["rollout/max_abs_diff"] >= row["rollout/logprob_abs_diff"] and row["rollout/kl_sampler_old"] >= 0
         assert 0 <= row["rollout/beyond_cap"] <= 1
-    for row in trained[1:]:  # after a sync: both agents moved (the entropy bonus), and the copy serves their new adapters
+    for row in trained[1:]:  # after a sync: both agents moved (the varied rewards), and the copy serves their new adapters
         assert set(k for k in row if k.startswith("rollout/stale_share/")) == {"rollout/stale_share/planner",
                                                                              "rollout/stale_share/solver"}
         assert all(abs(row[f"rollout/stale_share/{role}"]) < 0.5 for role in ("planner", "solver"))
 
 
 def test_a_sampler_that_keeps_serving_the_old_adapter_stops_the_run_with_one_line_naming_agent_and_backend(
-        peaked_llama, tmp_path, monkeypatch):
+        peaked_llama, tmp_path, monkeypatch, varied_rewards):
     """A merged copy whose sync never reaches it (the failure other frameworks' users meet: rollouts
     that silently keep sampling the initial policy) is caught at the rollout after the first update."""
     monkeypatch.setattr(generation, "MergedHFGenerator", StaleCopy)
-    cfg = short_run(peaked_llama, tmp_path, "stale", "--merged_generation", "--lr", "0.003", "--ent_coef", "0.1")
+    cfg = short_run(peaked_llama, tmp_path, "stale", "--merged_generation", "--lr", "0.003")
     with pytest.raises(SystemExit, match=r"stale sampler: the hf backend's merged copy \(float32 weights\) still serves "
                                          r"agent '(planner|solver)' as it was before the update of iteration 1"):
         marft.train(cfg)
     assert (tmp_path / "stale" / "checkpoints" / "iter_000001").is_dir()  # what was written stays
 
 
-def test_a_bf16_copy_that_lags_by_rounding_is_said_once_and_weighed_not_stopped(peaked_llama, tmp_path, monkeypatch, capsys):
+def test_a_bf16_copy_that_lags_by_rounding_is_said_once_and_weighed_not_stopped(peaked_llama, tmp_path, monkeypatch, capsys,
+                                                                                varied_rewards):
     """Rounded to bf16, W + ΔW drops an update below half a unit in the last place of W: the copy
     lags with its sync intact (the default run's late, small updates). A lagging bf16 copy (here: one
     that never takes an update) is said once per agent and the run goes on, corrected."""
     marft.LAGGING.clear()
     monkeypatch.setattr(generation, "MergedHFGenerator", StaleCopy)
     marft.train(short_run(peaked_llama, tmp_path, "lags", "--merged_generation", "--merged_weight_dtype", "bfloat16",
-                          "--lr", "0.003", "--ent_coef", "0.1"))
+                          "--lr", "0.003"))
     out = capsys.readouterr().out
     assert out.count("[rollout] the bf16 merged copy misses") == 2  # once per agent, though it lagged at iterations 2 and 3
     rows = [json.loads(line) for line in (tmp_path / "lags" / "metrics.jsonl").read_text().splitlines()]
