@@ -3,7 +3,10 @@
 This module owns no equation of the paper. It is what a run *is*, known once for every entry
 point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
 
-    Config                 every option, its default and its --help (the field docstrings)
+    Config                 every option, its default and its --help (the field docstrings), grouped
+                           by the phases of the algorithm box
+    RETIRED_OPTIONS,       options of earlier versions: an old config.json or command line is told
+    RENAMED_OPTIONS        what became of each (retired at its old default: ignored)
     parse_args, validate   the command line; each bad value fails at start, naming the option;
                            the task (tasks.py) and, without --agents, its default organisation
     resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
@@ -218,8 +221,9 @@ class Config:
     gradient_checkpointing: bool = False
     """recompute decoder-layer activations in the backward pass: less activation memory, slower updates; the passes with gradient then run without prefix sharing"""
 
-    # Read by agents.build_model (lora_*) and generation.make_backend (vllm_*), which are to read
-    # LORA_ALPHA, LORA_TARGETS, vllm_dtype and vllm_engine_options instead; then these go.
+    # Not options: read by agents.build_model (lora_*), generation.make_backend (vllm_*) and
+    # scripts/profile_iteration.py (kl_coef), which are to read LORA_ALPHA, LORA_TARGETS, vllm_dtype
+    # and vllm_engine_options instead (and no KL); then these go.
     lora_alpha = property(lambda self: LORA_ALPHA)
     lora_targets = property(lambda self: LORA_TARGETS)
     vllm_dtype = property(lambda self: vllm_dtype(self))
@@ -229,6 +233,7 @@ class Config:
     vllm_enforce_eager = property(lambda self: not torch.cuda.is_available())
     vllm_sync_dir = property(lambda self: "")  # "": make_backend's own rule, vllm_sync_root's
     vllm_sleep = property(lambda self: False)
+    kl_coef = property(lambda self: 0.0)
 
 
 def vllm_dtype(cfg: Config) -> str:
@@ -256,7 +261,6 @@ def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
     return dict(dtype=vllm_dtype(cfg), tensor_parallel_size=1, max_model_len=vllm_max_model_len(cfg),
                 max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, enforce_eager=not torch.cuda.is_available(),
                 sync_root=vllm_sync_root(fallback_sync_dir))
-
 
 
 # ---------------------------------------------------------------------------------------------

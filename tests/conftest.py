@@ -46,13 +46,14 @@ def save_tiny_llama(folder: Path, hidden_size: int, **config) -> Path:
 
 
 def varied_step(step):
-    """MathEnv.step whose reward also pays len(response) % 4 / 4 on average over the graded roles: a
-    learning signal, varied within a batch, from a model whose answers never parse (the tiny and
-    random ones), so that every advantage and loss of a short run is nonzero."""
+    """MathEnv.step whose reward also pays the graded responses' mean length in characters / 100: a
+    learning signal from a model whose answers never parse (the tiny and random ones), that differs
+    between responses (so every advantage and loss of a short run is nonzero) and points the same
+    way at every iteration (longer responses), as an entropy bonus's did."""
     def step_with_varied_reward(env, joint_action):
         observation, reward, done, info = step(env, joint_action)
         graded = [role for role in env.graded_roles if role in joint_action]
-        extra = sum(len(joint_action[role]) % 4 for role in graded) / (4 * max(len(graded), 1))
+        extra = sum(len(joint_action[role]) for role in graded) / (100 * max(len(graded), 1))
         return observation, reward + extra, done, info
     return step_with_varied_reward
 
