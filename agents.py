@@ -210,7 +210,8 @@ def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer
     torch.manual_seed(cfg.seed)  # a random model's weights
     base_model, tokenizer = load_base_model(cfg.model, BASE_DTYPES[cfg.base_dtype], device)
     torch.manual_seed(cfg.seed)  # LoRA A matrices
-    model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(",")))
+    from run import LORA_ALPHA, LORA_TARGETS  # here: run imports this module
+    model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, LORA_ALPHA, LORA_TARGETS.split(",")))
     model.to(device)  # the adapters (made on the CPU by peft when the base is elsewhere)
     return model, tokenizer
 

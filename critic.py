@@ -22,10 +22,9 @@ sees, and the rollout keeps that input beside the prompt (rollout.Rollout.critic
     V(x^i_{t,k}, w_<j) = w · h_φ(x^i_{t,k} ⊕ w_<j)[last position] + b               (token level)
 
 h_φ is the base model's last hidden layer under the `critic` adapter; (w, b) is a Linear(H, 1)
-head, zero-initialised so that V ≡ 0 before training. Option: one critic per agent (adapter
-`critic_<role>` and its own head). Only the critic adapters and heads are trained by the value loss;
-the policies' adapters and the base stay untouched. The functions below take the critic's input
-ids as their `prompt_ids` (marft reads them with `Rollout.sequences(…, reader="critic")`).
+head, zero-initialised so that V ≡ 0 before training. Only the critic adapter and head are trained
+by the value loss; the policies' adapters and the base stay untouched. The functions below take
+the critic's input ids as their `prompt_ids` (marft reads them with `Rollout.sequences(…, reader="critic")`).
 """
 from __future__ import annotations
 
@@ -35,16 +34,6 @@ from peft import PeftModel
 from agents import SharedPrefix, active_adapter, adapter_parameters, forward_responses
 
 SHARED_CRITIC = "critic"
-
-
-def critic_adapter_name(role: str, per_agent: bool) -> str:
-    """The adapter φ that scores agent `role`'s observations."""
-    return f"critic_{role}" if per_agent else SHARED_CRITIC
-
-
-def critic_adapter_names(order: tuple[str, ...], per_agent: bool) -> list[str]:
-    """φ of every agent's critic, each name once, in σ order."""
-    return list(dict.fromkeys(critic_adapter_name(role, per_agent) for role in order))
 
 
 def make_value_heads(hidden_size: int, adapter_names: list[str]) -> torch.nn.ModuleDict:

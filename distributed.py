@@ -103,17 +103,20 @@ def device_of_this_rank(requested: str) -> str:
                        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-def init(device: str, timeout_minutes: float) -> str:
+TIMEOUT_MINUTES = 30.0  # a collective that waits longer raises an error instead of hanging
+
+
+def init(device: str) -> str:
     """This rank's device (`device_of_this_rank`), made the current CUDA device before anything else
     touches CUDA; then, under torchrun, join the process group: NCCL when the rank's device is a
-    GPU, gloo on a CPU. A collective that waits longer than `timeout_minutes` raises instead of
+    GPU, gloo on a CPU. A collective that waits longer than TIMEOUT_MINUTES raises instead of
     hanging. Returns the device."""
     resolved = device_of_this_rank(device)
     if resolved.startswith("cuda"):
         torch.cuda.set_device(resolved)  # NCCL, vLLM and `cuda` without an index now mean this rank's GPU
     if launched_by_torchrun() and not dist.is_initialized():
         backend = "nccl" if resolved.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes),
+        dist.init_process_group(backend, timeout=timedelta(minutes=TIMEOUT_MINUTES),
                                 device_id=torch.device(resolved) if backend == "nccl" else None)
     return resolved
 

@@ -8,7 +8,7 @@ dependency function D, and any horizon.
 What is evaluated:
   * `--run RUN_DIR`: a checkpoint of a run written by marft.py (default: the one named by
     RUN_DIR/checkpoints/latest). The task, the organisation, the LoRA shapes, the horizon, the
-    format penalty, the sampling settings and the seed come from RUN_DIR/config.json (`run.read_config`).
+    sampling settings and the seed come from RUN_DIR/config.json (`run.read_config`).
   * without `--run`: the base model (`--model`) on task `--task` with organisation `--agents`,
     every other setting at its `run.Config` default. Every agent gets a fresh adapter, whose
     LoRA B = 0 makes it exactly the base model.
@@ -78,6 +78,7 @@ import torch
 import agents as agents_lib
 import generation
 import run as run_lib
+import speed
 import tasks
 from envs import Grader, Problem, load_problems
 from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
@@ -164,13 +165,12 @@ def add_output_options(out) -> None:
     out.add_argument("--threads", type=int, default=Config.threads, help="torch threads (default 0: all cores)")
     out.add_argument("--device", default=Config.device, choices=("auto", "cpu", "cuda"),
                      help="device of the model (default auto: cuda when available, else cpu)")
-    out.add_argument("--generation_batch_size", type=int, default=Config.generation_batch_size,
-                     help=f"prompts per generate() call (default: {Config.generation_batch_size})")
+    out.add_argument("--generation_batch_size", type=int, default=generation.GENERATION_BATCH_SIZE,
+                     help=f"prompts per generate() call (default: {generation.GENERATION_BATCH_SIZE})")
     out.add_argument("--backend", default=Config.backend, choices=("hf", "vllm"),
                      help="generation backend: hf (transformers + peft) or vllm (one engine, one LoRARequest per "
-                          "agent; MARFT_VLLM=1 bash scripts/setup_env.sh installs it; default: hf)")
-    out.add_argument("--vllm_dtype", default=Config.vllm_dtype, choices=("auto", "float32", "bfloat16", "float16"),
-                     help=f"vllm: engine weight dtype (default: {Config.vllm_dtype}; bfloat16 is faster on a GPU)")
+                          "agent; its weights in the run's --base_dtype on a GPU, float32 on a CPU; "
+                          "MARFT_VLLM=1 bash scripts/setup_env.sh installs it; default: hf)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -430,8 +430,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         cfg, seed=seed, resume="", eval_samples=args.samples, eval_greedy=args.greedy,
         temperature=cfg.temperature if args.temperature is None else args.temperature,
         max_new_tokens=cfg.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
-        threads=args.threads, generation_batch_size=args.generation_batch_size, backend=args.backend,
-        vllm_dtype=args.vllm_dtype, vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
+        threads=args.threads, backend=args.backend,
+        vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
         device="cpu" if args.backend == "vllm" else args.device)  # vllm: the policies only hand their adapters to the engine
     tasks.organisation_of(cfg)  # one the task offers, or a profile file: else a message naming them
     task = tasks.task_of(cfg)
@@ -484,8 +484,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     wall_start = time.time()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    run_lib.return_freed_memory()
-    run_lib.bound_onednn_caches()
+    speed.return_freed_memory()
     run_dir, checkpoint, cfg, data_seed = resolve_config(args)
     org = tasks.organisation_of(cfg)
     source, problems = load_eval_problems(args, cfg, data_seed)
@@ -493,7 +492,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"on {len(problems)} problems of {source}", flush=True)
     model, tokenizer = build_policies(cfg, org, checkpoint)
     backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter),
-                                      fallback_sync_dir=Path(tempfile.gettempdir()), progress=True)
+                                      fallback_sync_dir=Path(tempfile.gettempdir()), progress=True,
+                                      batch_size=args.generation_batch_size)
     with Grader() as grader, contextlib.closing(backend):
         metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate, org), tokenizer, org, problems, grader, cfg,
                                                    top_p=args.top_p)
@@ -527,7 +527,7 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
             "dataset": source, "split": args.split, "limit": args.limit, "shuffled": args.shuffle, "problems": len(problems),
             "samples": cfg.eval_samples, "greedy": cfg.eval_greedy, "temperature": cfg.temperature, "top_p": args.top_p,
             "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
-            "horizon": cfg.horizon, "format_penalty": cfg.format_penalty, "seed": cfg.seed,
+            "horizon": cfg.horizon, "seed": cfg.seed,
             "backend": cfg.backend, "device": agents_lib.resolve_device(cfg.device),
             "date": datetime.now().isoformat(timespec="seconds"),
         },

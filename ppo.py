@@ -13,7 +13,7 @@ Symbols and shapes
     K     length of a flattened chain (K = T·N at the action level)
     r     rewards            [B, T, N]     V   critic values V_φ(o_t ⊕ a_{t,<n}) [B, T, N]
     done  episode ended at t [B, T]        γ   discount between steps
-    γ_a   discount between agents of one step (default 1: agents are not time steps)
+    γ_a   discount between agents of one step (the trainer's: 1, agents are not time steps)
     λ     GAE parameter      ρ   probability ratio π_new / π_old     M   HAPPO weight [B, T]
 
 Action level: the episode is flattened into the chain
@@ -36,16 +36,14 @@ per token with a mask, so padding never carries advantage, loss or entropy.
 
 The update:
 
-    L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO;
-                                                                       1 + ε_high with --clip_eps_high)
+    L^i = E[ min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â) ]                  (clipped surrogate, HAPPO)
     L^V = E[ max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²) ]    (clipped value loss)
     KL  ≈ (ρ − 1) − log ρ                                              (k3 estimator)
-    KL(π ‖ π_ref) ≈ (r − 1) − log r, r = π_ref / π, per token          (optional penalty)
 
 Rollout correction (not in the paper): when the rollout's sampler μ is not the training model (a
 bf16 merged copy, vLLM), every decision's surrogate term is weighted by w = min(π_old / μ, C)
 (truncated importance sampling, `rollout_correction_weights`; the masked mode drops the decisions
-with π_old / μ > C instead); M stays π_new / π_old.
+with π_old / μ > C instead; C = ROLLOUT_CORRECTION_CAP); M stays π_new / π_old.
 
 and the trust-region agent-by-agent update: in a random permutation of the agents, update one
 agent at a time, starting from M = 1; after agent i_m is updated, M ← M · ρ^{i_m} (detached,
@@ -59,7 +57,7 @@ judged by what follows it for the team, whoever acts later. The same Â goes to 
 the action; the update is unchanged.
 
 Deviations / choices (each a named option where the paper leaves it open): credit assignment
-`last` | `equal` | `shared` | `step_discount`; GAE advantages normalised per agent over its real samples
+`last` | `equal` | `shared`; GAE advantages normalised per agent over its real samples
 only (explicit masks; an exact zero advantage is data, never padding; group advantages are
 normalised within their groups instead); the approximate-KL early stop is checked
 before the optimiser step of the minibatch that would exceed it; each agent's factor entering M
@@ -71,30 +69,28 @@ import math
 
 import torch
 
-CREDIT_OPTIONS = ("last", "equal", "shared", "step_discount")
+CREDIT_OPTIONS = ("last", "equal", "shared")
 ADVANTAGE_OPTIONS = ("gae", "group")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 GROUP_BASELINES = ("group", "batch")
 ROLLOUT_CORRECTIONS = ("tis", "mis", "none")
+ROLLOUT_CORRECTION_CAP = 2.0  # C of the rollout correction: π_old / μ is truncated (tis) or dropped (mis) beyond it
 
 
 # ---------------------------------------------------------------------------------------------
 # Credit assignment: where the team reward R(s_t, a_t) lands among the agents of step t
 # ---------------------------------------------------------------------------------------------
 
-def place_team_reward(team_reward: torch.Tensor, action_mask: torch.Tensor, credit: str, discount: float = 1.0) -> torch.Tensor:
+def place_team_reward(team_reward: torch.Tensor, action_mask: torch.Tensor, credit: str) -> torch.Tensor:
     """[B, T] team reward → [B, T, P] rewards r_{t,k} of the k-th action of step t.
 
     action_mask [B, T, P]: 1 where step t had a k-th action. With a fixed D the k-th action is
     agent σ_k's and every step that happened has all P = N of them; with an orchestrator the
     realised sequence of step t is its first K_t = Σ_k mask positions (K_t differs between steps).
 
-    last:          R on the step's last action (σ_N; the orchestrator's finish), 0 on the others (default)
-    equal:         R / K_t to each action of the step
-    shared:        R to each action
-    step_discount: R · d^(K_t−1−k) to the k-th of the step's K_t actions: the last gets R, each
-                   earlier one d times what the next one gets (d = `discount`; d = 1 is `shared`,
-                   d = 0 is `last`)
+    last:    R on the step's last action (σ_N; the orchestrator's finish), 0 on the others (default)
+    equal:   R / K_t to each action of the step
+    shared:  R to each action
     """
     if credit not in CREDIT_OPTIONS:
         raise ValueError(f"credit={credit!r}: choose one of {CREDIT_OPTIONS}")
@@ -103,8 +99,6 @@ def place_team_reward(team_reward: torch.Tensor, action_mask: torch.Tensor, cred
     position = torch.arange(mask.shape[-1], dtype=team_reward.dtype)  # k, [P]
     if credit == "last":
         share = (position == count - 1).to(team_reward.dtype)
-    elif credit == "step_discount":
-        share = torch.as_tensor(discount, dtype=team_reward.dtype) ** (count - 1 - position).clamp(min=0)
     elif credit == "equal":
         share = 1.0 / count.clamp(min=1.0)
     else:
@@ -276,7 +270,7 @@ def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float
     When the numbers equal the sum of agent i's own discounted rewards: with H = 1 always (there
     is no later step); with H > 1 when agent i acts at every later step of the episode and is paid
     R there (credit `shared`, a fixed D, no per-role terms at later steps). They differ when the
-    credit option pays agent i less than R at a later step (`last`, `equal`, `step_discount`),
+    credit option pays agent i less than R at a later step (`last`, `equal`),
     when agent i has per-role terms at a later step, or when it does not act at a later step (an
     orchestrated team).
     """
@@ -319,7 +313,7 @@ def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: to
     signal when its returns are equal within `tolerance` (max − min ≤ tolerance · max(1, max |G|):
     0.85 under a tool charge of 0.15 is not exactly representable, and exact equality would leave
     Â ≈ 6e-4 on every member); it gets Â = 0 exactly. `signal` is 1 on the members of step groups
-    that carry signal (what --filter_groups keeps), and the third output is the fraction of
+    that carry signal (what --skip_zero_signal_groups keeps), and the third output is the fraction of
     (step group, agent) cells that carry none, one-episode groups included.
     """
     B, T, N = rewards.shape
@@ -393,24 +387,19 @@ def clipped_surrogate_loss(
     mask: torch.Tensor,
     clip_eps: float,
     happo_weight: torch.Tensor | None = None,
-    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """−L^i = −E[min(ρ M Â, clip(ρ, 1 − ε, 1 + ε_high) M Â)] over real entries (any shape, all alike).
+    """−L^i = −E[min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â)] over real entries (any shape, all alike).
 
-    ε_high = clip_eps_high, or ε when None (the symmetric clip of PPO). A larger ε_high is DAPO's
-    "clip-higher" (Yu et al., 2025): an action of positive advantage whose probability was low may
-    grow further in one update, which keeps the policy's entropy from collapsing.
     happo_weight is M (detached; None means M = 1). Returns (loss to minimise, stats) with
-    stats = {clip_fraction (ρ outside [1 − ε, 1 + ε_high]), approx_kl} as floats.
+    stats = {clip_fraction (ρ outside [1 − ε, 1 + ε]), approx_kl} as floats.
     """
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(new_logprob - old_logprob)
     weighted = advantages if happo_weight is None else happo_weight.detach() * advantages
     unclipped = ratio * weighted
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * weighted
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * weighted
     loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
     with torch.no_grad():
-        clip_fraction = masked_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(ratio.dtype), mask).item()
+        clip_fraction = masked_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + clip_eps)).to(ratio.dtype), mask).item()
         kl = approx_kl(new_logprob, old_logprob, mask).item()
     return loss, {"clip_fraction": clip_fraction, "approx_kl": kl}
 
@@ -492,43 +481,14 @@ def clipped_value_loss(
     return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
 
 
-def kl_to_reference(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """k3 estimate of KL(π ‖ π_ref) from samples of π: E[(r − 1) − log r], r = π_ref / π, per token.
-
-    Its value estimates KL(π ‖ π_ref); its gradient, with the samples held fixed, is
-    E_π[(1 − r) ∇ log π] = ∇_θ KL(π_ref ‖ π): minimising it pulls π toward covering π_ref
-    (the reverse direction of the KL it reports). Call it on token log-probs: over a whole
-    action, r is a product of many token ratios and exp overflows.
-    """
-    log_r = ref_logprob - logprob
-    return masked_mean(torch.expm1(log_r) - log_r, mask)
-
-
 # ---------------------------------------------------------------------------------------------
-# Trust-region agent-by-agent update (HAPPO) and the reference repo's round-robin schedule
+# Trust-region agent-by-agent update (HAPPO)
 # ---------------------------------------------------------------------------------------------
 
-def agent_update_order(order: tuple[str, ...], mode: str, generator: torch.Generator) -> list[str]:
-    """The sequence i_1, …, i_N in which agents are updated this iteration.
-
-    mode "random": a fresh random permutation (the paper's construction);
-    mode "topological": σ itself.
-    """
-    if mode == "topological":
-        return list(order)
-    if mode == "random":
-        return [order[k] for k in torch.randperm(len(order), generator=generator).tolist()]
-    raise ValueError(f"update_order={mode!r}: choose 'random' or 'topological'")
-
-
-def agents_to_train(
-    update_order: list[str], order: tuple[str, ...], iteration: int, agent_iteration_interval: int
-) -> list[str]:
-    """Round-robin schedule of the reference repo: K > 0 trains only agent σ[⌊iteration / K⌋ mod N]
-    and freezes the others; K = 0 trains every agent, in `update_order`."""
-    if agent_iteration_interval <= 0:
-        return list(update_order)
-    return [order[(iteration // agent_iteration_interval) % len(order)]]
+def agent_update_order(order: tuple[str, ...], generator: torch.Generator) -> list[str]:
+    """The sequence i_1, …, i_N in which agents are updated this iteration: a fresh random
+    permutation of `order` (the paper's construction)."""
+    return [order[k] for k in torch.randperm(len(order), generator=generator).tolist()]
 
 
 def scheduled_lr(lr: float, iteration: int, iterations: int, schedule: str, final_ratio: float = 0.0) -> float:

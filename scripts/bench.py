@@ -96,6 +96,7 @@ import speed  # noqa: E402
 import tasks  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
+import run as run_lib  # noqa: E402
 from run import Config, random_config_error  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "grading", "learning")
@@ -153,7 +154,7 @@ def planner_prompts(tokenizer, count: int) -> list[list[int]]:
 
 def lora_config():
     """The default LoRA shape of run.Config."""
-    return agents.lora_config(DEFAULTS.lora_rank, DEFAULTS.lora_alpha, DEFAULTS.lora_targets.split(","))
+    return agents.lora_config(DEFAULTS.lora_rank, run_lib.LORA_ALPHA, run_lib.LORA_TARGETS.split(","))
 
 
 def policies_with_random_adapters(model_name: str, roles: list[str]):
@@ -699,7 +700,7 @@ def backends_lines(b: dict) -> list[str]:
             # reports older than the key measured transformers' generate (before generation.decode)
             "| --- | --- |", f"| hf ({b.get('hf_decoding', 'transformers generate + peft')}) | {b['hf_tokens_per_second']:.0f} |",
             f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
-            f"{DEFAULTS.lora_targets.count(',') + 1} projections) "
+            f"{run_lib.LORA_TARGETS.count(',') + 1} projections) "
             f"| {b['vllm_tokens_per_second']:.0f} |",
             f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
             f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "
@@ -766,7 +767,7 @@ def memory_lines(mem: dict) -> list[str]:
               f"read earlier actions, so prompts grow along chain4 ({lengths} tokens); what keeps the activations "
               f"from growing with them: a gradient pass holds at most `--micro_batch_tokens` tokens (micro-batches "
               f"of one agent's rows, gradients accumulated), the prompt prefix a batch shares is computed once, "
-              f"and freed tensors go back to the OS (run.return_freed_memory).", ""]
+              f"and freed tensors go back to the OS (speed.return_freed_memory).", ""]
     return lines
 
 

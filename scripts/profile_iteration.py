@@ -53,7 +53,7 @@ take about their ratios (forward for the passes without gradient, forward + back
 updates'); what it adds beyond them (the rollout's token-by-token decoding, optimiser steps,
 shorter passes, Python) mostly raises its own, though a larger pass (the rollout's prefill, a
 larger micro-batch) can run nearer the GEMM rate. `--ceiling_only` measures the ceiling alone, on a freshly
-built model (no training) in a process set up as a run's (run.return_freed_memory's allocator
+built model (no training) in a process set up as a run's (speed.return_freed_memory's allocator
 setting, which the pass's time depends on): for a model too large to train here, e.g. `--model
 random:<config.json>`.
 

@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="wall time of each run (--time_limit_minutes)")
     parser.add_argument("--iterations", type=int, default=1000, help="--iterations of each run (the horizon of a --lr_schedule; "
                         "the time limit ends the run first when it is large)")
-    parser.add_argument("--options", default="", help="marft.py options added to every run, as one string: --options='--lr 1e-4 --filter_groups'")
+    parser.add_argument("--options", default="", help="marft.py options added to every run, as one string: --options='--lr 1e-4 --skip_zero_signal_groups'")
     parser.add_argument("--threshold", type=float, default=0.8, help="held-out greedy accuracy a run must reach")
     parser.add_argument("--max_fall", type=float, default=0.10, help="largest allowed fall below the running best after it")
     parser.add_argument("--reach_minutes", type=float, default=3.7, help="single-l3 (and single-l3-hold) must reach the threshold within this "

@@ -15,7 +15,7 @@ MODEL="${MODEL:-smollm2}"            # smollm2 (embedded), a local HF folder, or
 DATA="${DATA:-arithmetic}"           # arithmetic or code (generated), humaneval, a MATH/GSM8K/MBPP .jsonl, or an HF dataset id
 EVAL_DATA="${EVAL_DATA:-}"           # held-out file (default: the arithmetic or code test split / tail of DATA)
 AGENTS="${AGENTS:-}"                 # the task's default (math: chain) | single | chain3 | chain4 | parallel | orchestrated | … | profile.json
-LEVEL="${LEVEL:-action}"             # action | token (one PPO decision per response, or per token)
+LEVEL="${LEVEL:-action}"             # --decision_unit: action | token (one PPO decision per response, or per token)
 ITERATIONS="${ITERATIONS:-12}"
 BATCH_SIZE="${BATCH_SIZE:-16}"       # problems per iteration
 LR="${LR:-2e-4}"
@@ -36,6 +36,6 @@ done
 ORGANISATION=()
 if [ -n "$AGENTS" ]; then ORGANISATION=(--agents "$AGENTS"); fi
 exec "${LAUNCH[@]}" marft.py \
-  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" "${ORGANISATION[@]}" --level "$LEVEL" --backend "$BACKEND" \
+  --model "$MODEL" --data "$DATA" --eval_data "$EVAL_DATA" "${ORGANISATION[@]}" --decision_unit "$LEVEL" --backend "$BACKEND" \
   --iterations "$ITERATIONS" --batch_size "$BATCH_SIZE" --lr "$LR" --seed "$SEED" \
   --output_dir "$OUTPUT_DIR" "$@"

@@ -45,6 +45,26 @@ def save_tiny_llama(folder: Path, hidden_size: int, **config) -> Path:
     return folder
 
 
+def varied_step(step):
+    """MathEnv.step whose reward also pays the graded responses' mean length in characters / 100: a
+    learning signal from a model whose answers never parse (the tiny and random ones), that differs
+    between responses (so every advantage and loss of a short run is nonzero) and points the same
+    way at every iteration (longer responses), as an entropy bonus's did."""
+    def step_with_varied_reward(env, joint_action):
+        observation, reward, done, info = step(env, joint_action)
+        graded = [role for role in env.graded_roles if role in joint_action]
+        extra = sum(len(joint_action[role]) for role in graded) / (100 * max(len(graded), 1))
+        return observation, reward + extra, done, info
+    return step_with_varied_reward
+
+
+@pytest.fixture
+def varied_rewards(monkeypatch):
+    """The math environment pays `varied_step`'s reward in this test (training and evaluation alike)."""
+    from envs import MathEnv
+    monkeypatch.setattr(MathEnv, "step", varied_step(MathEnv.step))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide Llama (random weights) saved with the embedded model's tokenizer and

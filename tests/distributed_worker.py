@@ -2,7 +2,8 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed_worker.py <marft.py options>
 
-(MARFT_TEST_BACKEND=real keeps the backend that --backend names: one vLLM engine per rank.)
+(MARFT_TEST_BACKEND=real keeps the backend that --backend names: one vLLM engine per rank;
+MARFT_TEST_VARIED_REWARDS=1 adds conftest.varied_step's reward to the math environment's.)
 
 After the run the ranks compare their trainable weights (every adapter, the critic, the value
 heads) bit for bit; the process exits with status 3 when any rank's differ from rank 0's."""
@@ -20,6 +21,10 @@ import marft  # noqa: E402
 import run  # noqa: E402
 from scripted import ScriptedTeam  # noqa: E402
 
+if os.environ.get("MARFT_TEST_VARIED_REWARDS") == "1":
+    from conftest import varied_step
+    from envs import MathEnv
+    MathEnv.step = varied_step(MathEnv.step)
 if os.environ.get("MARFT_TEST_BACKEND") != "real":
     generation.make_backend = lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer)
 built = {}

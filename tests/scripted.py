@@ -7,19 +7,13 @@ import generation
 
 
 class ScriptedBackend:
-    """A generation backend's interface (generation.HFGenerator's) with nothing to sync, free or close:
+    """A generation backend's interface (generation.HFGenerator's) with nothing to sync or close:
     a scripted backend only writes `generate`. Its actions are taken as the policy's own (`exact`: the
     rollout is not reweighed against whatever log-probs it reports)."""
 
     exact = True
 
     def sync(self, model):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
         pass
 
     def close(self):

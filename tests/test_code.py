@@ -33,16 +33,13 @@ def test_the_program_is_the_last_fenced_python_block(response, program):
     assert extract_program(response) == program
 
 
-def test_the_reward_is_the_fraction_of_tests_passed_or_all_or_nothing():
+def test_the_reward_is_the_fraction_of_tests_passed():
     half = "```python\ndef add_3(x):\n    return x + 3 if x > 0 else 0\n```"  # passes 1, -3 and 10, fails 0
     env = CodeEnv(ADD_3, ["coder"])
     env.reset()
     _, reward, done, info = env.step({"coder": half})
     assert (reward, done) == (0.75, True)
     assert info["outcomes"] == {"coder": "wrong"} and info["program_outcomes"] == {"coder": "failed"} and not info["correct"]
-    env = CodeEnv(ADD_3, ["coder"], all_or_nothing=True)
-    env.reset()
-    assert env.step({"coder": half})[1] == 0.0
 
 
 def test_no_program_is_unparseable_and_scores_nothing():
@@ -188,7 +185,7 @@ def test_a_code_run_counts_program_outcomes_in_training_and_evaluation(tiny_mode
     sandbox's, and every program outcome is counted, in training and in the held-out evaluation."""
     monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *a, **k: ScriptedCoder(tokenizer))
     argv = ["--model", str(tiny_model_dir), "--data", "code", "--agents", "coder", "--lora_rank", "2",
-            "--lora_targets", "q_proj,v_proj", "--batch_size", "6", "--iterations", "2", "--eval_problems", "5",
+            "--batch_size", "6", "--iterations", "2", "--eval_problems", "5",
             "--eval_samples", "1", "--eval_interval", "1", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "code"]
     marft.train(run_lib.parse_args(argv))
     rows = [json.loads(line) for line in (tmp_path / "code" / "metrics.jsonl").read_text().splitlines()]

@@ -168,7 +168,7 @@ def test_parallel_advantages_of_hand_values_read_on_the_critics_prompt(tokenizer
     monkeypatch.setattr(agents, "policy_logprobs", no_policy)
     monkeypatch.setattr(marft, "agent_prefix", lambda *args, **kwargs: None)  # no model: no prefix to run
     org = load_organisation("parallel")
-    cfg = run_lib.Config(agents="parallel", credit="last", gamma_agent=1.0, lam=0.5)
+    cfg = run_lib.Config(agents="parallel", credit="last", lam=0.5)
     rollout = play_parallel(tokenizer, cfg)
     assert rollout.team_reward[:, 0].tolist() == [1.0, 0.5]
     assert rollout.agent_index == [0, 0, 1, 1] and rollout.episode == [0, 1, 0, 1]
@@ -195,7 +195,7 @@ def test_the_critic_is_run_and_trained_on_its_own_prompt_with_the_shared_prefix(
     pad, org = tokenizer.pad_token_id, load_organisation("parallel")
     # 4 episodes: solver_b's critic prompts differ after the problem (solver_a's two texts), so a
     # forward batch shares a prefix; micro-batches of about 2 rows.
-    cfg = run_lib.Config(agents="parallel", level=level, forward_batch_size=4, minibatch_size=4, ppo_epochs=1,
+    cfg = run_lib.Config(agents="parallel", decision_unit=level, minibatch_size=4, ppo_epochs=1,
                          micro_batch_tokens=300)
     rollout = play_parallel(tokenizer, cfg, episodes=4)
     value_inputs = {s: rollout.prompt_ids[s] for s in rollout.agent_samples(0)}  # solver_a: its own prompt
@@ -212,6 +212,6 @@ def test_the_critic_is_run_and_trained_on_its_own_prompt_with_the_shared_prefix(
     monkeypatch.setattr(critic, "decision_values", lambda model, heads, adapter, prompts, *rest: (
         seen.extend(map(tuple, prompts)), real_values(model, heads, adapter, prompts, *rest))[1])
     optimisers = {"critic": torch.optim.Adam(critic.critic_parameters(model, heads, "critic"), lr=0.01)}
-    stats = marft.update_critic(model, heads, pad, org, rollout, old, old.values + 1.0, cfg, optimisers,
+    stats = marft.update_critic(model, heads, pad, rollout, old, old.values + 1.0, cfg, optimisers,
                                 torch.Generator().manual_seed(0))
     assert sorted(seen) == sorted(map(tuple, value_inputs.values())) and stats["losses/value_loss"] > 0

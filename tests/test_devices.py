@@ -88,7 +88,7 @@ def test_init_makes_the_ranks_gpu_current_before_joining_nccl(monkeypatch, devic
     joined = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout, device_id: joined.append((backend, device_id)))
-    resolved = distributed.init(device, 1.0)
+    resolved = distributed.init(device)
     if backend == "nccl":
         assert resolved == "cuda:3" and current == ["cuda:3"] and joined == [("nccl", torch.device("cuda:3"))]
     else:
@@ -100,7 +100,7 @@ def test_one_process_on_a_gpu_machine_joins_no_group_and_takes_cuda_0(monkeypatc
     for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("a single process joined a group"))
-    assert distributed.init("auto", 1.0) == "cuda:0" and current == ["cuda:0"]
+    assert distributed.init("auto") == "cuda:0" and current == ["cuda:0"]
     assert agents.resolve_device("auto") == "cuda:0"
 
 
@@ -259,12 +259,12 @@ def test_gpu_check_without_cuda_stops_with_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# vLLM colocated on the GPU: sleep mode, dummy weights for random models, one LoRA slot per agent
+# vLLM colocated on the GPU: dummy weights for random models, one LoRA slot per agent
 # ---------------------------------------------------------------------------------------------
 
-def test_the_vllm_engine_is_asked_for_sleep_mode_dummy_weights_and_a_lora_slot_per_agent(monkeypatch, tmp_path):
+def test_the_vllm_engine_is_asked_for_dummy_weights_and_a_lora_slot_per_agent(monkeypatch, tmp_path):
     """What VLLMGenerator hands vLLM's LLM (arguments of vLLM 0.32.0, the version both installs
-    pin), with the engine itself faked: this machine has no GPU to sleep on."""
+    pin), with the engine itself faked: this machine has no GPU."""
     vllm = pytest.importorskip("vllm")
     calls = []
 
@@ -272,74 +272,17 @@ def test_the_vllm_engine_is_asked_for_sleep_mode_dummy_weights_and_a_lora_slot_p
         def __init__(self, **kwargs):
             calls.append(("init", kwargs))
 
-        def sleep(self, level):
-            calls.append(("sleep", level))
-
-        def wake_up(self):
-            calls.append(("wake_up", None))
-
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
-    engine = generation.VLLMGenerator("folder", ["policy_planner", "policy_solver"], 16, stop_ids=[2], seed=0, max_model_len=256,
-                                  dtype="bfloat16", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False,
-                                  sync_root=tmp_path, threads=1, sleep_mode=True, random_weights=True)
+    generation.VLLMGenerator("folder", ["policy_planner", "policy_solver"], 16, stop_ids=[2], seed=0, max_model_len=256,
+                             dtype="bfloat16", gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False,
+                             sync_root=tmp_path, threads=1, random_weights=True)
     kwargs = calls[0][1]
-    assert kwargs["enable_sleep_mode"] is True and kwargs["load_format"] == "dummy"
+    assert kwargs["load_format"] == "dummy"
     assert kwargs["enable_lora"] is True and kwargs["max_loras"] == 2 and kwargs["max_lora_rank"] == 16
     assert kwargs["gpu_memory_utilization"] == 0.3
-    engine.sleep()
-    engine.wake_up()
-    assert calls[1:] == [("sleep", 1), ("wake_up", None)]
     calls.clear()
-    quiet = generation.VLLMGenerator("folder", ["policy"], 20, stop_ids=[2], seed=0, max_model_len=256, dtype="bfloat16",
-                                 gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False, sync_root=tmp_path,
-                                 threads=1)
-    assert calls[0][1]["enable_sleep_mode"] is False and calls[0][1]["load_format"] == "auto"
+    generation.VLLMGenerator("folder", ["policy"], 20, stop_ids=[2], seed=0, max_model_len=256, dtype="bfloat16",
+                             gpu_memory_utilization=0.3, tensor_parallel_size=1, enforce_eager=False, sync_root=tmp_path,
+                             threads=1)
+    assert calls[0][1]["load_format"] == "auto"
     assert calls[0][1]["max_lora_rank"] == 32  # the next rank vLLM serves
-    quiet.sleep()
-    quiet.wake_up()
-    assert len(calls) == 1  # without sleep mode the engine stays as it is
-
-
-def test_the_loop_puts_the_engine_to_sleep_from_the_rollout_to_the_adapter_sync(tiny_model_dir, tmp_path, monkeypatch):
-    """The generator sleeps right after the rollout and wakes before the updated adapters are
-    synced: nothing generates while it sleeps, and every generation after it finds it awake."""
-    events = []
-    real_make_backend = generation.make_backend
-
-    class Recording:
-        def __init__(self, backend):
-            self.backend, self.exact = backend, backend.exact
-
-        def generate(self, *args):
-            events.append("generate")
-            return self.backend.generate(*args)
-
-        def sleep(self):
-            events.append("sleep")
-
-        def wake_up(self):
-            events.append("wake_up")
-
-        def sync(self, model):
-            events.append("sync")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(marft.generation, "make_backend", lambda *a, **k: Recording(real_make_backend(*a, **k)))
-    cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--batch_size", "2", "--max_new_tokens", "4",
-                              "--eval_problems", "2", "--eval_samples", "1", "--iterations", "2", "--threads", "1",
-                              "--output_dir", str(tmp_path), "--run_name", "sleep"])
-    marft.train(cfg)
-    compact = [e for k, e in enumerate(events) if k == 0 or e != events[k - 1]]  # runs of generate → one
-    assert compact == ["generate", "sleep", "wake_up", "sync", "generate", "sleep", "wake_up", "sync", "generate"]
-
-
-@pytest.mark.parametrize("argv, words", [
-    (["--vllm_sleep"], "add --backend vllm"),
-    (["--vllm_sleep", "--backend", "vllm"], "needs a GPU (CUDA)"),
-])
-def test_vllm_sleep_where_it_cannot_work_stops_at_start(argv, words):
-    with pytest.raises(SystemExit) as stop:
-        run_lib.parse_args(argv)
-    assert str(stop.value).startswith("--vllm_sleep=True: ") and words in str(stop.value)

@@ -373,8 +373,8 @@ def test_pathological_input_times_out_on_the_main_thread(quick_timeout_grader):
     outcome, seconds = timed_grade(grader, "1", POWER_TOWER)
     assert (outcome, grader.timeouts) == ("ungraded", timeouts_before + 2)
     assert grader.grade("4", "\\boxed{4}") == "correct"  # a fresh worker took over
-    # In the environment an ungraded answer earns nothing and takes no format penalty.
-    env = MathEnv(Problem(problem="What is 9^9^9^9 - 9^9^9^9 + 1?", answer="1", level="", type=""), grader, ["solver"], format_penalty=0.5)
+    # In the environment an ungraded answer earns nothing.
+    env = MathEnv(Problem(problem="What is 9^9^9^9 - 9^9^9^9 + 1?", answer="1", level="", type=""), grader, ["solver"])
     env.reset()
     _, reward, _, info = env.step({"solver": POWER_TOWER})
     assert (reward, info["outcomes"]) == (0.0, {"solver": "ungraded"})
@@ -459,22 +459,22 @@ def test_episode_ends_at_horizon(grader):
     assert dones == [False, False, True]
 
 
-def test_unparseable_answer_feedback_and_format_penalty(grader):
-    env = MathEnv(SEVEN_PLUS_FIVE, grader, graded_roles=["solver"], horizon=2, format_penalty=0.1)
+def test_unparseable_answer_feedback(grader):
+    env = MathEnv(SEVEN_PLUS_FIVE, grader, graded_roles=["solver"], horizon=2)
     env.reset()
     observation, reward, done, info = env.step({"solver": "It is 12."})
     assert info["outcomes"] == {"solver": "unparseable"}
-    assert reward == pytest.approx(-0.1)
+    assert reward == 0.0
     assert not done
     assert "had no \\boxed{} answer" in observation
 
 
 def test_several_graded_roles(grader):
-    env = MathEnv(SEVEN_PLUS_FIVE, grader, graded_roles=["solver", "verifier"], horizon=2, format_penalty=0.2)
+    env = MathEnv(SEVEN_PLUS_FIVE, grader, graded_roles=["solver", "verifier"], horizon=2)
     env.reset()
     observation, reward, done, info = env.step({"solver": "\\boxed{12}", "verifier": "no box"})
     assert info["outcomes"] == {"solver": "correct", "verifier": "unparseable"}
-    assert reward == pytest.approx(0.5 - 0.2 * 0.5)
+    assert reward == pytest.approx(0.5)
     assert not done and not info["correct"]
     assert "The verifier's previous answer had no \\boxed{} answer." in observation
 

@@ -263,15 +263,15 @@ def test_shuffle_picks_a_seeded_subset(tiny_model_dir, math_file, tmp_path):
 def fake_run(tiny_model_dir, root):
     """A run folder as marft.py writes it, whose solver adapter has random lora_B weights."""
     run = root / "run"
-    config = dict(model=str(tiny_model_dir), agents="chain", shared_adapter=False, lora_rank=4, lora_alpha=8.0,
-                  lora_targets="q_proj,v_proj", horizon=1, format_penalty=0.0, max_new_tokens=3, max_prompt_tokens=512,
+    config = dict(model=str(tiny_model_dir), agents="chain", shared_adapter=False, lora_rank=4,
+                  horizon=1, max_new_tokens=3, max_prompt_tokens=512,
                   temperature=1.0, top_p=1.0, arithmetic_levels="1", seed=3, lr=1e-4)  # + a key evaluate.py ignores
     run.mkdir()
     (run / "config.json").write_text(json.dumps(config))
     base, _ = agents.load_base_model(str(tiny_model_dir))
     torch.manual_seed(123)
     adapters = ["policy_planner", "policy_solver", "critic"]
-    model = agents.attach_adapters(base, adapters, agents.lora_config(4, 8.0, ["q_proj", "v_proj"]))
+    model = agents.attach_adapters(base, adapters, agents.lora_config(4, run_lib.LORA_ALPHA, run_lib.LORA_TARGETS.split(",")))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name and ".policy_solver." in name:
@@ -296,7 +296,7 @@ def test_build_policies_loads_the_checkpoint_weights(tiny_model_dir, tmp_path):
         name = key.replace(".lora_A.weight", ".lora_A.policy_solver.weight").replace(".lora_B.weight", ".lora_B.policy_solver.weight")
         assert torch.equal(loaded[name].detach().cpu(), tensor), name
         checked += "lora_B" in key
-    assert checked == 4 and all(saved[k].abs().sum() > 0 for k in saved if "lora_B" in k)
+    assert checked == 2 * 7 and all(saved[k].abs().sum() > 0 for k in saved if "lora_B" in k)  # 2 layers × 7 projections
     # the base model: every fresh adapter's lora_B is 0
     base_model, _ = evaluate.build_policies(cfg, org, None)
     assert all(p.abs().sum() == 0 for n, p in base_model.named_parameters() if "lora_B" in n)

@@ -57,7 +57,7 @@ def nudge_adapter(model, adapter, seed=0):
 @on_a_gpu
 def test_the_base_is_bfloat16_on_the_gpu_and_every_trainable_state_float32_there(tmp_path):
     cfg = config(tmp_path, "--base_dtype", "bfloat16")
-    assert distributed.init(cfg.device, 1.0) == "cuda:0" and torch.cuda.current_device() == 0
+    assert distributed.init(cfg.device) == "cuda:0" and torch.cuda.current_device() == 0
     org, model, tokenizer, heads, optimisers = marft.build(cfg)
     frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
@@ -224,7 +224,8 @@ def test_a_float32_base_s_log_probs_are_its_head_s_own_bit_for_bit(tiny_model_di
 def test_the_sampler_records_log_probs_of_float32_logits(tiny_model_dir, tmp_path, device, base_dtype):
     """generation.decode: each step's recorded log-prob is log_softmax(h Wᵀ / T)[token] with the
     hidden state h the head received at that step (caught by a hook) and W in float32: within 1e-6
-    for a bf16 base (and not the bf16 product's), bit for bit for a float32 base."""
+    (and, for a bf16 base, not the bf16 product's). A float32 base's head is its own product, which
+    torch's CPU library may round differently for a copy of h at another address."""
     model, tokenizer = tiny_policy(tiny_model_dir, tmp_path, device, base_dtype)
     prompts, T = chat_prompts(tokenizer, 4), 0.7
     seen = []  # per step: the head's input, [n, 1, H]
@@ -236,7 +237,7 @@ def test_the_sampler_records_log_probs_of_float32_logits(tiny_model_dir, tmp_pat
     finally:
         handle.remove()
     W = head.weight.detach()
-    with torch.no_grad():  # per step [n, V]: float32 (a float32 head: its own product, oneDNN's on an x86 CPU), and bf16's
+    with torch.no_grad():  # per step [n, V]: float32 (a float32 head: its own product), and bf16's
         by_hand = [torch.log_softmax((F.linear(h.float(), W.float()) if base_dtype == "bfloat16" else head(h))[:, -1] / T, -1)
                    for h in seen]
         old = [torch.log_softmax(F.linear(h, W)[:, -1].float() / T, dim=-1) for h in seen]
@@ -245,10 +246,8 @@ def test_the_sampler_records_log_probs_of_float32_logits(tiny_model_dir, tmp_pat
     by_hand = torch.stack([by_hand[k][row, token] for row, k, token in steps]).cpu()
     old = torch.stack([old[k][row, token] for row, k, token in steps]).cpu()
     assert len(recorded) >= 4 * 2 and seen[0].dtype == getattr(torch, base_dtype)
-    if base_dtype == "float32":
-        assert torch.equal(recorded, by_hand)
-    else:
-        torch.testing.assert_close(recorded, by_hand, rtol=0, atol=1e-6)
+    torch.testing.assert_close(recorded, by_hand, rtol=0, atol=1e-6)
+    if base_dtype == "bfloat16":
         assert (recorded - old).abs().max() > 1e-4
 
 
@@ -261,7 +260,7 @@ def mock_cuda(monkeypatch, gpus: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
 
 
-GPU_CHOICES = {"base_dtype": "bfloat16", "vllm_dtype": "bfloat16", "micro_batch_tokens": 4096}
+GPU_CHOICES = {"base_dtype": "bfloat16", "micro_batch_tokens": 4096}
 
 
 @pytest.mark.parametrize("device", ["auto", "cuda", "cuda:0"])
@@ -272,11 +271,8 @@ def test_on_a_gpu_the_options_not_given_take_a_gpu_s_values_and_say_why(monkeypa
     assert set(GPU_CHOICES) <= set(cfg.chosen)
     assert cfg.chosen["base_dtype"].startswith("bfloat16: on a GPU") and "--rollout_correction" in cfg.chosen["base_dtype"]
     assert "float32_head" in cfg.chosen["base_dtype"]  # the log-probs stay float32's
-    assert cfg.chosen["vllm_dtype"].startswith("bfloat16: on a GPU") and "--rollout_correction" in cfg.chosen["vllm_dtype"]
+    assert run_lib.vllm_dtype(cfg) == "bfloat16"  # the vLLM engine's weights follow the base's on a GPU
     assert cfg.chosen["micro_batch_tokens"].startswith("4096: on a GPU")
-    assert (cfg.forward_batch_size, cfg.generation_batch_size) == (run_lib.Config.forward_batch_size,
-                                                                   run_lib.Config.generation_batch_size)  # no GPU figure
-    assert not {"forward_batch_size", "generation_batch_size"} & set(cfg.chosen)
     assert "[options] --micro_batch_tokens 4096: on a GPU" in capsys.readouterr().err
     run_lib.Run(cfg)  # the run folder records each choice and why
     saved = json.loads((tmp_path / "gpu" / "config.json").read_text())
@@ -287,10 +283,10 @@ def test_on_a_gpu_the_options_not_given_take_a_gpu_s_values_and_say_why(monkeypa
 def test_a_given_option_wins_over_the_gpu_s_and_a_cpu_changes_nothing(monkeypatch, tmp_path):
     mock_cuda(monkeypatch, 1)
     cfg = run_lib.parse_args(["--base_dtype", "float32", "--micro_batch_tokens", "512"])
-    assert (cfg.base_dtype, cfg.micro_batch_tokens, cfg.vllm_dtype) == ("float32", 512, "bfloat16")
-    assert set(GPU_CHOICES) & set(cfg.chosen) == {"vllm_dtype"}
+    assert (cfg.base_dtype, cfg.micro_batch_tokens, run_lib.vllm_dtype(cfg)) == ("float32", 512, "float32")
+    assert not set(GPU_CHOICES) & set(cfg.chosen)
     defaults = {option: getattr(run_lib.Config, option) for option in GPU_CHOICES}
-    assert defaults == {"base_dtype": "float32", "vllm_dtype": "float32", "micro_batch_tokens": 384}
+    assert defaults == {"base_dtype": "float32", "micro_batch_tokens": 384}
     cpu = run_lib.parse_args(["--device", "cpu", "--output_dir", str(tmp_path), "--run_name", "cpu"])  # a GPU there, not used
     assert {option: getattr(cpu, option) for option in GPU_CHOICES} == defaults and not set(GPU_CHOICES) & set(cpu.chosen)
     # a --config file records what its run used: a CPU run's options stay, run again on the GPU
@@ -356,7 +352,7 @@ def test_the_weights_a_decoding_step_reads_by_hand(tiny_model_dir):
     gpu_check = gpu_check_module()
     base, _ = agents.load_base_model(str(tiny_model_dir), torch.bfloat16)
     assert gpu_check.weight_bytes_per_step(base) == 1_591_456 * 2
-    model = agents.attach_adapters(base, ["policy"], agents.lora_config(2, 4.0, run_lib.Config.lora_targets.split(",")))
+    model = agents.attach_adapters(base, ["policy"], agents.lora_config(2, 4.0, run_lib.LORA_TARGETS.split(",")))
     assert gpu_check.weight_bytes_per_step(model) == 1_591_456 * 2 + 2_048 * 4
     untied = LlamaForCausalLM(LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))

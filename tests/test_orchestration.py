@@ -12,7 +12,8 @@ The two episodes of the advantage tables (B = 2, H = 2, action level unless said
     episode 1, step 1: orchestrator, solver (max_calls = 1 cut)      R = 1, done
 
 so the grid [B, T, P] has P = 3 positions, of which episode 1 fills 2 per step and episode 0's
-step 1 never happens. γ = 0.9 between steps, γ_a = 0.8 between the actions of a step, λ = 0.5:
+step 1 never happens. γ = 0.9 between steps, γ_a = 0.8 (ppo.gae's tables) or 1 (the trainer's)
+between the actions of a step, λ = 0.5:
 
     δ_k = r_k + γ_next · V_next − V_k,    Â_k = δ_k + γ_next · λ · Â_{k+1}
 """
@@ -30,7 +31,7 @@ import marft
 import ppo
 import run as run_lib
 from envs import Grader, Problem
-from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision, route_position, route_tokens
+from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision
 from rollout import Rollout, orchestration_metrics, run_episodes
 from scripted import ScriptedTeam
 
@@ -124,19 +125,6 @@ def test_orchestrated_configuration_errors():
         make_orchestrated([boss, AgentProfile("adder", "Add.", description="adds")], "boss", 2)
 
 
-def test_anonymous_keeps_the_topology_and_renames_every_role():
-    org = load_organisation("orchestrated", anonymous=True)
-    assert org.order == ("agent_1", "agent_2", "agent_3", "agent_4") and org.orchestrator == "agent_1"
-    assert org.graded_roles == ("agent_3", "agent_4") and org.max_calls == 3
-    prompts = {org.profile(r).system_prompt.replace(r, "ROLE") for r in org.order}
-    assert len(prompts) == 1  # one generic prompt
-    text = json.dumps([a.examples for a in org.agents] + [a.description for a in org.agents]).lower()
-    for role in ("orchestrator", "planner", "solver", "verifier"):
-        assert role not in text, f"the anonymous examples still name {role!r}"
-    chain = load_organisation("chain", anonymous=True)
-    assert chain.order == ("agent_1", "agent_2") and chain.dependencies == {("agent_1", "agent_2")}
-
-
 # ---------------------------------------------------------------------------------------------
 # 3. The orchestrated rollout, with a scripted generator (the real tokenizer, no model)
 # ---------------------------------------------------------------------------------------------
@@ -220,8 +208,8 @@ DONES = [[1.0, 0.0], [0.0, 1.0]]
 #   last           ep0 [0, 0, 1]            ep1 t0 [0, 0]  t1 [0, 1]
 #   equal          ep0 [1/3, 1/3, 1/3]      ep1 t0 [0, 0]  t1 [0.5, 0.5]
 #   shared         ep0 [1, 1, 1]            ep1 t0 [0, 0]  t1 [1, 1]
-#   step_discount  ep0 [0.25, 0.5, 1]       ep1 t0 [0, 0]  t1 [0.5, 1]      (d = 0.5)
 #
+# With γ_a = 0.8 (ppo.gae's γ_agent; the trainer's is 1, TRAINER_ADVANTAGES below):
 # Episode 0's chain: k0 (V .5) →γ_a k1 (V .2) →γ_a k2 (V .4), done.
 # Episode 1's chain: k0 (V .3) →γ_a k1 (V .6) →γ(1 − done_0) = 0.9 k2 (V 1.0) →γ_a k3 (V −.5), done.
 ADVANTAGES = {
@@ -237,9 +225,23 @@ ADVANTAGES = {
     # shared: ep0 Â2 = .6; δ1 = 1 + .32 − .2 = 1.12, Â1 = 1.12 + .24 = 1.36; δ0 = 1 + .16 − .5 = .66, Â0 = .66 + .544 = 1.204
     #         ep1 Â3 = 1.5; δ2 = 1 − .4 − 1 = −.4, Â2 = −.4 + .6 = .2; Â1 = .3 + .45·.2 = .39; Â0 = .18 + .4·.39 = .336
     "shared": [1.204, 1.36, 0.6, 0.336, 0.39, 0.2, 1.5],
-    # step_discount: ep0 Â2 = .6; δ1 = .5 + .32 − .2 = .62, Â1 = .86; δ0 = .25 + .16 − .5 = −.09, Â0 = −.09 + .344 = .254
-    #         ep1 Â3 = 1.5; δ2 = .5 − .4 − 1 = −.9, Â2 = −.3; Â1 = .3 + .45·(−.3) = .165; Â0 = .18 + .4·.165 = .246
-    "step_discount": [0.254, 0.86, 0.6, 0.246, 0.165, -0.3, 1.5],
+}
+# The trainer's (marft.compute_advantages): γ_a = 1, the agents of a step are not time steps.
+# Episode 0's chain: k0 (V .5) →1 k1 (V .2) →1 k2 (V .4), done.
+# Episode 1's chain: k0 (V .3) →1 k1 (V .6) →γ(1 − done_0) = 0.9 k2 (V 1.0) →1 k3 (V −.5), done.
+TRAINER_ADVANTAGES = {
+    # last:   ep0 δ2 = .6; δ1 = .4 − .2 = .2, Â1 = .2 + .5·.6 = .5; δ0 = .2 − .5 = −.3, Â0 = −.3 + .5·.5 = −.05
+    #         ep1 δ3 = 1.5; δ2 = −.5 − 1 = −1.5, Â2 = −1.5 + .5·1.5 = −.75;
+    #             δ1 = .9·1 − .6 = .3, Â1 = .3 + .45·(−.75) = −.0375; δ0 = .6 − .3 = .3, Â0 = .3 + .5·(−.0375) = .28125
+    "last": [-0.05, 0.5, 0.6, 0.28125, -0.0375, -0.75, 1.5],
+    # equal:  ep0 δ2 = 1/3 − .4, Â2 = −1/15; δ1 = 1/3 + .4 − .2, Â1 = .533333 − .5/15 = .5;
+    #             δ0 = 1/3 + .2 − .5, Â0 = .033333 + .5·.5 = .283333
+    #         ep1 δ3 = .5 + .5 = 1; δ2 = .5 − .5 − 1 = −1, Â2 = −1 + .5 = −.5; δ1 = .3, Â1 = .3 − .225 = .075;
+    #             Â0 = .3 + .5·.075 = .3375
+    "equal": [0.28333333333333333, 0.5, -1 / 15, 0.3375, 0.075, -0.5, 1.0],
+    # shared: ep0 Â2 = .6; δ1 = 1 + .4 − .2 = 1.2, Â1 = 1.2 + .3 = 1.5; δ0 = 1 + .2 − .5 = .7, Â0 = .7 + .75 = 1.45
+    #         ep1 Â3 = 1.5; δ2 = 1 − .5 − 1 = −.5, Â2 = −.5 + .75 = .25; Â1 = .3 + .45·.25 = .4125; Â0 = .3 + .5·.4125 = .50625
+    "shared": [1.45, 1.5, 0.6, 0.50625, 0.4125, 0.25, 1.5],
 }
 
 
@@ -271,41 +273,40 @@ def realised_rollout(response_lengths=None) -> Rollout:
     return rollout
 
 
-@pytest.mark.parametrize("credit", list(ADVANTAGES))
+@pytest.mark.parametrize("credit", list(TRAINER_ADVANTAGES))
 def test_action_level_advantages_along_realised_sequences_of_3_and_4_decisions(credit):
     org = load_organisation("orchestrated")  # orchestrator σ index 0, planner 1 (the samples' agent 1 stands for any executor)
     rollout = realised_rollout()
     old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=t(VALUES).unsqueeze(-1), mask=torch.ones(7, 1),
-                          ref_logprob=torch.zeros(7, 1), token_mask=torch.ones(7, 1))
-    cfg = run_lib.Config(credit=credit, credit_discount=0.5, gamma=GAMMA, gamma_agent=GAMMA_AGENT, lam=LAM)
+                          token_mask=torch.ones(7, 1))
+    cfg = run_lib.Config(credit=credit, gamma=GAMMA, lam=LAM)
     advantages, returns, _, _ = marft.compute_advantages(org, rollout, old, cfg)
-    close(advantages[:, 0], ADVANTAGES[credit])
-    close(returns[:, 0], [a + v for a, v in zip(ADVANTAGES[credit], VALUES)])
+    close(advantages[:, 0], TRAINER_ADVANTAGES[credit])
+    close(returns[:, 0], [a + v for a, v in zip(TRAINER_ADVANTAGES[credit], VALUES)])
 
 
 def test_token_level_advantages_along_realised_sequences():
-    # Response lengths: ep0 [2, 1, 1], ep1 t0 [1, 2], t1 [1, 1]; γ_token = 1, credit last.
+    # Response lengths: ep0 [2, 1, 1], ep1 t0 [1, 2], t1 [1, 1]; γ_token = γ_a = 1 (the trainer's), credit last.
     # Token values: ep0 k0 [.5, .7], k1 [.2], k2 [.4]; ep1 t0 k0 [.3], k1 [.6, .1]; t1 k0 [1.0], k1 [−.5].
-    # Episode 0's token chain: a(.5) →1 b(.7) →.8 c(.2) →.8 d(.4), r = 1 at d, done.
-    #   δd = 1 − .4 = .6;  δc = .8·.4 − .2 = .12, Âc = .12 + .4·.6 = .36;
-    #   δb = .8·.2 − .7 = −.54, Âb = −.54 + .4·.36 = −.396;  δa = .7 − .5 = .2, Âa = .2 + .5·(−.396) = .002
-    # Episode 1's: e(.3) →.8 f(.6) →1 g(.1) →.9 h(1.0) →.8 i(−.5), r = 1 at i, done.
-    #   δi = 1.5;  δh = −.4 − 1 = −1.4, Âh = −.8;  δg = .9 − .1 = .8, Âg = .8 + .45·(−.8) = .44;
-    #   δf = .1 − .6 = −.5, Âf = −.5 + .5·.44 = −.28;  δe = .48 − .3 = .18, Âe = .18 + .4·(−.28) = .068
+    # Episode 0's token chain: a(.5) →1 b(.7) →1 c(.2) →1 d(.4), r = 1 at d, done.
+    #   δd = 1 − .4 = .6;  δc = .4 − .2 = .2, Âc = .2 + .5·.6 = .5;
+    #   δb = .2 − .7 = −.5, Âb = −.5 + .5·.5 = −.25;  δa = .7 − .5 = .2, Âa = .2 + .5·(−.25) = .075
+    # Episode 1's: e(.3) →1 f(.6) →1 g(.1) →.9 h(1.0) →1 i(−.5), r = 1 at i, done.
+    #   δi = 1.5;  δh = −.5 − 1 = −1.5, Âh = −.75;  δg = .9 − .1 = .8, Âg = .8 + .45·(−.75) = .4625;
+    #   δf = .1 − .6 = −.5, Âf = −.5 + .5·.4625 = −.26875;  δe = .6 − .3 = .3, Âe = .3 + .5·(−.26875) = .165625
     lengths = [2, 1, 1, 1, 2, 1, 1]
     values = [[0.5, 0.7], [0.2, PAD_V], [0.4, PAD_V], [0.3, PAD_V], [0.6, 0.1], [1.0, PAD_V], [-0.5, PAD_V]]
     mask = [[1.0] * n + [0.0] * (2 - n) for n in lengths]
-    old = marft.OldPolicy(logprob=torch.zeros(7, 2), values=t(values), mask=t(mask), ref_logprob=torch.zeros(7, 2),
-                          token_mask=t(mask))
-    cfg = run_lib.Config(credit="last", gamma=GAMMA, gamma_agent=GAMMA_AGENT, gamma_token=1.0, lam=LAM, level="token")
+    old = marft.OldPolicy(logprob=torch.zeros(7, 2), values=t(values), mask=t(mask), token_mask=t(mask))
+    cfg = run_lib.Config(credit="last", gamma=GAMMA, lam=LAM, decision_unit="token")
     advantages, returns, _, _ = marft.compute_advantages(load_organisation("orchestrated"), realised_rollout(lengths), old, cfg)
-    close(advantages, [[0.002, -0.396], [0.36, 0], [0.6, 0], [0.068, 0], [-0.28, 0.44], [-0.8, 0], [1.5, 0]])
-    close(returns * t(mask), [[0.502, 0.304], [0.56, 0], [1.0, 0], [0.368, 0], [0.32, 0.54], [0.2, 0], [1.0, 0]])
+    close(advantages, [[0.075, -0.25], [0.5, 0], [0.6, 0], [0.165625, 0], [-0.26875, 0.4625], [-0.75, 0], [1.5, 0]])
+    close(returns * t(mask), [[0.575, 0.45], [0.7, 0], [1.0, 0], [0.465625, 0], [0.33125, 0.5625], [0.25, 0], [1.0, 0]])
 
 
 def test_token_level_with_one_token_per_action_gives_the_action_level_table():
     for credit, expected in ADVANTAGES.items():
-        rewards = ppo.place_team_reward(t(TEAM), realised_rollout().to_grid(torch.ones(7)), credit, 0.5)  # [B, T, P]
+        rewards = ppo.place_team_reward(t(TEAM), realised_rollout().to_grid(torch.ones(7)), credit)  # [B, T, P]
         grid = realised_rollout().to_grid
         adv, _ = ppo.token_level_gae(rewards, grid(t(VALUES)).unsqueeze(-1), grid(torch.ones(7)).unsqueeze(-1), t(DONES),
                                      GAMMA, GAMMA_AGENT, 1.0, LAM)
@@ -316,7 +317,6 @@ def test_place_team_reward_over_realised_sequences():
     acted = realised_rollout().to_grid(torch.ones(7))  # [2, 2, 3]
     close(ppo.place_team_reward(t(TEAM), acted, "last"), [[[0, 0, 1], [0, 0, 0]], [[0, 0, 0], [0, 1, 0]]])
     close(ppo.place_team_reward(t(TEAM), acted, "equal"), [[[1 / 3] * 3, [0, 0, 0]], [[0, 0, 0], [0.5, 0.5, 0]]])
-    close(ppo.place_team_reward(t(TEAM), acted, "step_discount", 0.5), [[[0.25, 0.5, 1], [0, 0, 0]], [[0, 0, 0], [0.5, 1, 0]]])
 
 
 def test_group_advantages_score_each_agent_by_the_mean_reward_of_its_actions():
@@ -329,8 +329,7 @@ def test_group_advantages_score_each_agent_by_the_mean_reward_of_its_actions():
     for b, agent, k in [(0, 0, 0), (0, 1, 1), (0, 0, 2), (1, 0, 0), (1, 1, 1)]:
         rollout.record([1], [7], [0.0], "", b, 0, agent, k)
     rollout.role_reward[1] = 0.5
-    old = marft.OldPolicy(logprob=torch.zeros(5, 1), values=torch.zeros(5, 1), mask=torch.ones(5, 1),
-                          ref_logprob=torch.zeros(5, 1), token_mask=torch.ones(5, 1))
+    old = marft.OldPolicy(logprob=torch.zeros(5, 1), values=torch.zeros(5, 1), mask=torch.ones(5, 1), token_mask=torch.ones(5, 1))
     cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="shared")
     advantages, returns, _, stats = marft.compute_advantages(load_organisation("orchestrated"), rollout, old, cfg)
     close(advantages[:, 0], [0.5, 0.75, 0.5, -0.5, -0.75])
@@ -359,8 +358,7 @@ def test_group_returns_of_an_orchestrated_team_do_not_depend_on_later_routing():
     for (b, step), sequence in steps.items():
         for k, agent in enumerate(sequence):
             rollout.record([1], [7], [0.0], "", b, step, agent, k)
-    old = marft.OldPolicy(logprob=torch.zeros(14, 1), values=torch.zeros(14, 1), mask=torch.ones(14, 1),
-                          ref_logprob=torch.zeros(14, 1), token_mask=torch.ones(14, 1))
+    old = marft.OldPolicy(logprob=torch.zeros(14, 1), values=torch.zeros(14, 1), mask=torch.ones(14, 1), token_mask=torch.ones(14, 1))
     cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="equal", gamma=0.9)
     org = load_organisation("orchestrated")
     advantages, _, _, stats = marft.compute_advantages(org, rollout, old, cfg)
@@ -382,10 +380,9 @@ def test_happo_factor_of_an_agent_that_acts_twice_is_the_product_of_its_ratios()
     import math
     rollout = realised_rollout()
     samples = torch.tensor([0, 2, 3, 5])  # the orchestrator's actions
-    old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=torch.zeros(7, 1), mask=torch.ones(7, 1),
-                          ref_logprob=torch.zeros(7, 1), token_mask=torch.ones(7, 1))
+    old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=torch.zeros(7, 1), mask=torch.ones(7, 1), token_mask=torch.ones(7, 1))
     new_logprob = torch.tensor([[math.log(1.5)], [math.log(1.2)], [math.log(3.0)], [math.log(0.25)]])
-    cfg = run_lib.Config(happo_ratio_clip=2.0, normalisation="sum")
+    cfg = run_lib.Config(happo_ratio_clip=2.0, action_logprob="sum")
     M = marft.happo_weight_after_update(rollout, old, samples, new_logprob, torch.ones(2, 2), cfg)
     torch.testing.assert_close(M, torch.tensor([[1.8, 1.0], [2.0, 0.5]]))
 
@@ -404,12 +401,11 @@ def metrics_rows(folder):
             for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("estimator", [["--advantage", "gae"],
-                                       ["--advantage", "group", "--group_size", "2", "--credit", "shared", "--route_ent_coef", "0.1"]])
+@pytest.mark.parametrize("estimator", [["--advantage", "gae"], ["--advantage", "group", "--group_size", "2", "--credit", "shared"]])
 def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, scripted_backend,
                                                                                  estimator):
     import shutil
-    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", "orchestrated",
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--agents", "orchestrated",
               "--batch_size", "4", "--max_new_tokens", "16", "--eval_problems", "4", "--eval_samples", "1",
               "--eval_interval", "1", "--threads", "1", "--output_dir", str(tmp_path), *estimator]
     marft.train(run_lib.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
@@ -422,13 +418,6 @@ def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(
         assert r["charts/finish_rate"] == 1.0 and r["charts/orchestration_errors"] == 0.0
         for role in ("orchestrator", "solver"):
             assert r[f"losses/approx_kl/{role}"] == r[f"losses/approx_kl/{role}"]  # every agent that acted was updated
-        # --route_ent_coef: the orchestrator's choice among planner, solver, verifier, finish (0 < H_C ≤ ln 4), its alone
-        routes = {key for key in r if key.startswith("losses/route_entropy/")}
-        if "--route_ent_coef" in estimator:
-            assert routes == {"losses/route_entropy/orchestrator"}
-            assert 0 < r["losses/route_entropy/orchestrator"] <= torch.log(torch.tensor(4.0)).item()
-        else:
-            assert not routes
     assert rows[0]["eval/finish_rate"] == 1.0 and "eval/calls/planner" in rows[-1]
     killed = tmp_path / "killed"  # as a kill -9 after iteration 2's metrics line, before its checkpoint
     shutil.copytree(tmp_path / "straight", killed)
@@ -492,130 +481,3 @@ thread (the suite runs two test files at once on 2 cores) alice's share goes 0.3
     lines = [json.loads(line) for line in (tmp_path / "whom" / "metrics.jsonl").read_text().splitlines()]
     before, after = lines[1]["charts/calls/alice"], lines[2]["charts/calls/alice"]
     assert after >= before + 0.3, (before, after)
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. --route_ent_coef: an entropy bonus on the orchestrator's choice of whom to call alone
-# ---------------------------------------------------------------------------------------------
-
-def test_the_choice_entropy_is_renormalised_over_the_candidates_and_moves_only_them():
-    """H_C = −Σ_c q_c log q_c with q_c = π(c) / Σ_C π, at one position per row. Hand table (V = 5,
-    candidates C = {1, 3}, the choice at column 1 of rows 0 and 1, none in row 2):
-        row 0: π(1) = π(3) = 0.2           → q = (1/2, 1/2)  → H_C = ln 2          = 0.693147
-        row 1: π(1) = 0.3, π(3) = 0.1      → q = (3/4, 1/4)  → H_C = −(¾ ln ¾ + ¼ ln ¼) = 0.562335
-        row 2: no choice                   → 0
-    Column 0 (not a choice) is never read; the rest of each row's mass goes to tokens 0, 2, 4."""
-    probs = torch.full((3, 2, 5), 0.2)
-    probs[1, 1] = torch.tensor([0.2, 0.3, 0.2, 0.1, 0.2])
-    logits = probs.log().requires_grad_()
-    log_probs = torch.log_softmax(logits, -1)
-    entropy = agents.choice_entropy(log_probs, torch.tensor([1, 1, -1]), torch.tensor([1, 3]))
-    torch.testing.assert_close(entropy, torch.tensor([0.693147, 0.562335, 0.0]), atol=1e-6, rtol=0)
-    entropy.sum().backward()
-    grad = logits.grad
-    assert grad[:, 0].abs().max() == 0 and grad[2].abs().max() == 0  # other columns, rows without a choice
-    assert grad[:, 1, [0, 2, 4]].abs().max() < 1e-7  # no push onto or off the tokens that name no call
-    # At q = (3/4, 1/4) raising H_C moves mass from token 1 to token 3: ∂H/∂z_1 = −q_1 q_3 ln(q_1/q_3) < 0, equal and opposite.
-    expected = -0.75 * 0.25 * torch.log(torch.tensor(3.0))
-    torch.testing.assert_close(grad[1, 1, [1, 3]], torch.stack([expected, -expected]), atol=1e-6, rtol=0)
-
-
-def test_route_tokens_and_positions_on_the_embedded_tokenizer(tokenizer):
-    org = load_organisation("orchestrated")
-    tokens = route_tokens(tokenizer, org)
-    names = (*org.executors, "finish")
-    assert len(tokens) == len(names) == len(set(tokens))
-    for name, token in zip(names, tokens):
-        assert name.startswith(tokenizer.decode([token]))  # the first piece of the name: "plan", "solver", "ver", "finish"
-    for text, name in (("Plan first. \\call{planner}", "planner"), ("\\call{finish}", "finish"),
-                       ("Ask the coder. \\call{coder}", "coder")):
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        k = route_position(tokenizer, ids)
-        assert tokenizer.decode(ids[:k]).endswith("\\call{") and tokenizer.decode(ids[k:]).startswith(name)
-    for text in ("The solver should act next.", "Now I call \\call{"):  # no call; nothing chosen after `{`
-        assert route_position(tokenizer, tokenizer.encode(text, add_special_tokens=False)) == -1
-
-
-class Characters:
-    """A tokenizer of one token per character: every name's first token is its first letter."""
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
-
-
-def test_names_that_start_with_the_same_token_are_refused_with_the_fix():
-    executors = [AgentProfile("solver", "Solve.", graded=True, description="solves"),
-                 AgentProfile("summariser", "Summarise.", description="summarises")]
-    org = make_orchestrated([AgentProfile("orchestrator", "Lead."), *executors], "orchestrator", max_calls=2)
-    with pytest.raises(SystemExit, match=r"\['solver', 'summariser'\] start with the same token.*rename the executors"):
-        route_tokens(Characters(), org)
-
-
-def test_an_orchestrated_rollout_records_where_each_orchestrator_action_names_its_call(tokenizer):
-    org = make_orchestrated(list(load_organisation("orchestrated").agents), "orchestrator", max_calls=2)
-    problems = [Problem(p, a, "", "") for p, a in ANSWERS.items()]
-    with Grader() as grader:
-        rollout = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
-                               generation.Sampling(1.0, 1.0, 32), run_lib.Config(agents="orchestrated", route_ent_coef=0.1))
-    assert rollout.route_tokens == route_tokens(tokenizer, org)
-    for s, text in enumerate(rollout.texts):
-        if org.order[rollout.agent_index[s]] != "orchestrator":
-            assert s not in rollout.route_position
-            continue
-        k = rollout.route_position[s]  # "\call{verifier} \call{finish}": the first call's name
-        assert tokenizer.decode(rollout.response_ids[s][k:]).startswith(text.split("\\call{", 1)[1].split("}")[0])
-    # Without the bonus nothing is recorded.
-    with Grader() as grader:
-        plain = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
-                             generation.Sampling(1.0, 1.0, 32), run_lib.Config(agents="orchestrated"))
-    assert plain.route_tokens == [] and plain.route_position == {}
-
-
-def test_the_route_entropy_of_a_batch_is_that_of_a_plain_forward_and_enters_the_orchestrators_objective(tiny_model_dir, tokenizer):
-    """policy_logprobs' H_C against a plain full forward of each row, renormalised by hand; then the
-    objective with --route_ent_coef c is the one without minus c · (mean H_C over rows with a choice)."""
-    base, _ = agents.load_base_model(str(tiny_model_dir))
-    torch.manual_seed(3)
-    model = agents.attach_adapters(base, ["policy_orchestrator"], agents.lora_config(4, 8, ["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)
-    org = load_organisation("orchestrated")
-    candidates = route_tokens(tokenizer, org)
-    prompts = [[1, 50, 60, 70], [1, 51], [1, 52, 62]]
-    texts = ["Plan first. \\call{planner}", "\\call{solver}", "No call here."]
-    responses = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
-    positions = [route_position(tokenizer, r) for r in responses]
-    assert positions[0] > 0 and positions[1] > 0 and positions[2] == -1
-    out = agents.policy_logprobs(model, prompts, responses, "policy_orchestrator", tokenizer.pad_token_id, "action", "mean",
-                                 0.7, route=agents.RouteChoices(positions, candidates))
-    expected = []
-    for prompt, response, k in zip(prompts, responses, positions):
-        if k < 0:
-            expected.append(0.0)
-            continue
-        with agents.active_adapter(model, "policy_orchestrator"), torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 + k] / 0.7
-        q = torch.softmax(logits[candidates], -1)  # π restricted to the candidates, renormalised
-        expected.append(float(-(q * q.log()).sum()))
-    torch.testing.assert_close(out.route_entropy.detach(), torch.tensor(expected), atol=1e-5, rtol=0)
-    assert out.route_mask.tolist() == [1.0, 1.0, 0.0]
-    old = marft.OldPolicy(out.logprob.detach(), torch.zeros(3, 1), torch.ones(3, 1), torch.zeros(3, 1), torch.ones(3, 1))
-    advantage, weight, batch = torch.tensor([[1.0], [-1.0], [0.5]]), torch.ones(3, 1), torch.arange(3)
-    plain = marft.agent_objective(out, old, batch, advantage, weight, run_lib.Config(agents="orchestrated"))
-    bonus = marft.agent_objective(out, old, batch, advantage, weight, run_lib.Config(agents="orchestrated", route_ent_coef=0.5))
-    torch.testing.assert_close(bonus.per_decision, plain.per_decision - 0.5 * (expected[0] + expected[1]) / 2)
-    assert bonus.decision_stats["route_entropy"] == pytest.approx((expected[0] + expected[1]) / 2, abs=1e-5)
-    assert "route_entropy" not in marft.agent_objective(out._replace(route_entropy=None, route_mask=None), old, batch,
-                                                        advantage, weight, run_lib.Config()).decision_stats
-
-
-def test_the_route_bonus_needs_an_orchestrator():
-    with pytest.raises(SystemExit, match=r"--route_ent_coef=0.1: is a bonus on an orchestrator's choice.*use --ent_coef"):
-        run_lib.validate(run_lib.parse_args(["--agents", "chain", "--route_ent_coef", "0.1"]))
-    with pytest.raises(SystemExit, match=r"--route_ent_coef=-0.1: must be 0 or more"):
-        run_lib.validate(run_lib.parse_args(["--agents", "orchestrated", "--route_ent_coef", "-0.1"]))

@@ -199,12 +199,12 @@ def test_generation_with_the_shared_prefix_gives_the_plain_actions_and_log_probs
         assert shared == pytest.approx(recomputed[row, : len(shared)].tolist(), rel=1e-4, abs=1e-5)
 
 
-def test_training_iterations_with_and_without_prefix_sharing_log_the_same_metrics(tiny_model_dir, tmp_path):
-    """Two iterations of chain3 on the tiny model, critic + GAE, token level, a format penalty so
+def test_training_iterations_with_and_without_prefix_sharing_log_the_same_metrics(tiny_model_dir, tmp_path, varied_rewards):
+    """Two iterations of chain3 on the tiny model, critic + GAE, token level, varied rewards so
     that returns are not zero: every logged number (rewards, losses, KL, explained variance,
     held-out accuracy) agrees to float rounding."""
-    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", "chain3",
-              "--level", "token", "--format_penalty", "0.5", "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5", "--eval_problems", "2",
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--agents", "chain3",
+              "--decision_unit", "token", "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5", "--eval_problems", "2",
               "--eval_samples", "1", "--threads", "1", "--output_dir", str(tmp_path)]
     for name, flag in (("plain", "--no-prefix_sharing"), ("shared", "--prefix_sharing")):
         marft.train(run.parse_args(common + [flag, "--run_name", name]))

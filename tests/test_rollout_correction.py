@@ -60,10 +60,11 @@ def metrics(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_sampler_other_than_the_training_model_is_corrected_and_measured(peaked_llama, tmp_path, monkeypatch):
+def test_a_sampler_other_than_the_training_model_is_corrected_and_measured(peaked_llama, tmp_path, monkeypatch, varied_rewards):
     """Its rollout samples μ ≠ π_old: the run weighs each decision by min(π_old/μ, 2), logs μ's
     distance per token, and the check after every sync finds the sampler serving the updated
-    adapters (the stale share of each updated agent near 0)."""
+    adapters (the stale share of each updated agent near 0). Rewards vary with the response
+    (conftest.varied_rewards), so every agent has a signal and moves."""
     with_sampler(monkeypatch)
     marft.train(short_run(peaked_llama, tmp_path, "copy", "--lr", "0.003"))
     trained = [row for row in metrics(tmp_path / "copy") if row["iteration"] > 0]
@@ -71,13 +72,14 @@ def test_a_sampler_other_than_the_training_model_is_corrected_and_measured(peake
         assert 0 < row["rollout/logprob_abs_diff"] < 0.5  # the copy's bf16 rounding, per token
         assert row["rollout/max_abs_diff"] >= row["rollout/logprob_abs_diff"] and row["rollout/kl_sampler_old"] >= 0
         assert 0 <= row["rollout/beyond_cap"] <= 1
-    checked = [row for row in trained[1:] if any(k.startswith("rollout/stale_share/") for k in row)]
-    assert checked  # after a sync, at least one updated agent was checked …
-    assert all(abs(v) < 0.5 for row in checked for k, v in row.items() if k.startswith("rollout/stale_share/"))  # … and served
+    for row in trained[1:]:  # after a sync: both agents moved, and the sampler serves their new adapters
+        shares = {k: v for k, v in row.items() if k.startswith("rollout/stale_share/")}
+        assert set(shares) == {"rollout/stale_share/planner", "rollout/stale_share/solver"}
+        assert all(abs(v) < 0.5 for v in shares.values())
 
 
 def test_a_sampler_that_keeps_serving_the_old_adapter_stops_the_run_with_one_line_naming_agent_and_backend(
-        peaked_llama, tmp_path, monkeypatch):
+        peaked_llama, tmp_path, monkeypatch, varied_rewards):
     """Caught at the rollout after the first update; what was written stays."""
     with_sampler(monkeypatch, stale=True)
     with pytest.raises(SystemExit, match=r"stale sampler: the test copy still serves agent '(planner|solver)' as it was "

@@ -15,27 +15,13 @@ import critic
 import marft
 import ppo
 import run
+import speed
 from conftest import ROOT
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
-
-def test_a_run_drawn_by_the_inverse_sampler_resumes_on_either_backend(tmp_path, capsys):
-    """--sampler is the hf backend's and part of the algorithm: a run trained with --sampler inverse
-    resumes with it, refuses another on resume (naming the fix), and resumed onto vLLM sets it
-    aside, saying so, instead of refusing the combination the run itself never asked for."""
-    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "inverse", "--sampler", "inverse"]))
-    assert run.parse_args(["--resume", str(tmp_path / "inverse")]).sampler == "inverse"
-    assert run.parse_args(["--resume", str(tmp_path / "inverse"), "--sampler", "inverse"]).sampler == "inverse"
-    with pytest.raises(SystemExit, match="--sampler='multinomial': the run resumed from .* has 'inverse' .* --config"):
-        run.parse_args(["--resume", str(tmp_path / "inverse"), "--sampler", "multinomial"])
-    capsys.readouterr()
-    resumed = run.parse_args(["--resume", str(tmp_path / "inverse"), "--backend", "vllm"])
-    assert (resumed.backend, resumed.sampler) == ("vllm", "multinomial")
-    assert "--sampler steps aside" in capsys.readouterr().err
-
 
 def test_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
@@ -49,22 +35,16 @@ def test_help_documents_every_option(capsys):
 
 @pytest.mark.parametrize("argv, option", [
     (["--credit", "everyone"], "--credit"),
-    (["--sampler", "gumbel"], "--sampler"),
-    (["--sampler", "inverse", "--backend", "vllm"], "--sampler"),  # vLLM draws with its own sampler
     (["--lam", "1.5"], "--lam"),
     (["--batch_size", "0"], "--batch_size"),
-    (["--normalisation", "max"], "--normalisation"),
+    (["--action_logprob", "max"], "--action_logprob"),
     (["--temperature", "0"], "--temperature"),
     (["--arithmetic_levels", "1,9"], "--arithmetic_levels"),
     (["--agents", "no-such-organisation"], "--agents"),
-    (["--update_order", "alphabetical"], "--update_order"),
     (["--advantage", "critic"], "--advantage"),
     (["--advantage", "group", "--group_size", "1"], "--group_size"),  # G = 1 has no baseline
     (["--advantage", "group", "--group_size", "4", "--credit", "last"], "--credit"),  # `last` leaves the planner no signal
     (["--config", "runs/x/config.json", "--resume", "runs/x"], "--config"),
-    (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--critic_warmup_iterations", "2"],
-     "--critic_warmup_iterations"),
-    (["--credit", "step_discount", "--credit_discount", "1.5"], "--credit_discount"),
     (["--lr_schedule", "step"], "--lr_schedule"),
     (["--frozen_agents", "critic"], "--frozen_agents"),  # not a learning agent of the chain
     (["--frozen_agents", "planner,solver"], "--frozen_agents"),  # nobody left to train
@@ -77,14 +57,10 @@ def test_help_documents_every_option(capsys):
     (["--role_temperatures", "planner=1.5", "--shared_adapter"], "--role_temperatures"),
     (["--lr_schedule", "constant", "--lr_final_ratio", "0.1"], "--lr_final_ratio"),  # a floor without a decay to reach it
     (["--lr_schedule", "cosine", "--lr_final_ratio", "1.5"], "--lr_final_ratio"),
-    (["--filter_groups"], "--filter_groups"),  # critic + GAE by default: no groups to filter
-    (["--adam_beta1", "1"], "--adam_beta1"),
+    (["--skip_zero_signal_groups"], "--skip_zero_signal_groups"),  # critic + GAE by default: no groups to filter
     (["--group_baseline", "batch"], "--group_baseline"),  # critic + GAE by default: the critic is the baseline
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--group_baseline", "global"], "--group_baseline"),
-    (["--backend", "vllm", "--merged_generation"], "--merged_generation"),
-    (["--merged_weight_dtype", "bfloat16"], "--merged_weight_dtype"),  # no merged copy to set it on
-    (["--merged_generation", "--merged_weight_dtype", "int8"], "--merged_weight_dtype"),
-    (["--advantage", "group", "--group_size", "4", "--credit", "step_discount", "--credit_discount", "0"], "--credit"),
+    (["--decision_unit", "sentence"], "--decision_unit"),
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
@@ -114,16 +90,6 @@ def test_a_batch_baseline_allows_one_episode_per_problem():
     assert (cfg.group_size, cfg.group_baseline) == (1, "batch")
 
 
-def test_vllm_under_torchrun_takes_one_engine_per_rank(monkeypatch):
-    """Under torchrun every rank's engine generates that rank's episodes: an engine sharded over
-    several ranks (tensor parallel) is refused at start; one per rank is accepted."""
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(SystemExit) as err:
-        run.parse_args(["--backend", "vllm", "--vllm_tensor_parallel_size", "2"])
-    assert str(err.value).startswith("--vllm_tensor_parallel_size")
-    assert run.parse_args(["--backend", "vllm"]).backend == "vllm"
-
-
 def test_cyclic_profile_file_is_rejected_at_start(tmp_path):
     profile = tmp_path / "cyclic.json"
     profile.write_text(json.dumps({
@@ -148,7 +114,7 @@ def test_unknown_role_reward_term_is_rejected_at_start_naming_the_terms(tmp_path
 
 
 def test_a_group_run_builds_and_checkpoints_no_critic(tiny_model_dir, tmp_path):
-    cfg = run.Config(model=str(tiny_model_dir), advantage="group", group_size=2, credit="shared", lora_targets="q_proj,v_proj")
+    cfg = run.Config(model=str(tiny_model_dir), advantage="group", group_size=2, credit="shared")
     org, model, tokenizer, value_heads, optimisers = marft.build(cfg)
     assert sorted(model.peft_config) == ["policy_planner", "policy_solver"] and len(value_heads) == 0
     assert sorted(optimisers) == ["policy_planner", "policy_solver"]
@@ -170,7 +136,7 @@ def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def tiny_config(tiny_model_dir, **overrides) -> run.Config:
-    return run.Config(model=str(tiny_model_dir), lora_rank=2, lora_alpha=4.0, **overrides)
+    return run.Config(model=str(tiny_model_dir), lora_rank=2, **overrides)
 
 
 def perturb(model, value_heads, scale=0.1):
@@ -278,19 +244,17 @@ def test_roles_named_like_adapters_get_their_own_adapters(tiny_model_dir, tmp_pa
     profile.write_text(json.dumps({"agents": [{"role": "critic", "system_prompt": "A"}, {"role": "critic_x", "system_prompt": "B"},
                                               {"role": "default", "system_prompt": "C", "graded": True}],
                                    "dependencies": [["critic", "default"], ["critic_x", "default"]]}))
-    for per_agent in (False, True):
-        cfg = tiny_config(tiny_model_dir, agents=str(profile), critic_per_agent=per_agent)
-        org, model, _, heads, optimisers = marft.build(cfg)
-        policies = agents.policy_adapter_names(org.order, False)
-        critics = critic.critic_adapter_names(org.order, per_agent)
-        assert len(set(policies) | set(critics)) == 3 + len(critics) and set(model.peft_config) == set(policies + critics)
-        perturb(model, heads)
-        saved = snapshot(model, heads)
-        run.save_checkpoint(tmp_path / str(per_agent), 1, model, heads, optimisers, elapsed=1.0, keep=1)
-        _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
-        run.load_checkpoint(tmp_path / str(per_agent), fresh, fresh_heads, fresh_opts)
-        restored = snapshot(fresh, fresh_heads)
-        assert all(torch.equal(saved[n], restored[n]) for n in saved)
+    cfg = tiny_config(tiny_model_dir, agents=str(profile))
+    org, model, _, heads, optimisers = marft.build(cfg)
+    policies = agents.policy_adapter_names(org.order, False)
+    assert len(set(policies) | {critic.SHARED_CRITIC}) == 4 and set(model.peft_config) == {*policies, critic.SHARED_CRITIC}
+    perturb(model, heads)
+    saved = snapshot(model, heads)
+    run.save_checkpoint(tmp_path, 1, model, heads, optimisers, elapsed=1.0, keep=1)
+    _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
+    run.load_checkpoint(tmp_path, fresh, fresh_heads, fresh_opts)
+    restored = snapshot(fresh, fresh_heads)
+    assert all(torch.equal(saved[n], restored[n]) for n in saved)
 
 
 def test_resume_drops_the_tensorboard_events_written_after_the_checkpoint(tmp_path):
@@ -318,7 +282,7 @@ def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_
     profile.write_text(json.dumps({"agents": [{"role": "planner", "system_prompt": "Plan.", "rewards": {"no_boxed": 0.5}},
                                               {"role": "solver", "system_prompt": "Solve.", "graded": True}],
                                    "dependencies": [["planner", "solver"]]}))
-    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--agents", str(profile),
+    common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--agents", str(profile),
               "--advantage", "group", "--group_size", "2", "--batch_size", "2", "--horizon", "2", "--max_new_tokens", "4",
               "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--threads", "1", "--output_dir", str(tmp_path),
               "--lr_schedule", "linear", "--lr_decay_iterations", "4", "--lr_final_ratio", "0.5"]
@@ -369,29 +333,27 @@ def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_pat
     assert (run.read_config(tmp_path / "g", "--resume").credit, run.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
 
 
-def test_no_default_depends_on_the_cpu_or_on_cuda_and_the_merged_copy_is_what_the_command_says(monkeypatch, tmp_path, capsys):
-    """The same command gives the same options on every machine: with or without bf16 instructions, with
-    or without a GPU, nothing is chosen for the sampler; the bf16 copy is taken only when asked for, a
-    --config file keeps what its run used, and --resume onto vLLM sets the copy aside."""
-    decodes_on = lambda cfg: (cfg.merged_generation, cfg.merged_weight_dtype)
+def test_no_default_depends_on_the_cpu_and_the_sampler_is_what_the_command_says(monkeypatch, tmp_path):
+    """The same command gives the same options on every machine: with or without bf16 instructions
+    nothing is chosen, and config.json says what drew the rollouts and how they are weighed."""
+    monkeypatch.delenv("MARFT_CPU_PATHS", raising=False)  # the suite may run with the paths off
     for capabilities in ({}, {"avx512_bf16": True}, {"avx512_bf16": False, "amx_bf16": True}, {"bf16": True}):
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
-        assert decodes_on(run.parse_args([])) == (False, "") and run.parse_args([]).chosen == {}
-    asked = ["--merged_generation", "--merged_weight_dtype", "bfloat16"]
-    cfg = run.parse_args(["--output_dir", str(tmp_path), "--run_name", "bf16", *asked])
-    assert decodes_on(cfg) == (True, "bfloat16") and cfg.chosen == {}
-    assert decodes_on(run.parse_args(["--merged_generation"])) == (True, "")  # the float32 copy, as asked
-    run.Run(cfg)
-    saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
-    assert saved["rollout/sampler"] == ("hf backend's merged copy (bfloat16 weights): μ ≠ π_old (another implementation or "
-                                        "dtype), each decision weighed by min(π_old/μ, 2)")
+        assert run.parse_args([]).chosen == {}
     run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "exact"]))
     saved = json.loads((tmp_path / "exact" / "config.json").read_text())
     assert saved["rollout/sampler"] == "hf backend (the training model itself): μ = π_old, no correction"
-    assert decodes_on(run.parse_args(["--config", str(tmp_path / "bf16")])) == (True, "bfloat16")
-    resumed = run.parse_args(["--resume", str(tmp_path / "bf16"), "--backend", "vllm"])
-    assert decodes_on(resumed) == (False, "") and "--merged_generation steps aside" in capsys.readouterr().err
-    assert decodes_on(run.parse_args(["--resume", str(tmp_path / "bf16")])) == (True, "bfloat16")
+    assert "machine/cpu_paths" not in saved
+    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "vllm", "--backend", "vllm"]))
+    saved = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert saved["rollout/sampler"] == ("vLLM engine (float32 weights): μ ≠ π_old (another implementation or dtype), "
+                                        "each decision weighed by min(π_old/μ, 2)")
+    monkeypatch.setenv("MARFT_CPU_PATHS", "off")
+    for name, value in speed.AVX2_CAPS.items():
+        monkeypatch.setenv(name, value)
+    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "off"]))
+    assert json.loads((tmp_path / "off" / "config.json").read_text())["machine/cpu_paths"] == (
+        "off (MARFT_CPU_PATHS=off): kernels capped at AVX2")
 
 
 def test_training_takes_no_nucleus_and_evaluation_still_does(tmp_path, capsys):
@@ -449,15 +411,11 @@ def test_an_option_given_beside_the_single_agents_recipe_overrides_only_itself(c
 @pytest.mark.parametrize("argv, message", [
     (["--group_std"], "--group_std=True has no effect here: --advantage gae has no groups"),
     (["--advantage", "group", "--lam", "0.9"], "--lam=0.9 has no effect here: --advantage group builds no critic"),
-    (["--advantage", "group", "--gamma_agent", "0.9"], "--gamma_agent=0.9 has no effect here: --advantage group"),
     (["--advantage", "group", "--value_clip", "0.1"], "--value_clip=0.1 has no effect here"),
     (["--advantage", "group", "--critic_lr", "0.01"], "--critic_lr=0.01 has no effect here"),
-    (["--gamma_token", "0.9"], "--gamma_token=0.9 has no effect here: it discounts between the tokens"),
-    (["--credit_discount", "0.3"], "--credit_discount=0.3 has no effect here: it is the d of --credit step_discount"),
-    (["--data", "code", "--format_penalty", "0.5"], "--format_penalty=0.5 has no effect here: the code task's environment"),
     (["--rollout_correction", "mis"], "--rollout_correction='mis' has no effect here: it weighs a rollout drawn by a sampler"),
-    (["--vllm_dtype", "bfloat16"], "--vllm_dtype='bfloat16' has no effect here: it is an option of the vLLM engine"),
-    (["--agents", "single", "--update_order", "topological"], "--update_order='topological' has no effect here"),
+    (["--vllm_gpu_memory_utilization", "0.5"], "--vllm_gpu_memory_utilization=0.5 has no effect here: it is an option of the vLLM engine"),
+    (["--agents", "single", "--happo_ratio_clip", "3"], "--happo_ratio_clip=3.0 has no effect here"),
 ])
 def test_an_option_that_has_no_effect_in_the_chosen_configuration_is_an_error_naming_why(argv, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
@@ -466,10 +424,9 @@ def test_an_option_that_has_no_effect_in_the_chosen_configuration_is_an_error_na
 
 def test_options_that_do_have_an_effect_are_accepted():
     """The same options where they act: each run's configuration takes them without a word."""
-    for argv in (["--advantage", "group", "--group_std"], ["--lam", "0.9", "--gamma_agent", "0.9", "--critic_lr", "0.01"],
-                 ["--level", "token", "--gamma_token", "0.9"], ["--credit", "step_discount", "--credit_discount", "0.3"],
-                 ["--format_penalty", "0.5"], ["--merged_generation", "--rollout_correction", "mis"],
-                 ["--agents", "chain3", "--update_order", "topological"]):
+    for argv in (["--advantage", "group", "--group_std"], ["--lam", "0.9", "--critic_lr", "0.01"],
+                 ["--backend", "vllm", "--rollout_correction", "mis"], ["--agents", "chain3", "--happo_ratio_clip", "3"],
+                 ["--backend", "vllm", "--vllm_gpu_memory_utilization", "0.5"]):
         run.parse_args(argv)
 
 
@@ -484,7 +441,7 @@ def test_one_agent_gets_the_same_returns_under_last_and_shared_credit():
 def test_config_reproduces_a_run_and_the_command_line_overrides_it(tiny_model_dir, tmp_path):
     """`--config runs/a/config.json` starts a new run with every option of run a: its metrics are
     run a's, line for line (time and speed aside). An option given beside it wins."""
-    options = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj", "--batch_size", "2",
+    options = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--batch_size", "2",
                "--max_new_tokens", "4", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "2", "--lr", "1e-3",
                "--seed", "7", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "a"]
     marft.train(run.parse_args(options))
@@ -588,6 +545,72 @@ def test_an_unknown_option_is_one_line_with_the_nearest_name_and_exit_code_2(arg
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and f"error: {line}" in err
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--kl_coef", "0.1"], "--kl_coef was retired: no KL penalty to the base model (its finding: "
+                           "docs/learning-per-minute.md); drop it (commit 716d5c8 still has it)"),
+    (["--no-anonymous"], "--anonymous was retired: "),
+    (["--level", "token"], "--level was renamed --decision_unit: give --decision_unit token"),
+    (["--normalisation=sum"], "--normalisation was renamed --action_logprob: give --action_logprob sum"),
+    (["--filter_groups"], "--filter_groups was renamed --skip_zero_signal_groups: give --skip_zero_signal_groups"),
+])
+def test_an_option_of_an_earlier_version_on_the_command_line_is_one_line_saying_what_became_of_it(argv, line, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and f"error: {line}" in err
+
+
+def test_an_earlier_versions_config_json_loads_renamed_options_and_stops_only_at_a_retired_one_in_use(tmp_path):
+    """A run's config.json from before the renames and retirements (results/**/config.json): renamed
+    keys take their new names, retired keys at the value this version reproduces are ignored, and a
+    retired key at any other value stops in one line naming it, its value and where its finding lives."""
+    older = {**dataclasses.asdict(run.Config()), "level": "token", "normalisation": "sum", "filter_groups": True,
+             "advantage": "group", "group_size": 4, "credit": "shared", "kl_coef": 0.0, "lora_alpha": 32.0,
+             "update_order": "random", "vllm_dtype": "bfloat16", "gamma_agent": 1.0, "anonymous": False}
+    for new in ("decision_unit", "action_logprob", "skip_zero_signal_groups"):
+        del older[new]
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    cfg = run.parse_args(["--config", str(tmp_path / "config.json")])
+    assert (cfg.decision_unit, cfg.action_logprob, cfg.skip_zero_signal_groups) == ("token", "sum", True)
+    assert run.read_config(tmp_path, "--run").decision_unit == "token"
+    for retired, value in (("kl_coef", 0.02), ("update_order", "topological"), ("gamma_agent", 0.9), ("credit", "step_discount")):
+        (tmp_path / "config.json").write_text(json.dumps({**older, retired: value}))
+        for option in ("--config", "--resume"):
+            with pytest.raises(SystemExit) as stop:
+                run.parse_args([option, str(tmp_path / ("config.json" if option == "--config" else ""))])
+            assert "was retired" in str(stop.value) and "use commit 716d5c8" in str(stop.value)
+            assert len(str(stop.value).splitlines()) == 1
+    (tmp_path / "config.json").write_text(json.dumps({**older, "kl_coef": 0.02}))
+    with pytest.raises(SystemExit, match=re.escape(f"--config {tmp_path / 'config.json'}: kl_coef 0.02 was retired: no KL "
+                                                   "penalty to the base model (its finding: docs/learning-per-minute.md); "
+                                                   "this version cannot reproduce that run: use commit 716d5c8")):
+        run.parse_args(["--config", str(tmp_path / "config.json")])
+    assert run.read_config(tmp_path, "--run").decision_unit == "token"  # evaluate.py: a training-only option is no matter
+    (tmp_path / "config.json").write_text(json.dumps({**older, "lora_alpha": 8.0}))  # but the adapters' scaling is
+    with pytest.raises(SystemExit, match="lora_alpha 8.0 was retired"):
+        run.read_config(tmp_path, "--run")
+
+
+def test_help_groups_the_options_by_the_phases_of_the_algorithm_box(capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--help"])
+    out = capsys.readouterr().out
+    titles = ["model & agents:", "task & data:", "1. rollout:", "3. advantages & credit:",
+              "4–5. PPO update (policies and critic):", "6. evaluation:", "run, checkpoints & machine:", "speed and memory:"]
+    positions = [out.index(f"\n{title}\n") for title in titles]
+    assert positions == sorted(positions)
+    assert out.index("\n  --decision_unit") > out.index("3. advantages & credit:") > out.index("\n  --backend")
+    groups = run.field_groups()
+    assert list(groups) == [title.removesuffix(":") for title in titles]
+    assert sorted(sum(groups.values(), [])) == sorted(f.name for f in dataclasses.fields(run.Config))
+
+
+def test_the_options_stay_few():
+    # Every option earns its place (a default, a built-in task or a documented result uses it):
+    # at most 60. The CPU-specific switch is MARFT_CPU_PATHS, not an option (speed.py).
+    assert len(dataclasses.fields(run.Config)) <= 60
+
+
 def test_an_unknown_name_in_a_config_file_is_named_with_the_nearest_option(tmp_path):
     (tmp_path / "config.json").write_text('{"lr_shedule": "cosine", "seed": 3}')
     with pytest.raises(SystemExit, match=r"does not know: \['lr_shedule'\] \(lr_shedule: did you mean lr_schedule\?\)"):
@@ -595,15 +618,15 @@ def test_an_unknown_name_in_a_config_file_is_named_with_the_nearest_option(tmp_p
 
 
 @pytest.mark.parametrize("argv, left_out", [
-    ([], {"code_all_or_nothing"}),  # math: its data, levels, malformed rows and format penalty are read
-    (["--data", "code", "--code_all_or_nothing"], {"arithmetic_levels", "format_penalty"}),  # code reads neither
-    (["--task", "word"], {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows", "code_all_or_nothing"}),
+    ([], set()),  # math: its data, levels and malformed rows are read
+    (["--data", "code"], {"arithmetic_levels"}),  # code: no levels
+    (["--task", "word"], {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"}),
 ])
 def test_a_builtin_tasks_config_json_records_the_options_it_reads_and_reads_back(argv, left_out, tmp_path):
     cfg = run.parse_args([*argv, "--output_dir", str(tmp_path), "--run_name", "r"])
     run.Run(cfg)
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
-    data_options = {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows", "format_penalty", "code_all_or_nothing"}
+    data_options = {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"}
     assert data_options - set(saved) == left_out and not left_out & set(saved)
     again = run.parse_args(["--config", str(tmp_path / "r")])
     resumed = run.parse_args(["--resume", str(tmp_path / "r")])

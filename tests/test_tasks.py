@@ -236,7 +236,7 @@ def test_the_example_trains_with_task_resumes_and_evaluate_reuses_its_task(tiny_
     and its own metric are logged, config.json records the task, --resume and evaluate.py --run
     find it again from there."""
     monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *a, **k: ScriptedConverter(tokenizer))
-    argv = ["--task", EXAMPLE, "--model", str(tiny_model_dir), "--lora_rank", "2", "--lora_targets", "q_proj,v_proj",
+    argv = ["--task", EXAMPLE, "--model", str(tiny_model_dir), "--lora_rank", "2",
             "--batch_size", "6", "--iterations", "2", "--eval_problems", "4", "--eval_samples", "1", "--eval_interval", "1",
             "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "units"]
     marft.train(run_lib.parse_args(argv))
@@ -378,4 +378,4 @@ def test_a_task_of_your_own_records_none_of_the_builtin_tasks_data_options(tmp_p
     # its own load may read any option: one given a value is kept
     units = tasks.find_task(EXAMPLE)
     assert tasks.unread_options(units, run_lib.Config(data="mine.jsonl")) == set(tasks.DATA_OPTIONS) - {"data"}
-    assert tasks.unread_options(tasks.MATH, run_lib.Config(code_all_or_nothing=True)) == {"code_all_or_nothing"}
+    assert tasks.unread_options(tasks.MATH, run_lib.Config()) == set()

@@ -247,13 +247,14 @@ def test_gae_over_caller_calculator_answerer_is_the_two_agent_chain_and_charges_
     """Two episodes played for real (scripted policies): the calculator's output is in the
     answerer's observation, and the advantages are those of a two-action chain caller → answerer.
 
-    γ_a = .8, λ = .5, credit last, values V(caller) = .3 / .5, V(answerer) = .6 / .2 (episodes 0 / 1);
-    episode 0 is solved (R = 1), episode 1 is not (its gold answer is 660, the calculator says 661):
-        ep0  Â_ans = 1 − .6 = .4;   δ_call = .8·.6 − .3 = .18,  Â_call = .18 + .8·.5·.4 = .34
-        ep1  Â_ans = 0 − .2 = −.2;  δ_call = .8·.2 − .5 = −.34, Â_call = −.34 + .4·(−.2) = −.42
+    γ_a = 1 (the trainer's), λ = .5, credit last, values V(caller) = .3 / .5, V(answerer) = .6 / .2
+    (episodes 0 / 1); episode 0 is solved (R = 1), episode 1 is not (its gold answer is 660, the
+    calculator says 661):
+        ep0  Â_ans = 1 − .6 = .4;   δ_call = .6 − .3 = .3,   Â_call = .3 + .5·.4 = .5
+        ep1  Â_ans = 0 − .2 = −.2;  δ_call = .2 − .5 = −.3,  Â_call = −.3 + .5·(−.2) = −.4
     With --tool_call_cost .1 each episode's R drops by .1 (one call each):
-        ep0  Â_ans = .9 − .6 = .3,   Â_call = .18 + .4·.3 = .30
-        ep1  Â_ans = −.1 − .2 = −.3, Â_call = −.34 + .4·(−.3) = −.46
+        ep0  Â_ans = .9 − .6 = .3,   Â_call = .3 + .5·.3 = .45
+        ep1  Â_ans = −.1 − .2 = −.3, Â_call = −.3 + .5·(−.3) = −.45
     """
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -262,15 +263,14 @@ def test_gae_over_caller_calculator_answerer_is_the_two_agent_chain_and_charges_
     org = load_organisation(str(profile))
     problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 361 + 25 * 12?", "660", "", "")]
     values = torch.tensor([0.3, 0.5, 0.6, 0.2]).unsqueeze(-1)  # samples: caller ep0, caller ep1, answerer ep0, answerer ep1
-    for cost, expected in ((0.0, [0.34, -0.42, 0.4, -0.2]), (0.1, [0.30, -0.46, 0.3, -0.3])):
-        cfg = run_lib.Config(agents=str(profile), credit="last", gamma_agent=0.8, lam=0.5, tool_call_cost=cost)
+    for cost, expected in ((0.0, [0.5, -0.4, 0.4, -0.2]), (0.1, [0.45, -0.45, 0.3, -0.3])):
+        cfg = run_lib.Config(agents=str(profile), credit="last", lam=0.5, tool_call_cost=cost)
         team = ScriptedCallerAndAnswerer(tokenizer)
         with Grader() as grader:
             rollout = play_episodes(team.generate, tokenizer, org, problems, grader, Sampling(1.0, 1.0, 16), cfg)
         assert "Calculator: 361 + 25 * 12 = 661" in team.answerer_prompts[1]
         assert rollout.team_reward[:, 0].tolist() == pytest.approx([1.0 - cost, 0.0 - cost])
-        old = marft.OldPolicy(logprob=torch.zeros(4, 1), values=values, mask=torch.ones(4, 1), ref_logprob=torch.zeros(4, 1),
-                              token_mask=torch.ones(4, 1))
+        old = marft.OldPolicy(logprob=torch.zeros(4, 1), values=values, mask=torch.ones(4, 1), token_mask=torch.ones(4, 1))
         advantages, returns, _, _ = marft.compute_advantages(org, rollout, old, cfg)
         assert advantages[:, 0].tolist() == pytest.approx(expected)
         assert returns[:, 0].tolist() == pytest.approx([a + v for a, v in zip(expected, values[:, 0].tolist())], abs=1e-6)

@@ -173,17 +173,16 @@ def test_two_torchrun_ranks_each_generate_with_their_own_engine(tmp_path, small_
     """2 gloo ranks, each with one vLLM engine (`external_launcher`) playing its own episodes: the run
     trains for 2 iterations without a hang, the ranks' weights stay identical, and in iteration 2
     (after an update and a sync on every rank) the engines' sampled-token log-probs agree with the
-    trainer's recomputation. The small model's rewards are all equal (its answers never parse), so
-    the update is the entropy bonus's (--ent_coef), and it moves the policy far more than the gap
-    allowed: an engine left on the old adapter would fail the check."""
+    trainer's recomputation. The small model's answers never parse, so the math environment pays
+    conftest.varied_step's reward (MARFT_TEST_VARIED_REWARDS), and the update it drives moves the
+    policy far more than the gap allowed: an engine left on the old adapter would fail the check."""
     from test_distributed import metrics_rows, torchrun
 
     options = ["--model", str(small_model_dir), "--backend", "vllm", "--agents", "chain", "--iterations", "2",
                "--batch_size", "2", "--minibatch_size", "2", "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy",
-               "--max_new_tokens", "8", "--lora_rank", "8", "--lora_targets", "q_proj,v_proj", "--lr", "1e-3",
-               "--ent_coef", "0.1", "--threads", "1",
-               "--output_dir", str(tmp_path), "--run_name", "two", "--dist_timeout_minutes", "4"]
-    torchrun(options, timeout=420, env={"MARFT_TEST_BACKEND": "real"})  # exits 3 unless the ranks' weights are identical
+               "--max_new_tokens", "8", "--lora_rank", "8", "--lr", "1e-3", "--threads", "1",
+               "--output_dir", str(tmp_path), "--run_name", "two"]
+    torchrun(options, timeout=420, env={"MARFT_TEST_BACKEND": "real", "MARFT_TEST_VARIED_REWARDS": "1"})  # exits 3 unless the ranks' weights are identical
     rows = metrics_rows(tmp_path / "two")
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert math.isfinite(rows[2]["losses/policy_loss/planner"]) and math.isfinite(rows[2]["losses/policy_loss/solver"])
