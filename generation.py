@@ -133,7 +133,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
 
 def decoding_cache(model, prefix: list[int], rows: int) -> DynamicCache:
     """The cache `decode` decodes a batch of `rows` into: transformers' own, holding the shared
-    `prefix` (run once, repeated over the rows: agents.prefix_cache) when there is one."""
+    `prefix` (run once, repeated over the rows: agents.prefix_cache) when there is one. (A cache
+    written in place instead of grown by concatenation decoded no faster: docs/speed-and-memory.md.)"""
     return prefix_cache(model, prefix, rows) if prefix else DynamicCache(config=backbone(model).config)
 
 

@@ -139,21 +139,17 @@ def train(cfg: Config) -> dict:
     """MARFT's algorithm box: one pass of the loop is one iteration, one call per phase.
     Under torchrun every rank runs it; distributed.py's docstring says how the work is split."""
     job = set_up(cfg)  # device, task, run folder, model with every adapter, critic, optimisers, generator; resumed state
-    org, model, value_heads, optimisers, backend = job.org, job.model, job.value_heads, job.optimisers, job.backend
-    pad = job.tokenizer.pad_token_id
+    org, model, value_heads, optimisers, backend, pad = (job.org, job.model, job.value_heads, job.optimisers, job.backend,
+                                                          job.tokenizer.pad_token_id)
     with Grader() as grader, contextlib.closing(backend):
-        evaluate = lambda greedy_only=False: heldout_metrics(backend.generate, job.tokenizer, org, job.held_out, grader, cfg,
-                                                             greedy_only)[0]
+        evaluate = held_out_evaluator(job, grader, cfg)
         if job.start == 0:
-            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
-                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
-            job.run.log(0, evaluate())
+            job.run.log(0, evaluate(before_training=True))
         progress = tqdm(range(job.start, cfg.iterations), initial=job.start, total=cfg.iterations, desc="MARFT",
                         dynamic_ncols=True, disable=not distributed.is_main())
         previous: dict[str, list[torch.Tensor]] = {}  # θ^i before the last update of each agent that moved
         for iteration in progress:
-            timer, metrics = PhaseTimer(job.device), {}
-            rng = seed_iteration(cfg.seed, iteration)
+            timer, metrics, rng = PhaseTimer(job.device), {}, seed_iteration(cfg.seed, iteration)  # every draw from (seed, k)
             batch = iteration_batch(job.train_problems, cfg.batch_size, cfg.seed, iteration)
             episodes = [problem for problem in batch for _ in range(cfg.group_size)]  # episode b is in group b // G
 
@@ -176,8 +172,7 @@ def train(cfg: Config) -> dict:
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates.
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
-            # a sampler other than the training model is checked, at the next rollout, to serve what this update makes
-            previous = {} if backend.exact else adapter_snapshot(model, optimisers)
+            previous = {} if backend.exact else adapter_snapshot(model, optimisers)  # checked at the next rollout
             with timer("policy_update"):
                 metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, rng)
             previous = {adapter: weights for adapter, weights in previous.items() if adapter_moved(model, adapter, weights)}
@@ -188,7 +183,6 @@ def train(cfg: Config) -> dict:
             # The generation backend serves the updated adapters from now on (vLLM: fresh lora_int_ids).
             with timer("adapter_sync"):
                 backend.sync(model)
-
             # 6. Held-out evaluation, metrics, checkpoint.
             out_of_time = distributed.broadcast_object(cfg.time_limit_minutes > 0 and job.run.elapsed() >= 60 * cfg.time_limit_minutes)
             with timer("eval"):
@@ -264,6 +258,17 @@ def set_up_process(cfg: Config) -> str:
     print_main(run_lib.threads_line(torch.get_num_threads()), flush=True)
     speed.return_freed_memory()
     return device
+
+
+def held_out_evaluator(job: Job, grader: Grader, cfg: Config):
+    """evaluate(greedy_only=False, before_training=False) -> the held-out metrics (rollout.heldout_metrics)
+    of the policies as they are now, decoded by the run's generation backend."""
+    def evaluate(greedy_only: bool = False, before_training: bool = False) -> dict:
+        if before_training:
+            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
+                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
+        return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, greedy_only)[0]
+    return evaluate
 
 
 def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:

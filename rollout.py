@@ -178,9 +178,8 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
     orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
 
-    From `cfg`: the horizon H, max_prompt_tokens, shared_adapter, and
-    whether a critic will read the rollout (`advantage` gae: its own inputs are recorded where they
-    are not the policies' prompts)."""
+    From `cfg`: the horizon H, max_prompt_tokens, shared_adapter, and whether a critic will read the
+    rollout (`advantage` gae: its own inputs are recorded where they are not the policies' prompts)."""
     B, T = len(problems), cfg.horizon
     task = tasks.task_of(cfg)
     context = episode_context(org, grader)
@@ -201,13 +200,11 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
         critic_ids, critic_truncated = critic_inputs(org, role, [(observations[b], transcripts[b]) for b in episodes],
                                                      tokenizer, cfg)
-        truncated += critic_truncated
         started = time.perf_counter()
-        # --role_temperatures: this agent's own T (a greedy evaluation stays greedy)
         own = sampling if sampling.temperature == 0 or role not in temperatures else replace(sampling, temperature=temperatures[role])
-        actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), own)
+        actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), own)  # own: its T
         out.generation_seconds += time.perf_counter() - started
-        out.truncated_prompts += truncated
+        out.truncated_prompts += truncated + critic_truncated
         texts = tokenizer.batch_decode(actions.token_ids, skip_special_tokens=True)
         taken = []
         for k, b in enumerate(episodes):
@@ -230,13 +227,11 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
                 for b, (s, _) in zip(active, act(role, active, transcripts, t)):
                     if s is not None:  # a tool's action is in the transcript, not among the samples
                         samples[b].append(s)
-        still_active = []
-        for b in active:
+        for b in list(active):
             observations[b], done = step_environment(envs[b], task, org, transcripts[b], samples[b], out, b, t,
                                                      cfg.tool_call_cost, problem=problems[b])
-            if not done:
-                still_active.append(b)
-        active = still_active
+            if done:
+                active.remove(b)
     return out
 
 

@@ -1,28 +1,35 @@
-"""Speed and memory: the CPU-specific switch, and freed memory handed back to the OS.
+"""Speed and memory: the CPU paths behind one switch, and freed memory handed back to the OS.
 
-Not in the paper: nothing here changes what is sampled or learned beyond float rounding. The
-algorithm's own speed work stays with the concept it speeds up and is exact up to rounding:
-the prompt prefix a batch shares is run once (agents.forward_responses, generation.generate),
-and the gradient passes are cut into micro-batches of a token budget (marft.micro_batches).
+Not in the paper: nothing here changes what is sampled or learned (the same tokens, bit for bit, in
+tests/test_prefix_sharing.py and tests/test_agents.py). The algorithm's own speed work stays with the
+concept it speeds up and is exact up to float rounding: the prompt prefix a batch shares is run once
+(agents.forward_responses, generation.generate), and the gradient passes are cut into micro-batches
+of a token budget (marft.micro_batches).
 
-    MARFT_CPU_PATHS=off   the one switch: every path that this CPU's instructions choose is off.
-                          scripts/setup_env.sh then caps torch's, oneDNN's and MKL's kernels at
-                          AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS)
-                          before torch loads, so a run computes as on a CPU without AVX-512 or
-                          bf16 instructions. config.json records it (machine/cpu_paths).
-    return_freed_memory   glibc's mmap threshold fixed at 1 MiB and malloc_trim after each phase,
-                          so the resident memory follows the memory in use.
+    MARFT_CPU_PATHS=off    the one switch: the CPU path below is off (model(...) is plain
+                           transformers + peft), and scripts/setup_env.sh caps torch's, oneDNN's and
+                           MKL's kernels at AVX2 before torch loads, so a run computes as on a CPU
+                           without AVX-512 or bf16 instructions; config.json records it
+    sdpa_grouped_kv        attention reads grouped key/value heads as they are (no copy per query head)
+    return_freed_memory    glibc's mmap threshold fixed at 1 MiB and malloc_trim after each phase,
+                           so the resident memory follows the memory in use (on every machine)
 
-Every other CPU path measured here bought less than 1.15x on the default job's iteration and was
-deleted: oneDNN's float32 products, the fused LoRA update, rows sorted by length, grouped key/value
-attention, a reserved decoding cache, the inverse-transform sampler, gradient checkpointing, and
-the merged bf16 copy as a sampler. docs/speed-and-memory.md keeps their figures.
+Grouped key/value attention decodes the default job's held-out evaluation 1.36x faster
+(results/speed/decoding-paths-ab/); every other CPU path measured bought less than 1.15x and was
+deleted (oneDNN's float32 products, the fused LoRA update, rows sorted by length, a decoding cache
+written in place, the inverse-transform sampler, gradient checkpointing, the merged bf16 copy as
+sampler): docs/speed-and-memory.md keeps their figures.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import os
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 CPU_PATHS_VARIABLE = "MARFT_CPU_PATHS"
 # What scripts/setup_env.sh exports under MARFT_CPU_PATHS=off (each read once, when torch loads)
@@ -32,6 +39,11 @@ AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_E
 def cpu_paths_on() -> bool:
     """False under MARFT_CPU_PATHS=off: the kernels that this CPU's instructions choose are off."""
     return os.environ.get(CPU_PATHS_VARIABLE, "on") != "off"
+
+
+def cpu_paths_apply(device: torch.device | str) -> bool:
+    """Whether the CPU path applies to a model on `device`: a CPU, with the switch on."""
+    return torch.device(device).type == "cpu" and cpu_paths_on()
 
 
 def cpu_paths_record() -> str | None:
@@ -66,3 +78,34 @@ def return_freed_memory() -> None:
     pages (malloc_trim, 60-70 ms a call here). Called at start and after every phase. No-op without glibc."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over grouped key/value heads
+# ---------------------------------------------------------------------------------------------
+
+def sdpa_grouped_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention
+    (SmolLM2: 9 query heads read 3 key/value heads) hands torch's kernel the key/value heads as
+    they are (`enable_gqa`) instead of copying each one per query head that reads it: the copy was
+    the whole key/value cache of every layer at every decoding step. The same numbers. Elsewhere (no
+    mask: the library groups heads itself; CUDA, where a mask with grouped heads falls back to the
+    slow kernel) it is the library's function unchanged.
+    query [n, heads, q, d], key/value [n, kv_heads, k, d] → ([n, q, heads, d], None)."""
+    if attention_mask is None or query.device.type != "cpu" or query.shape[1] == key.shape[1]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                                           scale=scaling, enable_gqa=True)  # a mask: never is_causal
+    return out.transpose(1, 2).contiguous(), None
+
+
+GROUPED_KV_SDPA = "sdpa_grouped_kv"
+AttentionInterface.register(GROUPED_KV_SDPA, sdpa_grouped_kv)
+AttentionMaskInterface.register(GROUPED_KV_SDPA, sdpa_mask)  # the masks "sdpa" gets
+
+
+def use_grouped_kv_attention(model) -> None:
+    """A model loaded with "sdpa" attention on the CPU reads grouped heads in place (agents.load_base_model)."""
+    if model.config._attn_implementation == "sdpa" and cpu_paths_apply(model.device):
+        model.set_attn_implementation(GROUPED_KV_SDPA)

@@ -5,6 +5,7 @@ import torch
 import agents
 import critic
 import generation
+import speed
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -357,6 +358,47 @@ def test_generation_logprobs_are_those_of_the_nucleus_it_samples_from_under_top_
     for row, logprobs in enumerate(actions.logprobs):
         gaps = [recorded - whole[row, k].item() for k, recorded in enumerate(logprobs)]
         assert gaps and all(0.5 < gap < 0.9 for gap in gaps)  # log 2 ≈ 0.69
+
+
+def test_grouped_key_value_attention_gives_the_library_sdpa_numbers_without_copying_the_heads(setup):
+    """load_base_model switches an "sdpa" model on the CPU to speed.GROUPED_KV_SDPA (the tiny Llama reads one
+    key/value head from two query heads): on a padded batch, with and without a shared prefix,
+    log-probs and the LoRA gradients equal those of transformers' own "sdpa", which copies the
+    key/value head per query head, and that copy is no longer made."""
+    model, tokenizer, _ = setup
+    base = model.get_base_model()
+    if not speed.cpu_paths_on():
+        assert base.config._attn_implementation == "sdpa"  # MARFT_CPU_PATHS=off: plain transformers
+        base.set_attn_implementation(speed.GROUPED_KV_SDPA)
+    assert base.config._attn_implementation == speed.GROUPED_KV_SDPA
+
+    def logprobs_and_gradients(share_prefix):
+        model.zero_grad(set_to_none=True)
+        prompts = [[1, 40, 41, 42] + p[1:] for p in PROMPTS]  # a 4-token shared prefix, then the rows' own tokens
+        logprob, _ = agents.action_logprobs(model, prompts, RESPONSES, "solver", tokenizer.pad_token_id, "sum", 1.0,
+                                            share_prefix=share_prefix)
+        logprob.sum().backward()
+        return logprob.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    import transformers.integrations.sdpa_attention as library
+    copies, repeat_kv = [], library.repeat_kv
+    library.repeat_kv = lambda states, n_rep: copies.append(n_rep) or repeat_kv(states, n_rep)
+    try:
+        for share_prefix in (False, True):
+            grouped, grouped_grads = logprobs_and_gradients(share_prefix)
+            assert not copies
+            base.set_attn_implementation("sdpa")
+            plain, plain_grads = logprobs_and_gradients(share_prefix)
+            base.set_attn_implementation(speed.GROUPED_KV_SDPA)
+            assert copies  # the library's path copies the heads
+            copies.clear()
+            torch.testing.assert_close(grouped, plain, rtol=1e-6, atol=1e-7)
+            assert grouped_grads.keys() == plain_grads.keys() and grouped_grads
+            for name in plain_grads:
+                torch.testing.assert_close(grouped_grads[name], plain_grads[name], rtol=1e-5, atol=1e-7)
+    finally:
+        library.repeat_kv = repeat_kv
+        base.set_attn_implementation("sdpa" if not speed.cpu_paths_on() else speed.GROUPED_KV_SDPA)
 
 
 @pytest.mark.parametrize("tokenizer_eos, model_eos, expected", [

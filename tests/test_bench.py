@@ -575,6 +575,7 @@ def test_merging_a_phases_run_keeps_the_earlier_memory_section(tmp_path, monkeyp
     (tmp_path / "bench.json").write_text(json.dumps(earlier))
     phases = dict(earlier["phases"], iteration_seconds_without_eval=12.5)
     monkeypatch.setattr(bench, "phases_and_memory", lambda sizes, threads, out, skip: (phases, {}))
-    report = bench.main(["--skip", "throughput,backends,memory,contention,learning", "--merge", "--out", str(tmp_path)])
+    report = bench.main(["--skip", "throughput,backends,memory,contention,grading,learning", "--merge", "--out", str(tmp_path)])
     assert report["memory"] == earlier["memory"] and report["phases"]["iteration_seconds_without_eval"] == 12.5
+    assert report["grading"] == earlier["grading"]  # a section left out keeps the earlier report's
     assert report["section_dates"]["memory"] == earlier["section_dates"]["memory"]
