@@ -197,6 +197,7 @@ def test_the_critic_is_run_and_trained_on_its_own_prompt_with_the_shared_prefix(
     # forward batch shares a prefix; micro-batches of about 2 rows.
     cfg = run_lib.Config(agents="parallel", decision_unit=level, minibatch_size=4, ppo_epochs=1,
                          micro_batch_tokens=300)
+    monkeypatch.setattr(marft, "FORWARD_BATCH_SIZE", 4)  # several no-grad batches
     rollout = play_parallel(tokenizer, cfg, episodes=4)
     value_inputs = {s: rollout.prompt_ids[s] for s in rollout.agent_samples(0)}  # solver_a: its own prompt
     value_inputs |= {s: solver_b_critic_prompt(tokenizer, org, SCRIPT["solver_a"][rollout.episode[s] % 2])

@@ -104,8 +104,10 @@ def perturb_adapter(model, adapter, scale=0.3):
 
 
 @pytest.mark.parametrize("decision_unit, action_logprob", [("action", "sum"), ("action", "mean"), ("token", "sum")])
-def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_joint_action(tiny_agents, decision_unit, action_logprob):
+def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_joint_action(tiny_agents, decision_unit, action_logprob,
+                                                                                     monkeypatch):
     model, pad = tiny_agents
+    monkeypatch.setattr(marft, "FORWARD_BATCH_SIZE", 2)  # the agent's 3 samples in two no-grad batches
     rollout = hand_made_rollout()
     cfg = run.Config(decision_unit=decision_unit, action_logprob=action_logprob, happo_ratio_clip=0.0)
     solver_samples = rollout.agent_samples(1)  # samples 1, 3, 5: (0, 0), (0, 1), (1, 0)
