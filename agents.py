@@ -298,7 +298,7 @@ def backbone(model):
 
 @contextlib.contextmanager
 def active_adapter(model: PeftModel, adapter: str | None):
-    """Run the block under adapter `adapter`; None runs the bare base model (the reference policy)."""
+    """Run the block under adapter `adapter`; None runs the bare base model."""
     if adapter is None:
         with model.disable_adapter():
             yield
@@ -561,7 +561,7 @@ def token_logprobs(
     """Per-token log π^i(w_k | ô, w_<k), entropy and mask, each [n, L] on the CPU (differentiable):
     `policy_logprobs` at the token level.
 
-    Token-level MARFT treats every token as an action; adapter None gives the reference policy.
+    Token-level MARFT treats every token as an action; adapter None gives the bare base model.
     """
     out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "token", "sum", temperature, share_prefix,
                           prefix)
@@ -572,7 +572,7 @@ def action_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
                     pad_id: int, normalisation: str, temperature: float, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """log π^i(a | ô) per action [n] (Σ_k or mean_k of token log-probs) and mean token entropy [n].
 
-    Gradients flow to `adapter` when grad is enabled; adapter None gives the reference policy.
+    Gradients flow to `adapter` when grad is enabled; adapter None gives the bare base model.
     """
     out = policy_logprobs(model, prompt_ids, response_ids, adapter, pad_id, "action", normalisation, temperature, share_prefix)
     return out.logprob[:, 0], out.entropy[:, 0]
