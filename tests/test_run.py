@@ -264,6 +264,10 @@ def test_resume_drops_the_tensorboard_events_written_after_the_checkpoint(tmp_pa
     for iteration in range(4):  # the first process reached iteration 3, its last checkpoint was iteration 1
         log.write(iteration, {"charts/reward": float(iteration)})
     log.close()
+    # TensorBoard reads event files in name order: <seconds>.<host>.<pid>.<counter>. A resume is a later
+    # process, so its file sorts after; in one test process the counter may roll from 9 to 10 and sort first.
+    (first,) = (tmp_path / "tensorboard").glob("*tfevents*")
+    first.rename(first.with_name("events.out.tfevents.0000000001.earlier-process"))
     resumed = run.MetricsLog(tmp_path, keep_before=2)  # resumed from the checkpoint of iteration 1
     for iteration in (2, 3):
         resumed.write(iteration, {"charts/reward": 10.0 + iteration})
