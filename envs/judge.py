@@ -1,16 +1,17 @@
 """The code sandbox's two processes: the judge, and the program's process it forks (envs/sandbox.py
 starts this file as `python -I -S -B -c <this file's text> fd`; it imports nothing of marft).
 
-The judge reads its job from stdin in two parts: first (limits, prelude, program), after which it
-forks the program's process, then the tests, which are therefore never in the program's memory. It
-limits itself, drops privileges if it is root, runs every test itself and writes one event per line
-on the pipe `fd`, which only it holds: ('kind', index, 'result', 'detail', 'output').
+The judge reads its job from stdin in two parts, (limits, prelude, program), then it forks the
+program's process, then the tests (so never in the program's memory). It limits itself, drops
+privileges if root, runs every test itself and writes one event per line on the pipe `fd`, which only
+it holds: ('kind', index, 'result', 'detail', 'output').
 
-Between the judge and the program's process, one line each way per message, the repr of a tuple of
-plain data: ('call', number, name, args, kwargs) and ('output', number) from the judge; ('ready',
-names), ('crash', detail, output), ('syntax_error', detail), ('value', number, value), ('raised',
-number, kind, message) and ('output', number, text) from the program. The judge rebuilds what it
-reads with `from_repr`, which evaluates nothing.
+Between the two processes, one line per message, the repr of a tuple of plain data: ('call', number,
+name, args, kwargs) and ('output', number) from the judge; ('running',) or ('sandbox_error', detail),
+then ('ready', names), ('crash', detail, output) or ('syntax_error', detail), then ('value', number,
+value), ('raised', number, kind, message) and ('output', number, text) from the program. The judge
+rebuilds them with `from_repr`, which evaluates nothing: nothing the program says is believed beyond
+plain values the judge asked for.
 """
 import ast, builtins, ctypes, io, json, os, resource, signal, sys
 
@@ -111,15 +112,12 @@ def serve(job, settings):
     if settings["filter"]:
         install_filter(settings["filter"])
     state = {"computing": False}
-
     class Interrupted(BaseException):
         pass
-
-    def interrupted(signum, frame):  # the judge's signal that a call ran out of time
+    def interrupted(signum, frame):  # the judge's signal that a call ran out of time (only inside a call)
         if state["computing"]:
             state["computing"] = False
             raise Interrupted("the call ran out of time")
-
     signal.signal(signal.SIGALRM, interrupted)
     refuse_c_modules(limits["refused_modules"])
     requests, folder = Lines(0, 1 << 24), os.getcwd()
@@ -164,18 +162,16 @@ def install_filter(bpf):
 
 
 def refuse_c_modules(refused):
-    # The C modules refused to the program leave sys.modules and this file's globals, and no further
-    # C module loads on any path (import, importlib, _imp).
+    # The refused C modules leave sys.modules and this file's globals, and no C module loads on any
+    # path (import, importlib, _imp): a refused module stays refused.
     for name in list(sys.modules):
         if name.split(".")[0] in refused:
             del sys.modules[name]
     for name in refused:
         globals().pop(name, None)
     import _imp
-
     def no_c_module(*args):
         raise ImportError("sandbox: no C module is loaded once the program runs (import it from PRELOADED_MODULES)")
-
     for loader in ("create_builtin", "create_dynamic", "exec_builtin", "exec_dynamic"):
         if hasattr(_imp, loader):
             setattr(_imp, loader, no_c_module)
@@ -193,11 +189,9 @@ def capture_output(cap):
                 self.parts.append(str(text)[: self.cap - self.size])
             self.size += len(text)
             return len(text)
-
     printed = Printed(cap)
     sys.stdout = sys.stderr = printed
     sys.stdin = io.StringIO("")
-
     def output():
         try:
             return "".join(p for p in printed.parts if type(p) is str)[:cap]
@@ -226,9 +220,9 @@ def run_program(job, settings, folder, output):
 
 
 def guard_for(folder, limits):
-    # The Python guard of the program's process: clear errors for an honest program that reaches
-    # for a process, a socket, C or a file outside its folder. A convenience: the kernel and the
-    # judge decide, and nothing of value is in this process.
+    # The Python guard of the program's process: clear errors for an honest program that reaches for a
+    # process, a socket, C or a file outside its folder. A convenience: the kernel and the judge decide,
+    # and nothing of value is in this process. What it calls is bound here, before the program runs.
     _realpath, _fsdecode, _sep, _isabs, _str, _bytes = os.path.realpath, os.fsdecode, os.sep, os.path.isabs, str, bytes
     _isinstance, _len, _int, _PermissionError, _as_str, _join = isinstance, len, int, PermissionError, str.__str__, bytes.join
     _PathTypes = (str, bytes, os.PathLike)
@@ -242,18 +236,15 @@ def guard_for(folder, limits):
     path_events = {"os.remove": (1, (1,)), "os.rmdir": (1, (1,)), "os.mkdir": (1, (2,)), "os.chmod": (1, (2,)),
                    "os.rename": (2, (2, 3)), "os.link": (2, (2, 3)), "os.symlink": (2, (2,)), "shutil.rmtree": (1, ()),
                    "os.listdir": (1, ()), "os.scandir": (1, ()), "os.chdir": (1, ())}
-
     def outside(value):
         path = _realpath(_fsdecode(value))
         return not (path + _sep).startswith(folder + _sep), path
-
     def exact(value):  # a str or bytes argument as its real content (a subclass can lie in its methods)
         if _isinstance(value, _str):
             return _as_str(value)
         if _isinstance(value, _bytes):
             return _join(b"", [value])
         return value
-
     def guard(event, args):
         args = [exact(a) for a in args]
         if event in refused_events:
@@ -293,6 +284,12 @@ class OutOfTime(BaseException):
 class Gone(Exception):
     pass
 
+def quietly(function, *args):  # an OSError here (a descriptor or process already gone) changes nothing
+    try:
+        function(*args)
+    except OSError:
+        pass
+
 def read_exactly(fd, size):
     data = b""
     while len(data) < size:
@@ -317,7 +314,10 @@ class Judge:
         except BaseException:
             os._exit(3)
 
-    def leave(self):
+    def leave(self, kind=None, **event):
+        # Say a last event (if any), end the program's process, exit.
+        if kind:
+            self.say(kind, **event)
         if self.program["pid"]:
             self.stop_program()
         os._exit(0)
@@ -342,8 +342,7 @@ class Judge:
                     pass
             ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process of its user reads its /proc
         except Exception as err:
-            self.say("sandbox_error", detail=last_line(err))
-            os._exit(0)
+            self.leave("sandbox_error", detail=last_line(err))  # no program's process yet
 
     def drop_privileges(self, chroot):
         # To `nobody` when root; the program's process of the guard mode first into its folder
@@ -392,19 +391,10 @@ class Judge:
         program = self.program
         pid, program["pid"] = program["pid"], 0
         for fd in (program["to"], program["answers"].fd if program["answers"] else -1):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            quietly(os.close, fd)
         program.update(to=-1, answers=None, in_call=0)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
+        quietly(os.kill, pid, signal.SIGKILL)
+        quietly(os.waitpid, pid, 0)
 
     def answer_to(self, number):
         # The program's answer to call `number` (an answer to a call given up on is dropped).
@@ -520,23 +510,19 @@ class Judge:
             first = self.answer()  # ("running",), or why the sandbox could not start it: before any code of the program
             if first[0] == "sandbox_error" and len(first) == 2 and type(first[1]) is str:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                self.say("sandbox_error", detail=first[1])
-                self.leave()
+                self.leave("sandbox_error", detail=first[1])
             if first != ("running",):
                 raise Gone("the program's process answered garbage")
             first = self.answer()  # the program's: ready, crash or syntax_error
             signal.setitimer(signal.ITIMER_REAL, 0)
         except OutOfTime:
-            self.say("program", result="timeout", detail="the program's top level ran out of time")
-            self.leave()
+            self.leave("program", result="timeout", detail="the program's top level ran out of time")
         except Gone as err:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            self.say("program", result="crash", detail=str(err))
-            self.leave()
+            self.leave("program", result="crash", detail=str(err))
         except Exception as err:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            self.say("sandbox_error", detail=last_line(err))
-            self.leave()
+            self.leave("sandbox_error", detail=last_line(err))
         return tests, first
 
     def take_first(self, first):
@@ -545,14 +531,11 @@ class Judge:
         if first[0] == "ready" and len(first) == 2 and type(first[1]) is list:
             self.program["names"] = {n for n in first[1] if type(n) is str}
         elif first[0] == "syntax_error" and len(first) == 2 and strings:
-            self.say("syntax_error", detail=first[1])
-            self.leave()
+            self.leave("syntax_error", detail=first[1])
         elif first[0] == "crash" and len(first) == 3 and strings:
-            self.say("program", result="crash", detail=first[1], output=first[2][: self.limits["output_chars"]])
-            self.leave()
+            self.leave("program", result="crash", detail=first[1], output=first[2][: self.limits["output_chars"]])
         else:
-            self.say("program", result="crash", detail="the program's process answered garbage")
-            self.leave()
+            self.leave("program", result="crash", detail="the program's process answered garbage")
         self.say("program", result="ok")
 
     def run_tests(self, tests):
@@ -609,8 +592,7 @@ def main():
     tests, first = judge.start()
     judge.take_first(first)
     judge.run_tests(tests)
-    judge.say("done", output=judge.printed()[: judge.limits["output_chars"]])
-    judge.leave()
+    judge.leave("done", output=judge.printed()[: judge.limits["output_chars"]])
 
 
 if __name__ == "__main__":
