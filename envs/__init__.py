@@ -19,20 +19,11 @@ The protocol is gymnasium-like, with text observations and text actions:
 Which environment plays an episode is the task's choice (tasks.py: `Task.make_env`): the built-in
 math task's is `MathEnv`, the code task's `CodeEnv`; a task of your own brings its own.
 
-Contents:
-* `problems` -- `Problem` rows, `extract_boxed`, math rows, the generated arithmetic task
-  `make_arithmetic_problems`;
-* `data`     -- `load_problems`: the problems of a source (local JSON/JSONL files, Hugging Face
-  datasets, the generated tasks, HumanEval), math or code rows;
-* `grader`   -- `Grader`: math-verify grading with timeouts that work from any thread;
-* `math_env` -- `MathEnv`: one episode on one math problem;
-* `code_problems` -- code tasks (`Problem` rows with tests): the generated task, HumanEval, MBPP rows;
-* `word_problems` -- word problems around three-digit arithmetic (the tool task's data; held out by
-  operands and by template);
-* `code_env` -- `CodeEnv`: one episode of writing a program for one code task;
-* `sandbox` -- `run_tests`: a program and its tests in an isolated, limited child process.
-
-This package imports nothing else from the project.
+Contents: `problems` (`Problem`, `extract_boxed`, math rows, the generated arithmetic task), `data`
+(`load_problems` of a file, the hub or a generated task), `grader` (`Grader`: math-verify in a worker
+process), `math_env` (`MathEnv`), `code_problems` (code tasks: generated, HumanEval, MBPP rows),
+`word_problems` (the tool task's data), `code_env` (`CodeEnv`), `sandbox` (`run_tests`: a program and
+its tests in an isolated, limited child process). This package imports nothing else from the project.
 """
 
 from typing import Protocol, runtime_checkable
@@ -54,18 +45,6 @@ class Environment(Protocol):
     def step(self, joint_action: dict[str, str]) -> tuple[str, float, bool, dict]: ...
 
 
-__all__ = [
-    "Environment",
-    "Grader",
-    "MathEnv",
-    "CodeEnv",
-    "extract_program",
-    "make_code_problems",
-    "load_humaneval",
-    "ROLE_REWARD_TERMS",
-    "Problem",
-    "extract_boxed",
-    "load_problems",
-    "make_arithmetic_problems",
-    "DEFAULT_ARITHMETIC_LEVELS",
-]
+__all__ = ["Environment", "Grader", "MathEnv", "CodeEnv", "extract_program", "make_code_problems", "load_humaneval",
+           "ROLE_REWARD_TERMS", "Problem", "extract_boxed", "load_problems", "make_arithmetic_problems",
+           "DEFAULT_ARITHMETIC_LEVELS"]

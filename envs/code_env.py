@@ -1,22 +1,17 @@
 """The code environment: one episode of writing a program that must pass a problem's unit tests.
 
-The Flex-POMDP of the math task with another grader: the state is the task plus the feedback so
-far, a joint action is one response per agent, and the team reward comes from the graded agents'
-programs, run against the problem's tests in the sandbox (envs/sandbox.py). Each step:
+The Flex-POMDP of the math task (envs/math_env.py) with another grader: the team reward comes from the
+graded agents' programs, run against the problem's tests in the sandbox (envs/sandbox.py). Each step:
 
-* every graded role's program is the last fenced python block of its response (```python, ```py
-  or a bare ```; a block left open by the token limit counts up to the end of the response),
-  after the problem's `prelude` if it has one; none: outcome "no_program", reward 0;
-* the program runs with the tests; its reward is the fraction of tests passed, and the team
-  reward R_t is the mean over the graded roles;
-* the episode ends when every graded program passed, or after `horizon` steps;
-* otherwise the next observation is the task followed by feedback on each failed program: the
-  first failing test and its error, or the syntax error, the timeout, the crash, the missing
-  block ("multi-turn repair": with --horizon 2 a team sees why its program failed and tries again).
+* every graded role's program is the last fenced python block of its response (`extract_program`),
+  run after the problem's `prelude` if it has one; none: outcome "no_program", reward 0;
+* a program's reward is the fraction of tests passed; the team reward R_t is the mean over graded roles;
+* the episode ends when every graded program passed, or after `horizon` steps; otherwise the next
+  observation is the task and feedback on each failed program (its first failing test and error, the
+  syntax error, timeout, crash or missing block): with --horizon 2 a team sees why and tries again.
 
-`info["outcomes"]` speaks the environment protocol (envs/__init__.py): "correct" (every test
-passed), "wrong", or "unparseable" (no program); `info["program_outcomes"]` holds the finer
-sandbox outcome of each graded role: passed | failed | syntax_error | timeout | crash | no_program.
+`info["outcomes"]` speaks the protocol (envs/__init__.py): "correct" (every test passed), "wrong" or
+"unparseable" (no program); `info["program_outcomes"]` the sandbox's finer outcome of each graded role.
 Per-role reward terms of profiles are math terms (`\\boxed{}`): a code task refuses them.
 """
 from __future__ import annotations
@@ -68,14 +63,8 @@ def program_feedback(subject: str, report: TestReport | None, tests: tuple[str, 
 class CodeEnv:
     """One episode of writing a program for `problem` (whose `tests` are Python statements run by
     the sandbox's judge, calling the program's functions), graded on the responses of `graded_roles`.
-
-    reset(seed=None) -> the task text.
-    step(joint_action) -> (observation, reward, done, info) with
-        info = {"outcomes": {role: "correct" | "wrong" | "unparseable"},
-                "program_outcomes": {role: passed | failed | syntax_error | timeout | crash | no_program},
-                "correct": every graded program passed every test,
-                "step": index of the step just taken}.
-    """
+    step(joint_action) -> (observation, reward, done, info), info = {"outcomes", "correct", "step",
+    "program_outcomes": {role: passed | failed | syntax_error | timeout | crash | no_program}}."""
 
     def __init__(self, problem: Problem, graded_roles: list[str], horizon: int = 1, limits: Limits = Limits(),
                  role_rewards: dict | None = None):
@@ -87,8 +76,7 @@ class CodeEnv:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
         if any(terms for terms in (role_rewards or {}).values()):
             raise ValueError("per-role reward terms (profile 'rewards') score \\boxed{} answers: a code task takes none")
-        self.problem, self.graded_roles, self.horizon = problem, list(graded_roles), horizon
-        self.limits = limits
+        self.problem, self.graded_roles, self.horizon, self.limits = problem, list(graded_roles), horizon, limits
         self.steps_taken: int | None = None
         self.done = False
 
@@ -100,10 +88,10 @@ class CodeEnv:
         check_step_call(self, joint_action)
         reports: dict[str, TestReport | None] = {}
         for role in self.graded_roles:
-            program = extract_program(joint_action[role])  # run after the problem's prelude (HumanEval's imports and helpers)
+            program = extract_program(joint_action[role])  # run after the problem's prelude (HumanEval's imports)
             reports[role] = None if program is None else run_tests(program, list(self.problem.tests), self.limits,
                                                                    prelude=self.problem.prelude)
-        scores = [self.score(report) for report in reports.values()]
+        scores = [0.0 if r is None else r.passed_fraction for r in reports.values()]  # fraction of tests passed
         step_index, self.steps_taken = self.steps_taken, self.steps_taken + 1
         all_passed = all(r is not None and r.outcome == PASSED for r in reports.values())
         self.done = all_passed or self.steps_taken >= self.horizon
@@ -113,15 +101,8 @@ class CodeEnv:
             feedback = [program_feedback(subjects[role], report, self.problem.tests)
                         for role, report in reports.items() if report is None or report.outcome != PASSED]
             observation += "\n\n" + "\n".join(feedback) + "\nWrite the corrected program."
-        info = {
-            "outcomes": {role: "unparseable" if r is None else "correct" if r.outcome == PASSED else "wrong"
-                         for role, r in reports.items()},
-            "program_outcomes": {role: NO_PROGRAM if r is None else r.outcome for role, r in reports.items()},
-            "correct": all_passed,
-            "step": step_index,
-        }
+        info = {"outcomes": {role: "unparseable" if r is None else "correct" if r.outcome == PASSED else "wrong"
+                             for role, r in reports.items()},
+                "program_outcomes": {role: NO_PROGRAM if r is None else r.outcome for role, r in reports.items()},
+                "correct": all_passed, "step": step_index}
         return observation, sum(scores) / len(scores), self.done, info
-
-    def score(self, report: TestReport | None) -> float:
-        """Reward of one program: the fraction of tests passed."""
-        return 0.0 if report is None else report.passed_fraction

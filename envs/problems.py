@@ -1,18 +1,13 @@
 """Math problems: the data rows the environment poses.
 
-A `Problem` is one question with its gold answer. This module owns:
+A `Problem` is one question with its gold answer. `extract_boxed` reads the last `\\boxed{...}` of a text
+(gold answers out of MATH solutions, final answers out of agent responses); `row_to_problem` turns one MATH
+or GSM8K row into a `Problem`; `make_arithmetic_problems` is the generated offline default task. Reading a
+data set is envs/data.py's.
 
-* `extract_boxed` -- the content of the last `\\boxed{...}` in a text. The same function
-  reads gold answers out of MATH solutions and final answers out of agent responses.
-* `row_to_problem` -- one raw data row (MATH or GSM8K format) to a `Problem`.
-* `make_arithmetic_problems` -- the project's own generated arithmetic task (the offline default).
-
-Reading a dataset of either kind (math or code rows, files or the hub) is envs/data.py's.
-
-The gold answer is kept exactly as the data gives it (a LaTeX string). It is never passed
-through a "last number in the text" extraction: the README's "Pitfalls avoided" records how a
-reference evaluator turned the gold `\\frac{1}{2}` into `2` that way. Malformed rows raise a
-`ValueError` naming the file and line; nothing is skipped silently.
+The gold answer is kept exactly as the data gives it (a LaTeX string), never passed through a "last number
+in the text" extraction (README, "Pitfalls avoided": `\\frac{1}{2}` would become `2`). Malformed rows raise a
+`ValueError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -25,43 +20,26 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    """One math question.
+    """One question; level ("Level 3") and type ("Algebra") are "" when the data has none."""
 
-    problem:  the question text shown to the agents.
-    answer:   the gold answer as a LaTeX string (e.g. `\\frac{1}{2}`), as the data gives it.
-    level:    difficulty label, e.g. "Level 3" ("" when the data has none).
-    type:     subject label, e.g. "Algebra" ("" when the data has none).
-    solution: a worked solution, "" when the data has none.
-    tests:    code tasks only (envs/code_problems.py): Python statements the program must pass;
-              a problem with tests is played in the code environment, one without in the math one.
-    prelude:  code tasks only: code run before the program (HumanEval: the prompt, whose imports
-              and helper functions the program may use).
-    """
-
-    problem: str
-    answer: str
+    problem: str  # the question text shown to the agents
+    answer: str  # the gold answer as a LaTeX string (e.g. `\\frac{1}{2}`), as the data gives it
     level: str
     type: str
-    solution: str = ""
-    tests: tuple[str, ...] = ()
-    prelude: str = ""
+    solution: str = ""  # a worked solution
+    tests: tuple[str, ...] = ()  # code tasks only: Python statements the program must pass (envs/code_problems.py)
+    prelude: str = ""  # code tasks only: code run before the program (HumanEval: the prompt, its imports and helpers)
 
 
-# ---------------------------------------------------------------------------------------
-# \boxed{...} extraction
-# ---------------------------------------------------------------------------------------
-
+# --- \boxed{...} extraction ---------------------------------------------------------------
 # `\boxed` or `\fbox`, but not a longer command such as `\boxedfoo`.
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
 def _matching_brace_end(text: str, open_index: int) -> int | None:
-    """Index just past the `}` that closes the `{` at `open_index`, or None if unclosed.
-
-    Escaped braces `\\{` and `\\}` (literal braces in LaTeX) do not count.
-    """
-    depth = 0
-    index = open_index
+    """Index just past the `}` that closes the `{` at `open_index`, or None if unclosed. Escaped braces
+    `\\{` and `\\}` (literal braces in LaTeX) do not count."""
+    depth, index = 0, open_index
     while index < len(text):
         char = text[index]
         if char == "\\":
@@ -88,10 +66,9 @@ def _braceless_argument_end(text: str, start: int) -> int:
 def extract_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`, or brace-less `\\boxed 5`).
 
-    Braces nest: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. A box inside a box counts as
-    part of the outer one. Returns None when the text has no box, or when its last box is
-    never closed (e.g. a response cut off mid-answer): the final answer is then missing,
-    and an earlier box is not a substitute for it.
+    Braces nest: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`; a box inside a box is part of the outer one.
+    None when the text has no box, or when its last box is never closed (a response cut off mid-answer):
+    the final answer is then missing, and an earlier box is no substitute for it.
     """
     last_content: str | None = None
     search_from = 0
@@ -115,13 +92,9 @@ def extract_boxed(text: str) -> str | None:
     return last_content
 
 
-# ---------------------------------------------------------------------------------------
-# Raw rows -> Problem
-# ---------------------------------------------------------------------------------------
-
+# --- Raw rows -> Problem -------------------------------------------------------------------
 _GSM8K_ANSWER_MARK = "####"
-# A comma between digits is a thousands separator: 1,000 -> 1000.
-_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d)")
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d)")  # a comma between digits: 1,000 -> 1000
 
 
 def _split_gsm8k_answer(answer_text: str) -> tuple[str, str]:
@@ -136,10 +109,8 @@ def _text_field(row: dict, key: str, where: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(
-            f"{where}: field {key!r} should be a string, got {type(value).__name__}. "
-            f"Fix the row so {key!r} holds text."
-        )
+        raise ValueError(f"{where}: field {key!r} should be a string, got {type(value).__name__}. "
+                         f"Fix the row so {key!r} holds text.")
     return str(value)
 
 
@@ -160,20 +131,14 @@ def row_to_problem(row: dict, where: str) -> Problem:
       (thousands commas removed: `1,000` -> `1000`); the text before it is the solution.
     """
     if not isinstance(row, dict):
-        raise ValueError(
-            f"{where}: expected a JSON object with 'problem' (or 'question') and a gold answer, "
-            f"got {type(row).__name__}."
-        )
-
+        raise ValueError(f"{where}: expected a JSON object with 'problem' (or 'question') and a gold answer, "
+                         f"got {type(row).__name__}.")
     question = _text_field(row, "problem", where)
     if question is None:
         question = _text_field(row, "question", where)
     if question is None or not question.strip():
-        raise ValueError(
-            f"{where}: no question text. Give the row a non-empty 'problem' field "
-            f"(MATH format) or 'question' field (GSM8K format)."
-        )
-
+        raise ValueError(f"{where}: no question text. Give the row a non-empty 'problem' field "
+                         f"(MATH format) or 'question' field (GSM8K format).")
     answer_field = _text_field(row, "answer", where)
     solution = _text_field(row, "solution", where) or ""
     if answer_field is not None and _GSM8K_ANSWER_MARK in answer_field:
@@ -183,34 +148,19 @@ def row_to_problem(row: dict, where: str) -> Problem:
     elif solution:
         gold = (extract_boxed(solution) or "").strip()
         if not gold:
-            raise ValueError(
-                f"{where}: the 'solution' has no non-empty \\boxed{{...}} to take the gold "
-                f"answer from. Box the final answer in the solution, or add an 'answer' field."
-            )
+            raise ValueError(f"{where}: the 'solution' has no non-empty \\boxed{{...}} to take the gold "
+                             f"answer from. Box the final answer in the solution, or add an 'answer' field.")
     else:
         gold = ""
     if not gold:
-        raise ValueError(
-            f"{where}: no gold answer found. Add an 'answer' field, or a 'solution' whose "
-            f"final answer is written as \\boxed{{...}} (MATH format), or end the 'answer' "
-            f"with '#### <number>' (GSM8K format)."
-        )
-
-    return Problem(
-        problem=question,
-        answer=gold,
-        level=_level_label(row.get("level")),
-        type=str(row.get("type") or row.get("subject") or ""),
-        solution=solution,
-    )
+        raise ValueError(f"{where}: no gold answer found. Add an 'answer' field, or a 'solution' whose "
+                         f"final answer is written as \\boxed{{...}} (MATH format), or end the 'answer' "
+                         f"with '#### <number>' (GSM8K format).")
+    return Problem(problem=question, answer=gold, level=_level_label(row.get("level")),
+                   type=str(row.get("type") or row.get("subject") or ""), solution=solution)
 
 
-# ---------------------------------------------------------------------------------------
-# Sources: local files, the Hugging Face hub, the generated arithmetic task
-# ---------------------------------------------------------------------------------------
-
-
-# The generated task. Each level: (operator, left operands, right operands).
+# --- The generated arithmetic task. Each level: (operator, left operands, right operands) ----
 _ARITHMETIC_LEVELS = {
     1: ("+", range(10), range(10)),  # one-digit addition: 100 pairs
     2: ("*", range(10), range(10)),  # one-digit multiplication: 100 pairs
@@ -225,21 +175,14 @@ DEFAULT_ARITHMETIC_LEVELS = (2, 3)
 
 def _arithmetic_problem(level: int, operator: str, left: int, right: int) -> Problem:
     result = left + right if operator == "+" else left * right
-    return Problem(
-        problem=f"What is {left} {operator} {right}?",
-        answer=str(result),
-        level=f"Level {level}",
-        type="Arithmetic",
-        solution=f"{left} {operator} {right} = {result}, so the answer is $\\boxed{{{result}}}$.",
-    )
+    return Problem(problem=f"What is {left} {operator} {right}?", answer=str(result), level=f"Level {level}",
+                   type="Arithmetic",
+                   solution=f"{left} {operator} {right} = {result}, so the answer is $\\boxed{{{result}}}$.")
 
 
 def _arithmetic_level_split(level: int, split: str, seed: int) -> list[Problem]:
-    """One level's rows of one split. Each level is shuffled and cut on its own, so a
-    problem's split never depends on which other levels are requested.
-
-    The cut is by *unordered* operand pair: a + b and b + a (a · b and b · a) land in the same
-    split, so no held-out problem has its commuted twin among the training problems."""
+    """One level's rows of one split, shuffled and cut on its own (a problem's split never depends on the other
+    levels requested), by *unordered* operand pair: a ∘ b and b ∘ a land in the same split."""
     operator, lefts, rights = _ARITHMETIC_LEVELS[level]
     twins: dict[tuple[int, int], list[Problem]] = {}
     for a in lefts:
@@ -255,28 +198,20 @@ def _arithmetic_level_split(level: int, split: str, seed: int) -> list[Problem]:
     return test if split == "test" else [p for g in groups for p in g]
 
 
-def make_arithmetic_problems(
-    split: str, seed: int = 0, levels: tuple[int, ...] | list[int] = DEFAULT_ARITHMETIC_LEVELS
-) -> list[Problem]:
+def make_arithmetic_problems(split: str, seed: int = 0,
+                             levels: tuple[int, ...] | list[int] = DEFAULT_ARITHMETIC_LEVELS) -> list[Problem]:
     """The project's offline task, in MATH's schema, e.g. "What is 7 + 5?" -> "12".
 
-    Levels: 1 one-digit addition, 2 one-digit multiplication, 3 two-digit plus one-digit,
-    4 two-digit times one-digit. Every operand pair of a level is enumerated; 25% of each
-    level (at least 1, rounded up to whole twin pairs) is "test", the rest "train". The same
-    seed gives the same lists; train and test never share a problem, nor a commuted twin
-    (b ∘ a of a held-out a ∘ b). Each level's rows are shuffled, then the levels are interleaved
-    (one row of each in turn until a level runs out), so that the first N rows hold the requested
-    levels in equal shares: the held-out accuracy on the first N weighs every level alike, however
-    many problems a level has.
+    Every operand pair of a level is enumerated; 25% of each level (at least 1, rounded up to whole twin
+    pairs) is "test", the rest "train"; train and test never share a problem, nor a commuted twin. The levels'
+    shuffled rows are interleaved (one of each in turn), so the first N rows weigh every requested level alike.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     unknown = [level for level in levels if level not in _ARITHMETIC_LEVELS]
     if unknown or not levels:
-        raise ValueError(
-            f"arithmetic levels must be a non-empty subset of {sorted(_ARITHMETIC_LEVELS)}, "
-            f"got {list(levels)}"
-        )
+        raise ValueError(f"arithmetic levels must be a non-empty subset of {sorted(_ARITHMETIC_LEVELS)}, "
+                         f"got {list(levels)}")
     by_level = []
     for level in dict.fromkeys(levels):  # each requested level once, in order
         rows = _arithmetic_level_split(level, split, seed)

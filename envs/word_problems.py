@@ -1,29 +1,15 @@
 """Word problems whose arithmetic is beyond the embedded 135M model: the data of the tool task.
 
-Each problem is a short story around three-digit × two-digit products or sums of three-digit
-numbers, in one step or two ("A box holds 237 pens. How many pens are in 82 boxes?"; "Tom had 361
-stamps and bought 25 packs of 12. How many stamps does he have now?"). The gold answer is the
-exact integer; the problems are `Problem` rows graded like any math problem (envs/math_env.py).
+Short stories (TEMPLATES) around three-digit × two-digit products or sums of three-digit numbers, in one
+step or two; the gold answer is the exact integer, graded like any math problem (envs/math_env.py).
+Held out two ways: by operands (`held_out`) and by template (HELD_OUT_TEMPLATES appear only in "test":
+does writing the expression, learned on the other stories, carry over to a new one?).
 
-Held out two ways:
-    by operands    every operand tuple is sent to "test" with probability TEST_FRACTION by a
-                   stable hash of its numbers in sorted order, so no held-out problem shares its
-                   set of numbers with a training problem of any template (nor a commuted twin)
-    by template    HELD_OUT_TEMPLATES appear only in "test": whether writing the expression,
-                   learned on the other templates, carries over to a new story
-
-Stepping stones (STEPPING_STONES, only in "train"): the two-step training story `stamps` broken
-into smaller stories: its first step alone ("Tom bought 25 packs of 12 stamps. How many stamps did
-he buy?", a product), and the whole story with its first step written out, once bare ("then got
-25*12 more stamps") and once after the story's own words ("bought 25 packs of 12 stamps, that is
-25*12 new stamps"). The untrained caller solves no sampled `stamps` episode, so RL has nothing to
-reinforce; it copies a written-out step often enough to learn `a+b*c` on the stones, and what it
-learns there carries to the bare story (docs/tools.md, "Stepping stones"). Each stone is drawn as
-often as a story; the first-step stone, a product, keeps products and sums in about the proportion
-of the stories alone (with only the two sum-shaped stones, the caller learned to write `+` for
-products too). The held-out split has no stones: it measures the bare stories.
-
-`make_word_problems(split, seed, count)` gives `count` problems per template of the split.
+Stepping stones (STEPPING_STONES, only in "train"; docs/tools.md, "Stepping stones"): the two-step story
+`stamps`, which the untrained caller never solves (so RL has nothing to reinforce), broken into smaller
+stories it does solve now and then: its first step alone (a product, which keeps products and sums in
+about the stories' proportion) and the story with its first step written out (`25*12`), bare and after
+the story's own words. The held-out split has no stones: it measures the bare stories.
 """
 from __future__ import annotations
 
@@ -76,9 +62,8 @@ TEST_FRACTION = 0.25
 
 
 def held_out(operands: tuple[int, ...]) -> bool:
-    """Whether an operand tuple belongs to "test": a stable hash (blake2b, the same on every
-    machine and Python) of its numbers in sorted order, whatever the template and the seed, so a
-    story's commuted twin (the same sum or product in another order) is in the same split."""
+    """Whether an operand tuple is in "test" (a TEST_FRACTION of them): a stable hash (blake2b) of its numbers
+    in sorted order, whatever the template and seed, so no held-out tuple, nor its commuted twin, is trained on."""
     digest = hashlib.blake2b(",".join(map(str, sorted(operands))).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % 1000 < TEST_FRACTION * 1000
 
@@ -96,14 +81,14 @@ def make_word_problems(split: str, seed: int = 0, count: int = 50) -> list[Probl
     STEPPING_STONES; "test": every template, no stone), interleaved one template at a time."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    templates = TEMPLATES if split == "test" else [t for t in TEMPLATES if t.name not in HELD_OUT_TEMPLATES] + list(STEPPING_STONES)
+    trained = [t for t in TEMPLATES if t.name not in HELD_OUT_TEMPLATES] + list(STEPPING_STONES)
+    templates = TEMPLATES if split == "test" else trained
     by_template = [draw(template, split, seed, count) for template in templates]
     return [row for turn in zip(*by_template) for row in turn]
 
 
 def draw(template: Template, split: str, seed: int, count: int) -> list[Problem]:
-    """`count` problems of one template whose operand tuples belong to `split`, drawn from the seed
-    until `count` tuples of the split are found; a tuple is drawn at most once."""
+    """`count` problems of one template whose operand tuples belong to `split`, each tuple drawn at most once."""
     rng, seen, rows = random.Random(f"word-seed{seed}-{template.name}"), set(), []
     while len(rows) < count:
         operands = tuple(rng.choice(where) for where in template.operands)
