@@ -16,10 +16,9 @@ call (`play_orchestrated_step`); each episode's sequence is kept (`calls`, `step
 A `Rollout` keeps every learning agent's action as one sample s at its position k in the step
 (a tool's action is in the transcript only); `to_grid` scatters a per-sample table into the
 [B, T, P, …] grid of (episode, step, k-th action) that the advantage equations index.
-The centralised critic reads o_t ⊕ a_{t,<k} (flex_pomdp's docstring). In a chain and an
-orchestrated step that is the policy's prompt, the very same token ids; under any other fixed D,
-with a critic (`--advantage gae`), it is tokenized once beside the prompt and kept in
-`Rollout.critic_prompt_ids`, which `Rollout.sequences(…, reader="critic")` reads.
+The critic's input o_t ⊕ a_{t,<k} (flex_pomdp's docstring) is the policy's prompt in a chain or an
+orchestrated step; under any other fixed D, with a critic, it is tokenized beside it once and kept
+(`Rollout.critic_prompt_ids`, read by `Rollout.sequences(…, reader="critic")`).
 
 Held-out metrics (`heldout_metrics`, docs/metrics.md), over P problems of k sampled episodes, c_p of
 them solved on problem p: eval/accuracy = mean_p c_p / k (pass@1); eval/pass@k = mean_p of
