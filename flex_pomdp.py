@@ -2,10 +2,9 @@
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP". README: "Paper ↔ code".
 
-A LaMAS is modelled as the tuple ⟨V, N, S, O, A, T, R, γ, D⟩. This module owns the parts that
-are about *who sees what*:
+A LaMAS is modelled as the tuple ⟨V, N, S, O, A, T, R, γ, D⟩. This module owns *who sees what*:
 
-  N   the agents, each an `AgentProfile` (role name, system prompt, whether its answer is graded,
+  N   the agents, each an `AgentProfile` (role, system prompt, whether its answer is graded,
       optional worked examples shown before the question);
   D   the dependency function, D(a^i, a^j) ∈ {0, 1}: 1 means agent j's action at step t is
       conditioned on agent i's action at the same step. Within a step D must be a DAG; agents act
@@ -17,53 +16,33 @@ are about *who sees what*:
       agent j's prompt is its own observation followed by the actions it depends on, in σ
       order, each tagged by the acting agent's role.
   V   the centralised critic's input (`critic_messages`): D decides what a *policy* reads, not
-      what the critic reads. The value of the k-th action of step t reads the observation and
-      every earlier action of the step,
+      what the critic reads. The value of the k-th action of step t reads
 
           V_{t,k} = V_φ(o_t ⊕ a_{t,<k})        (a_{t,<k}: the step's actions before the k-th, in σ order)
 
       because the multi-agent advantage decomposition
       A(o, a^{i_1:N}) = Σ_m A^{i_m}(o, a^{i_1:m−1}, a^{i_m}) conditions agent i_m's advantage on
       every action before it: δ_{t,k} = r_{t,k} + γ_a V_{t,k+1} − V_{t,k} says something about
-      action k only when V_{t,k+1} has seen it. In a chain (D(a^i, a^j) = 1 for all i < j in σ)
-      and in an orchestrated step this input is exactly the policy's prompt
-      (`Organisation.reads_every_earlier_action`); under D ≡ 0 (`parallel`) the critic of
-      solver_b reads solver_a's action, which solver_b's policy never sees.
+      action k only when V_{t,k+1} has seen it.
 
-Special cases: the *chain* (D(a^i, a^j) = 1 for all i < j: planner → solver → verifier) and
-D ≡ 0 (`parallel`, a Dec-POMDP of independent agents). This file imports nothing of ours and no
-torch: it is plain data and graph code.
+Examples of D:
+  chain      D(a^i, a^j) = 1 for all i < j in σ (planner → solver → verifier): the critic's input
+             is exactly the policy's prompt (`Organisation.reads_every_earlier_action`);
+  parallel   D ≡ 0, a Dec-POMDP of independent agents: the critic of solver_b reads solver_a's
+             action, which solver_b's policy never sees;
+  dynamic    (the paper lets D change with t) an orchestrator reads the problem and the step's
+             transcript and ends each response with one decision (`parse_decision`): `\\call{role}`
+             (that executor acts next, reading every earlier action of the step) or `\\call{finish}`.
+             A step is a sequence of varying length, orchestrator, executor, …, orchestrator (finish),
+             whose realised D_t is "each action reads all earlier actions of the step". After
+             `max_calls` executor calls the step ends as if finished; a missing, doubled or unknown
+             decision ends it as it stands. The team's answer is the last graded executor's answer.
+             A fixed D is the special case where every step's sequence is σ.
 
-A dynamic D (the paper lets D change with t): with an *orchestrator* agent the organisation has
-no fixed D. At every step the orchestrator reads the problem and the step's transcript and ends its
-response with one decision, `\\call{role}` (that executor acts next) or `\\call{finish}`
-(`parse_decision`). The called executor reads every earlier action of the step, so the realised
-D_t is "each action reads all earlier actions of the step", over a sequence
-
-    orchestrator, executor, orchestrator, executor, …, orchestrator (finish)
-
-whose length differs between episodes. At most `max_calls` executor calls per step; after the
-last one the step ends as if the orchestrator had finished. A decision that is missing, doubled
-or names no executor ends the step as it stands (rollout.py counts it). The team's answer of the
-step is the last answer of a graded executor in it. A fixed DAG is the special case where every
-step's sequence is σ.
-
-Profile file format (JSON), used by `load_organisation`:
-
-    {"agents": [
-        {"role": "planner", "system_prompt": "...", "graded": false,
-         "examples": [{"user": "...", "assistant": "..."}], "rewards": {"no_boxed": 0.1}},
-        {"role": "solver", "system_prompt": "...", "graded": true}],
-     "dependencies": [["planner", "solver"]]}
-
-`dependencies` lists the pairs (i, j) with D(a^i, a^j) = 1 ("j reads i"); an empty list is D ≡ 0.
-`rewards` (optional) names per-role reward terms and their weights (README: Advantages and credit).
-An orchestrated organisation names its orchestrator instead of dependencies, gives every executor
-a one-line `description` (what the orchestrator is told about it) and a call budget:
-
-    {"agents": [{"role": "orchestrator", "system_prompt": "..."},
-                {"role": "solver", "system_prompt": "...", "graded": true, "description": "..."}],
-     "orchestrator": "orchestrator", "max_calls": 4}
+`load_organisation` reads a built-in organisation or a profile JSON file: {"agents": [{"role",
+"system_prompt", "graded", "examples", "rewards"}, …], "dependencies": [[i, j], …]} lists the pairs
+with D(a^i, a^j) = 1 ("j reads i"; [] is D ≡ 0); a dynamic D gives "orchestrator" and "max_calls"
+instead (every rule: docs/organisations.md). This file imports nothing of ours and no torch.
 """
 from __future__ import annotations
 
@@ -80,11 +59,9 @@ class AgentProfile:
     role: str
     system_prompt: str
     graded: bool = False
-    # Worked examples (user, assistant) shown as earlier chat turns: the observation function's
-    # fixed context. The user side must use the same layout as `unrolled_user_text`.
+    # Worked examples (user, assistant) shown as earlier chat turns, laid out as `unrolled_user_text`.
     examples: tuple[tuple[str, str], ...] = ()
-    # Per-role reward terms (term name, weight), added to this agent's placed team reward at every
-    # step it acts; the environment defines the terms (envs.ROLE_REWARD_TERMS).
+    # Per-role reward terms (term name, weight) added to its placed team reward (envs.ROLE_REWARD_TERMS).
     rewards: tuple[tuple[str, float], ...] = ()
     # What an orchestrator is told about this executor (one line; orchestrated organisations only).
     description: str = ""
@@ -94,11 +71,8 @@ class AgentProfile:
 
 @dataclass(frozen=True)
 class Organisation:
-    """The agents N and the dependency function D, with σ precomputed and validated.
-
-    With an orchestrator there is no fixed D (`dependencies` is empty): `order` is the
-    orchestrator followed by the executors in listing order, and every step's realised sequence
-    is decided by the orchestrator's actions (module docstring)."""
+    """The agents N and the dependency function D, with σ precomputed and validated. With an
+    orchestrator there is no fixed D: `order` is the orchestrator, then the executors as listed."""
 
     agents: tuple[AgentProfile, ...]
     dependencies: frozenset[tuple[str, str]]  # {(i, j) : D(a^i, a^j) = 1}
@@ -135,17 +109,14 @@ class Organisation:
         return tuple(r for r in self.order if (r, role) in self.dependencies)
 
     def reads_every_earlier_action(self, role: str) -> bool:
-        """Whether `role`'s prompt holds every earlier action of its step, so that the critic's
-        input (`critic_messages`) is its policy's prompt: always with an orchestrator (the realised
-        D_t), and under a fixed D when `role` reads every agent before it in σ (a chain)."""
+        """Whether `role`'s prompt holds every earlier action of its step, so that the critic's input is
+        its policy's prompt: always with an orchestrator, under a fixed D when it reads all before it."""
         return self.orchestrator is not None or self.parents(role) == self.order[: self.order.index(role)]
 
 
 def topological_order(roles: list[str], dependencies: set[tuple[str, str]]) -> tuple[str, ...]:
-    """σ: a topological order of the DAG D (Kahn's algorithm, ties broken by listing order).
-
-    Raises ValueError naming the agents on a cycle.
-    """
+    """σ: a topological order of the DAG D (Kahn's algorithm, ties broken by listing order); a
+    ValueError names the agents on a cycle."""
     remaining = list(roles)
     placed: list[str] = []
     while remaining:
@@ -158,11 +129,8 @@ def topological_order(roles: list[str], dependencies: set[tuple[str, str]]) -> t
                 if not downstream:
                     break
                 on_cycle -= downstream
-            raise ValueError(
-                "the dependency graph D has a cycle among agents "
-                f"{sorted(on_cycle)}: within one step D must be acyclic (a DAG). "
-                "Remove one of the dependencies between these agents."
-            )
+            raise ValueError(f"the dependency graph D has a cycle among agents {sorted(on_cycle)}: within one step D "
+                             "must be acyclic (a DAG). Remove one of the dependencies between these agents.")
         placed.append(ready[0])
         remaining.remove(ready[0])
     return tuple(placed)
@@ -191,10 +159,8 @@ def make_organisation(agents: list[AgentProfile], dependencies: list[tuple[str, 
             raise ValueError(f"dependency {[i, j]}: an agent cannot depend on its own action in the same step")
         edges.add((i, j))
     if not any(a.graded for a in agents):
-        raise ValueError(
-            f"no agent is graded: mark at least one of {roles} with \"graded\": true "
-            "(the environment rewards the graded agents' answers)"
-        )
+        raise ValueError(f"no agent is graded: mark at least one of {roles} with \"graded\": true "
+                         "(the environment rewards the graded agents' answers)")
     order = topological_order(roles, edges)
     return Organisation(agents=tuple(agents), dependencies=frozenset(edges), order=order)
 
@@ -225,14 +191,11 @@ def make_orchestrated(agents: list[AgentProfile], orchestrator: str, max_calls: 
     if undescribed:
         raise ValueError(f"executor(s) {undescribed} need a one-line 'description': it is what the orchestrator is told about them")
     # Everything else (names, duplicates, a graded executor) is checked as for a fixed D ≡ 0.
-    checked = make_organisation(agents, [])
-    return replace(checked, order=(orchestrator, *[a.role for a in executors]), orchestrator=orchestrator,
-                   max_calls=max_calls)
+    return replace(make_organisation(agents, []), order=(orchestrator, *[a.role for a in executors]),
+                   orchestrator=orchestrator, max_calls=max_calls)
 
 
-# ---------------------------------------------------------------------------------------------
-# The orchestrator's decision: \call{role} or \call{finish}
-# ---------------------------------------------------------------------------------------------
+# --- The orchestrator's decision: \call{role} or \call{finish} ---
 
 FINISH = "finish"
 TEAM_ANSWER = "answer"  # the environment's name for the step's answer: the last graded executor's action
@@ -250,9 +213,7 @@ class Decision:
 
 def parse_decision(text: str, executors: tuple[str, ...]) -> Decision:
     """The one decision an orchestrator's response must contain: `\\call{role}` or `\\call{finish}`.
-
-    No decision, two or more decisions, or a role that is not an executor are errors (the step
-    then ends as it stands). Role names match exactly, after stripping spaces."""
+    None, two or more, or a role that is no executor (matched exactly, spaces stripped) are errors."""
     found = [name.strip() for name in DECISION.findall(text)]
     if not found:
         return Decision("error", error="no decision")
@@ -266,56 +227,43 @@ def parse_decision(text: str, executors: tuple[str, ...]) -> Decision:
     return Decision("error", error=f"unknown role {name!r}")
 
 
-def orchestrator_system_prompt(org: Organisation) -> str:
-    """The orchestrator's own system prompt followed by its team (role: description) and the decision format."""
-    members = "\n".join(f"- {role}: {org.profile(role).description}" for role in org.executors)
-    return (f"{org.profile(org.orchestrator).system_prompt}\n\nTeam members:\n{members}\n\n"
-            f"End your reply with exactly one decision: \\call{{ROLE}} to let that member act next, "
-            f"or \\call{{{FINISH}}} when the team's answer is final. You may call members at most {org.max_calls} times.")
-
-
-# ---------------------------------------------------------------------------------------------
-# The unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
-# ---------------------------------------------------------------------------------------------
+# --- The unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1} ---
 
 def unrolled_user_text(observation: str, dependency_actions: list[tuple[str, str]]) -> str:
     """The user turn of ô^j: the observation, then each depended-on action tagged by its role."""
-    parts = [f"Problem: {observation.strip()}"]
-    for role, action in dependency_actions:
-        parts.append(f"{role.capitalize()}: {action.strip()}")
-    return "\n\n".join(parts)
+    return "\n\n".join([f"Problem: {observation.strip()}"]
+                       + [f"{role.capitalize()}: {action.strip()}" for role, action in dependency_actions])
 
 
 def unrolled_messages(org: Organisation, role: str, observation: str, step_actions: dict[str, str]) -> list[dict]:
-    """Chat messages agent `role` sees at this step under a fixed D: system prompt, worked examples, then ô^j_t.
-
-    `step_actions` holds the actions already taken at this step (role → text); every parent of
-    `role` under D must be among them, which holds whenever agents act in σ order.
-    """
+    """Chat messages agent `role` sees at this step under a fixed D: system prompt, worked examples, then
+    ô^j_t; `step_actions` (role → text) holds every parent's action whenever agents act in σ order."""
     missing = [p for p in org.parents(role) if p not in step_actions]
     if missing:
         raise ValueError(f"agent {role!r} depends on {missing}, which have not acted yet in this step")
     return chat_messages(org, role, unrolled_user_text(observation, [(p, step_actions[p]) for p in org.parents(role)]))
 
 
-def realised_messages(org: Organisation, role: str, observation: str, transcript: list[tuple[str, str]]) -> list[dict]:
-    """Chat messages of the orchestrator or an executor: ô = o_t ⊕ every earlier action of the step
-    (`transcript`, (role, text) in the order they were taken), the realised D_t of the module docstring."""
-    return chat_messages(org, role, unrolled_user_text(observation, transcript))
-
-
 def critic_messages(org: Organisation, role: str, observation: str, transcript: list[tuple[str, str]]) -> list[dict]:
-    """The centralised critic's input for the action `role` takes next: `role`'s system prompt and
-    worked examples (whose turn it is), then o_t ⊕ every earlier action of the step (`transcript`,
-    (role, text) in the order taken: σ under a fixed D), whatever D lets the policy read (module
-    docstring). It equals the policy's prompt where `org.reads_every_earlier_action(role)`."""
+    """The centralised critic's input for the action `role` takes next: its system prompt and worked
+    examples, then o_t ⊕ every earlier action of the step (`transcript`, (role, text) in the order
+    taken), whatever D lets the policy read; the policy's prompt where `reads_every_earlier_action`."""
     return chat_messages(org, role, unrolled_user_text(observation, transcript))
+
+
+# With an orchestrator the policy reads the same: ô = o_t ⊕ every earlier action of the step (the realised D_t).
+realised_messages = critic_messages
 
 
 def chat_messages(org: Organisation, role: str, user_text: str) -> list[dict]:
     """System prompt (the orchestrator's lists its team and the decision format), worked examples, then ô."""
     profile = org.profile(role)
-    system = orchestrator_system_prompt(org) if role == org.orchestrator else profile.system_prompt
+    system = profile.system_prompt
+    if role == org.orchestrator:  # its own prompt, then its team (role: description) and the decision format
+        members = "\n".join(f"- {member}: {org.profile(member).description}" for member in org.executors)
+        system = (f"{system}\n\nTeam members:\n{members}\n\nEnd your reply with exactly one decision: "
+                  f"\\call{{ROLE}} to let that member act next, or \\call{{{FINISH}}} when the team's answer is "
+                  f"final. You may call members at most {org.max_calls} times.")
     messages = [{"role": "system", "content": system}]
     for user, assistant in profile.examples:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
@@ -323,47 +271,31 @@ def chat_messages(org: Organisation, role: str, user_text: str) -> list[dict]:
     return messages
 
 
-# ---------------------------------------------------------------------------------------------
-# Built-in organisations and the profile file
-# ---------------------------------------------------------------------------------------------
+# --- Built-in organisations and the profile file ---
 
 # Every built-in agent sees one worked example, laid out exactly like its real prompt: the example
 # problem followed by the example lines of the agents it depends on under D.
 _EXAMPLE_PROBLEM = "What is 2 + 3?"
-_EXAMPLE_ACTIONS = {
-    "analyst": "We need the sum of 2 and 3.",
-    "planner": "Add the two numbers 2 and 3.",
-    "solver": "2 + 3 = 5. The answer is \\boxed{5}.",
-    "verifier": "The solver is right: 2 + 3 = 5. The answer is \\boxed{5}.",
-}
+_EXAMPLE_ACTIONS = {"analyst": "We need the sum of 2 and 3.", "planner": "Add the two numbers 2 and 3.",
+                    "solver": "2 + 3 = 5. The answer is \\boxed{5}.",
+                    "verifier": "The solver is right: 2 + 3 = 5. The answer is \\boxed{5}."}
 _SYSTEM_PROMPTS = {
     "analyst": "You are the analyst of a team. Restate the problem in one short sentence, naming its numbers.",
-    "planner": (
-        "You are the planner of a team. Read the problem and write one short sentence that says "
-        "which operation to do on which numbers. Do not compute the result."
-    ),
-    "solver": (
-        "You are the solver of a team. Follow the planner's note, compute the result, and end with "
-        "the final answer as \\boxed{N}."
-    ),
-    "verifier": (
-        "You are the verifier of a team. Check the solver's computation. If it is right, repeat its "
-        "answer; if it is wrong, correct it. End with the final answer as \\boxed{N}."
-    ),
+    "planner": ("You are the planner of a team. Read the problem and write one short sentence that says "
+                "which operation to do on which numbers. Do not compute the result."),
+    "solver": ("You are the solver of a team. Follow the planner's note, compute the result, and end with "
+               "the final answer as \\boxed{N}."),
+    "verifier": ("You are the verifier of a team. Check the solver's computation. If it is right, repeat its "
+                 "answer; if it is wrong, correct it. End with the final answer as \\boxed{N}."),
     "lone_solver": "You are a math solver. Compute the result and end with the final answer as \\boxed{N}.",
 }
-
-
 # The code task's agents (envs/code_env.py grades the last ```python block of a graded agent). The
 # example task is no task of the generated set (whose functions all carry a constant in their name).
 _CODE_EXAMPLE_PROBLEM = "Write a Python function `square(x)` that returns x multiplied by itself. " \
                         "Answer with the function in one ```python block."
 _CODE_EXAMPLE_PROGRAM = "```python\ndef square(x):\n    return x * x\n```"
-_CODE_EXAMPLE_ACTIONS = {
-    "code_planner": "Multiply x by itself and return the product.",
-    "coder": _CODE_EXAMPLE_PROGRAM,
-    "reviewer": "The coder's function is right.\n" + _CODE_EXAMPLE_PROGRAM,
-}
+_CODE_EXAMPLE_ACTIONS = {"code_planner": "Multiply x by itself and return the product.", "coder": _CODE_EXAMPLE_PROGRAM,
+                         "reviewer": "The coder's function is right.\n" + _CODE_EXAMPLE_PROGRAM}
 _CODE_SYSTEM_PROMPTS = {
     "code_planner": ("You are the planner of a programming team. Read the task and say in one short sentence how "
                      "the function computes its result. Write no code."),
@@ -427,11 +359,8 @@ def _orchestrated(executors: tuple[str, ...] = ("planner", "solver", "verifier")
 # none of the task's stories, and no two-step one: writing those is left to learn.
 _TOOL_EXAMPLE_PROBLEM = "A bag holds 12 marbles. How many marbles are in 34 bags?"
 _TOOL_SUM_EXAMPLE = ("A school has 215 boys and 198 girls. How many children does it have?", "\\calc{215+198}")
-_TOOL_EXAMPLE_ACTIONS = {
-    "caller": "\\calc{12*34}",
-    "calculator": "12*34 = 408",
-    "answerer": "The calculator gives 408. The answer is \\boxed{408}.",
-}
+_TOOL_EXAMPLE_ACTIONS = {"caller": "\\calc{12*34}", "calculator": "12*34 = 408",
+                         "answerer": "The calculator gives 408. The answer is \\boxed{408}."}
 _TOOL_EXAMPLE_STEP = [(role, _TOOL_EXAMPLE_ACTIONS[role]) for role in ("caller", "calculator")]  # what the answerer reads
 _TOOL_PROMPTS = {
     "caller": ("You are the caller of a team with a calculator. Read the problem and write the arithmetic that "
@@ -520,26 +449,36 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
                          "dependency list means D ≡ 0), or, for a dynamic D, 'agents', 'orchestrator' and 'max_calls'")
     agents = []
     for k, entry in enumerate(spec["agents"]):
-        if isinstance(entry, dict) and "tool" in entry:
-            agents.append(tool_profile(entry, f"{where}: agents[{k}]"))
+        here = f"{where}: agents[{k}]"
+        if isinstance(entry, dict) and "tool" in entry:  # a tool (tools.TOOLS): no prompt, examples, rewards or grade
+            unknown = set(entry) - {"role", "tool", "description"}
+            if unknown:
+                raise ValueError(f"{here} is a tool: it takes only 'role', 'tool' and 'description', "
+                                 f"not {sorted(unknown)}")
+            if not isinstance(entry["tool"], str) or not entry["tool"]:
+                raise ValueError(f"{here}.tool names a tool, e.g. \"calculator\"")
+            if not isinstance(entry.get("description", ""), str):
+                raise ValueError(f"{here}.description is one line of text")
+            agents.append(AgentProfile(str(entry.get("role", "")), "", tool=entry["tool"],
+                                       description=entry.get("description", "")))
             continue
         if not isinstance(entry, dict) or "role" not in entry or "system_prompt" not in entry:
-            raise ValueError(f"{where}: agents[{k}] needs at least 'role' and 'system_prompt' (or 'role' and 'tool')")
+            raise ValueError(f"{here} needs at least 'role' and 'system_prompt' (or 'role' and 'tool')")
         unknown = set(entry) - {"role", "system_prompt", "graded", "examples", "rewards", "description"}
         if unknown:
-            raise ValueError(f"{where}: agents[{k}] has unknown key(s) {sorted(unknown)}")
+            raise ValueError(f"{here} has unknown key(s) {sorted(unknown)}")
         if not isinstance(entry.get("graded", False), bool):
-            raise ValueError(f"{where}: agents[{k}].graded must be true or false (a JSON boolean)")
+            raise ValueError(f"{here}.graded must be true or false (a JSON boolean)")
         examples = []
         for e in entry.get("examples", []):
             if not isinstance(e, dict) or set(e) != {"user", "assistant"}:
-                raise ValueError(f"{where}: agents[{k}].examples entries are objects {{'user': ..., 'assistant': ...}}")
+                raise ValueError(f"{here}.examples entries are objects {{'user': ..., 'assistant': ...}}")
             examples.append((e["user"], e["assistant"]))
         rewards = entry.get("rewards", {})
         if not isinstance(rewards, dict) or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in rewards.values()):
-            raise ValueError(f"{where}: agents[{k}].rewards is an object {{term name: weight (a number)}}")
+            raise ValueError(f"{here}.rewards is an object {{term name: weight (a number)}}")
         if not isinstance(entry.get("description", ""), str):
-            raise ValueError(f"{where}: agents[{k}].description is one line of text")
+            raise ValueError(f"{here}.description is one line of text")
         agents.append(AgentProfile(entry["role"], entry["system_prompt"], bool(entry.get("graded", False)), tuple(examples),
                                    tuple((name, float(w)) for name, w in rewards.items()), entry.get("description", "")))
     dependencies = [tuple(d) for d in spec.get("dependencies", [])]
@@ -548,30 +487,14 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
     return make_organisation(agents, dependencies)
 
 
-def tool_profile(entry: dict, where: str) -> AgentProfile:
-    """A profile entry {"role": ..., "tool": ...} (+ "description" for an orchestrator's team list):
-    a tool agent (which tools exist: tools.TOOLS, checked with the run's options). A tool is never
-    graded and has no prompt, examples or rewards."""
-    unknown = set(entry) - {"role", "tool", "description"}
-    if unknown:
-        raise ValueError(f"{where} is a tool: it takes only 'role', 'tool' and 'description', not {sorted(unknown)}")
-    if not isinstance(entry["tool"], str) or not entry["tool"]:
-        raise ValueError(f"{where}.tool names a tool, e.g. \"calculator\"")
-    if not isinstance(entry.get("description", ""), str):
-        raise ValueError(f"{where}.description is one line of text")
-    return AgentProfile(str(entry.get("role", "")), "", tool=entry["tool"], description=entry.get("description", ""))
-
-
 def load_organisation(name_or_path: str) -> Organisation:
     """A built-in organisation by name, or a profile JSON file."""
     if name_or_path in BUILTIN_ORGANISATIONS:
         return BUILTIN_ORGANISATIONS[name_or_path]()
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(
-            f"agents={name_or_path!r} is neither a built-in organisation "
-            f"({', '.join(BUILTIN_ORGANISATIONS)}) nor an existing profile JSON file"
-        )
+        raise ValueError(f"agents={name_or_path!r} is neither a built-in organisation "
+                         f"({', '.join(BUILTIN_ORGANISATIONS)}) nor an existing profile JSON file")
     try:
         spec = json.loads(path.read_text())
     except json.JSONDecodeError as err:

@@ -3,59 +3,26 @@
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP" (the rollout of one step) and
 the algorithm box's sampling phase. README: "Paper ↔ code".
 
-At every step t of an episode the agents act in the topological order σ of the dependency graph;
-agent j sees the unrolled observation
+At every step t the agents act in the topological order σ of D; agent j samples
+a^j_t ~ π^j(· | ô^j_t) from its unrolled observation
 
     ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}                         (Flex-POMDP observation)
 
-and samples a^j_t ~ π^j(· | ô^j_t). The joint action a_t goes to the environment, which returns
-the team reward R_t and done_t. Both training (marft.py) and evaluation (evaluate.py) play
-episodes through `run_episodes`, so they are the same game.
+and the joint action a_t goes to the environment, which returns the team reward R_t and done_t.
+Training (marft.py) and evaluation (evaluate.py) both play through `run_episodes`: the same game.
+With an orchestrator (a dynamic D, flex_pomdp's docstring) a step is the sequence its decisions
+call (`play_orchestrated_step`); each episode's sequence is kept (`calls`, `step_ends`).
 
-Generation goes through a `GenerateActions` function, (prompt ids, adapter, sampling) → Actions:
-the `generate` method of the backend `generation.make_backend` built (transformers or vLLM).
-
-With an orchestrator (a dynamic D, flex_pomdp's docstring) a step is a realised sequence instead:
-the orchestrator acts on the problem and the step's transcript, its decision calls an executor,
-who acts on the same transcript, and so on until the orchestrator finishes, errs, or `max_calls`
-executors have acted. Each episode's sequence is kept (`calls`, `step_ends`) and counted.
-
-A `Rollout` keeps every learning agent's action as one sample s, with its agent and its position k
-in the step's sequence (k = index in σ among the learning agents under a fixed D; a tool's action is
-in the step's transcript only, with no sample and no position); `to_grid` scatters a per-sample table into the
+A `Rollout` keeps every learning agent's action as one sample s at its position k in the step
+(a tool's action is in the transcript only); `to_grid` scatters a per-sample table into the
 [B, T, P, …] grid of (episode, step, k-th action) that the advantage equations index.
+The critic's input o_t ⊕ a_{t,<k} (flex_pomdp's docstring) is the policy's prompt in a chain or an
+orchestrated step; under any other fixed D, with a critic, it is tokenized beside it once and kept
+(`Rollout.critic_prompt_ids`, read by `Rollout.sequences(…, reader="critic")`).
 
-The centralised critic reads more than a policy may (flex_pomdp's docstring, the multi-agent
-advantage decomposition): the value of the k-th action of a step reads
-
-    o_t ⊕ a_{t,<k}                                                    (every earlier action of the step)
-
-In a chain and in an orchestrated step that is the policy's prompt ô^j_t, and the critic reads the
-very same token ids (nothing is built or tokenized twice). Under any other fixed D (`parallel`,
-a diamond), when there is a critic (`--advantage gae`), the rollout tokenizes the critic's input
-once, beside the policy's prompt, and keeps it for that sample (`Rollout.critic_prompt_ids`); old
-values, GAE and the critic's update all read it through `Rollout.sequences(…, reader="critic")`.
-
-Held-out metrics (`heldout_metrics`), over P problems with k sampled episodes each:
-
-    eval/accuracy          mean over problems of c_p / k (pass@1 estimated from k samples)
-    eval/pass@k            mean over problems of 1 − C(k − c_p, k) / C(k, k)  (= any sample right)
-    eval/maj@k             mean over problems of whether the majority answer of the k samples is right
-                           (`majority_vote`: answers grouped by the grader's equivalence, a tie split
-                           evenly; tasks whose info holds no `answers`, e.g. code, have none)
-    eval/generated_tokens_per_episode   tokens all agents generated per sampled episode (the cost of
-                           one sample: maj@k spends k of them); eval/greedy/… of the greedy episodes
-    eval/accuracy_greedy   one greedy episode per problem
-    eval/unparseable_rate  graded answers with no parseable \\boxed{} (code: no program), over all graded answers
-    eval/<name>            the task's own metrics of the sampled steps (tasks.Task.metrics; the code
-                           task's program/<outcome>: the fraction of programs that passed, failed, …;
-                           the word task's accuracy/<template>), and eval/greedy/<name> of the greedy ones
-    eval/tools/…           (with a tool) `tool_metrics` of the sampled steps; eval/greedy/tools/… of the greedy
-    eval/calls_per_episode, eval/calls/<role>, eval/finish_rate, eval/max_calls_rate,
-    eval/orchestration_errors   (orchestrated only) `orchestration_metrics` of the greedy episodes
-
-with c_p the number of solved samples of problem p. `pass_at_k` is the unbiased estimator of
-Chen et al. (2021), 1 − C(n − c, k) / C(n, k), for any k ≤ n.
+Held-out metrics (`heldout_metrics`, docs/metrics.md), over P problems of k sampled episodes, c_p of
+them solved on problem p: eval/accuracy = mean_p c_p / k (pass@1); eval/pass@k = mean_p of
+1 − C(k − c_p, k) / C(k, k) (`pass_at_k`); eval/maj@k = mean_p [majority answer right] (`majority_vote`).
 """
 from __future__ import annotations
 
@@ -84,12 +51,10 @@ GenerateActions = Callable[[list[list[int]], "str | None", generation.Sampling],
 @dataclass
 class Rollout:
     """Every action of a batch of episodes, flattened: sample s is agent agent_index[s] (its index
-    in σ), the position[s]-th action of step step[s] of episode episode[s]. Tensors indexed by
-    episode and step are [B, T]."""
+    in σ), the position[s]-th action of step step[s] of episode episode[s]."""
 
     prompt_ids: list[list[int]] = field(default_factory=list)  # ô: what the policy read
-    # s → the critic's input o_t ⊕ a_{t,<k}, only for samples where it is not prompt_ids[s] (a fixed
-    # D whose agent does not read every earlier action, with a critic); `sequences(…, "critic")` reads it.
+    # s → the critic's input o_t ⊕ a_{t,<k}, only where it is not prompt_ids[s] (module docstring)
     critic_prompt_ids: dict[int, list[int]] = field(default_factory=dict)
     response_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -97,23 +62,21 @@ class Rollout:
     episode: list[int] = field(default_factory=list)
     step: list[int] = field(default_factory=list)
     agent_index: list[int] = field(default_factory=list)
-    position: list[int] = field(default_factory=list)  # k: the sample is the k-th learning agent's action of its step (tools take no place)
-    role_reward: list[float] = field(default_factory=list)  # per sample: the agent's per-role reward terms (profile)
+    position: list[int] = field(default_factory=list)  # k: the k-th learning agent's action of its step
+    role_reward: list[float] = field(default_factory=list)  # the agent's per-role reward terms (profile)
     team_reward: torch.Tensor | None = None  # [B, T]
     dones: torch.Tensor | None = None  # [B, T]
     step_mask: torch.Tensor | None = None  # [B, T], 1 where the step happened
     solved: list[bool] = field(default_factory=list)  # [B]: the graded answers were right at the end
     outcomes: list[list[dict[str, str]]] = field(default_factory=list)  # [B][t]: graded role → outcome
-    infos: list[list[dict]] = field(default_factory=list)  # [B][t]: the info dict of env.step (the task's metrics read it)
+    infos: list[list[dict]] = field(default_factory=list)  # [B][t]: the info dict of env.step
     unparseable: int = 0  # graded answers with no parseable \boxed{}
     ungraded: int = 0  # graded answers whose check timed out or crashed the grader
     graded_answers: int = 0
-    # Code tasks: how many graded programs ended each way (passed, failed, syntax_error, timeout, crash, no_program).
     program_outcomes: dict[str, int] = field(default_factory=dict)
-    truncated_prompts: int = 0  # prompts cut at max_prompt_tokens (the policies', and the critic's own inputs)
+    truncated_prompts: int = 0  # prompts (and critic inputs) cut at max_prompt_tokens
     generation_seconds: float = 0.0
-    # Orchestrated organisations only: [B][t] the executors called, in order, and how the step ended
-    # ("finish", "max_calls", or "error: <why>", e.g. "error: unknown role 'coder'").
+    # Orchestrated only: [B][t] the executors called, and how the step ended ("finish", "max_calls", "error: <why>")
     calls: list[list[list[str]]] = field(default_factory=list)
     step_ends: list[list[str]] = field(default_factory=list)
 
@@ -122,10 +85,8 @@ class Rollout:
         return [s for s, n in enumerate(self.agent_index) if n == agent]
 
     def sequences(self, samples, reader: str = "policy") -> tuple[list[list[int]], list[list[int]]]:
-        """(prompt ids, response ids) of the given samples: the exact ids of the rollout. reader
-        "policy": the prompt each action was sampled from, ô; "critic": the centralised critic's
-        input o_t ⊕ a_{t,<k} (the same ids where the policy's prompt holds every earlier action).
-        `samples`: ints or a tensor of them (a tensor element is no dict key: made an int here)."""
+        """(prompt ids, response ids) of the samples (ints or a tensor): reader "policy" the prompt ô
+        each action was sampled from, "critic" the critic's input o_t ⊕ a_{t,<k}."""
         samples = [int(s) for s in samples]
         if reader == "critic":
             prompts = [self.critic_prompt_ids.get(s, self.prompt_ids[s]) for s in samples]
@@ -149,8 +110,7 @@ class Rollout:
 
     def record(self, prompt_ids: list[int], response_ids: list[int], logprobs: list[float], text: str, episode: int,
                step: int, agent: int, position: int, critic_prompt_ids: list[int] | None = None) -> int:
-        """Append one action (critic_prompt_ids: the critic's own input, None where it reads
-        prompt_ids); returns its sample index s."""
+        """Append one action (critic_prompt_ids None: the critic reads prompt_ids); returns its sample s."""
         for column, value in ((self.prompt_ids, prompt_ids), (self.response_ids, response_ids), (self.texts, text),
                               (self.generation_logprobs, logprobs), (self.episode, episode), (self.step, step),
                               (self.agent_index, agent), (self.position, position), (self.role_reward, 0.0)):
@@ -163,9 +123,8 @@ class Rollout:
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                  grader: Grader, sampling: generation.Sampling, cfg: Config) -> Rollout:
-    """Play one episode per problem (`play_episodes`). Under torchrun rank r plays problems r,
-    r + G, … with its own sampling noise, and every rank returns the merged rollout of all
-    problems, laid out as one process would have played them (`merge_rollouts`)."""
+    """Play one episode per problem. Under torchrun rank r plays problems r, r + G, … with its own
+    sampling noise, and every rank returns the merged rollout (`merge_rollouts`)."""
     if distributed.world_size() == 1:
         return play_episodes(generate_actions, tokenizer, org, problems, grader, sampling, cfg)
     distributed.reseed_sampling()
@@ -176,10 +135,7 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
 def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                   grader: Grader, sampling: generation.Sampling, cfg: Config) -> Rollout:
     """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
-    orchestrator decides (`play_orchestrated_step`), then the environment grades the step.
-
-    From `cfg`: the horizon H, max_prompt_tokens, shared_adapter, and whether a critic will read the
-    rollout (`advantage` gae: its own inputs are recorded where they are not the policies' prompts)."""
+    orchestrator decides (`play_orchestrated_step`), then the environment grades the step."""
     B, T = len(problems), cfg.horizon
     task = tasks.task_of(cfg)
     context = episode_context(org, grader)
@@ -189,8 +145,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     temperatures = role_temperatures(cfg)
 
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
-        """a ~ π^role(· | ô) for each episode b, ô from the step's transcript so far: [(sample s, text)]
-        (s None for a tool: a fixed policy, no PPO sample)."""
+        """a ~ π^role(· | ô) in each episode, ô from the step's transcript: [(sample s, text)] (s None: a tool)."""
         if org.profile(role).tool:
             return play_tool(org, role, [transcripts[b] for b in episodes])
         if org.orchestrator:  # ô = o_t ⊕ every earlier action of the step (the realised D_t)
@@ -198,8 +153,10 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         else:  # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
             messages = [unrolled_messages(org, role, observations[b], dict(transcripts[b])) for b in episodes]
         prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
-        critic_ids, critic_truncated = critic_inputs(org, role, [(observations[b], transcripts[b]) for b in episodes],
-                                                     tokenizer, cfg)
+        critic_ids, critic_truncated = [None] * len(episodes), 0  # None: the critic reads ô (or there is no critic)
+        if cfg.advantage == "gae" and not org.reads_every_earlier_action(role):  # its own input o_t ⊕ a_{t,<k}
+            critic_ids, critic_truncated = agents_lib.tokenize_prompts(tokenizer, [critic_messages(
+                org, role, observations[b], transcripts[b]) for b in episodes], cfg.max_prompt_tokens)
         started = time.perf_counter()
         own = sampling if sampling.temperature == 0 or role not in temperatures else replace(sampling, temperature=temperatures[role])
         actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), own)  # own: its T
@@ -236,9 +193,8 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
 
 
 def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[str, str]]]) -> list[tuple[None, str]]:
-    """A tool's action in each episode (tools.py: a fixed π^j), on the actions D gives it (under an
-    orchestrator: every earlier action of the step), appended to the step's transcript: later
-    agents read it as they read any agent's action."""
+    """A tool's action in each episode (tools.py: a fixed π^j) on the actions D gives it (orchestrated:
+    every earlier one), appended to the step's transcript for later agents to read."""
     taken = []
     for transcript in step_transcripts:
         read = "\n".join(text for parent, text in transcript if org.orchestrator or parent in org.parents(role))
@@ -249,24 +205,12 @@ def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[st
 
 
 def learning_position(org: Organisation, transcript: list[tuple[str, str]]) -> int:
-    """k of the next learning agent's action in its step: the learning agents' actions so far
-    (a tool's takes no place in the step's tables)."""
+    """k of the next learning agent's action in its step (a tool's action takes no place)."""
     return sum(1 for role, _ in transcript if not org.profile(role).tool)
 
 
-def critic_inputs(org: Organisation, role: str, steps: list, tokenizer, cfg: Config) -> tuple[list, int]:
-    """The critic's input o_t ⊕ a_{t,<k} for `role`'s action in each (observation, step transcript so
-    far) of `steps`, tokenized, and how many were cut at max_prompt_tokens; None for each where the
-    policy's own prompt holds every earlier action of the step (a chain, an orchestrated step) or
-    no critic will read it."""
-    if cfg.advantage != "gae" or org.reads_every_earlier_action(role):
-        return [None] * len(steps), 0
-    messages = [critic_messages(org, role, observation, transcript) for observation, transcript in steps]
-    return agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
-
-
 def empty_rollout(B: int, T: int, orchestrated: bool) -> Rollout:
-    """A rollout of B episodes of at most T steps before any action: its [B, T] tables zero."""
+    """A rollout of B episodes of at most T steps before any action."""
     return Rollout(team_reward=torch.zeros(B, T), dones=torch.zeros(B, T), step_mask=torch.zeros(B, T), solved=[False] * B,
                    outcomes=[[] for _ in range(B)], infos=[[] for _ in range(B)], calls=[[] for _ in range(B)] if orchestrated else [],
                    step_ends=[[] for _ in range(B)] if orchestrated else [])
@@ -279,7 +223,7 @@ def episode_context(org: Organisation, grader: Grader) -> tasks.EpisodeContext:
 
 
 def joint_action_of(org: Organisation, transcript: list[tuple[str, str]]) -> dict[str, str]:
-    """The step's joint action a_t from its transcript [(role, text)]: role → its (last) action."""
+    """a_t from the step's transcript [(role, text)]: role → its (last) action."""
     joint_action = dict(transcript)
     if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
         joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcript) if role in org.graded_roles), "")
@@ -287,9 +231,8 @@ def joint_action_of(org: Organisation, transcript: list[tuple[str, str]]) -> dic
 
 
 def env_step(env, task, joint_action: dict[str, str], where: str):
-    """env.step(joint_action), its info checked (tasks.check_step_info). An exception the environment
-    raises is raised again as a RuntimeError from it, one line naming the task, `where` (the problem
-    and the step) and the roles of the joint action; Python prints the task's own traceback first."""
+    """env.step(joint_action), its info checked. An exception of the environment is raised again as a
+    RuntimeError naming the task, `where` (problem and step) and the acting roles."""
     try:
         observation, reward, done, info = env.step(joint_action)
     except Exception as error:
@@ -303,17 +246,15 @@ def env_step(env, task, joint_action: dict[str, str], where: str):
 
 
 def problem_label(index: int, problem: Problem | None) -> str:
-    """"problem 3 ('What is 7 + 5?')": how a message names a problem."""
+    """How a message names a problem: "problem 3 ('What is 7 + 5?')"."""
     text = "" if problem is None else " ".join(problem.problem.split())
     return f"problem {index}" + (f" ({text if len(text) <= 60 else text[:60] + '…'!r})" if text else "")
 
 
 def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[int, Problem]]) -> None:
-    """A trial step before the run folder is written (marft.set_up): the task's environment of each of
-    `problems` ({split: (index, problem)}) is built, reset and stepped once with an empty action of
-    every agent, so that an environment that cannot play (its step raises, or its info lacks what the
-    trainer counts) stops the run with nothing written, its exception named as in a rollout
-    (`env_step`). No grading worker starts (an empty action has no \\boxed{} answer), no program runs."""
+    """A trial step before the run folder is written: the environment of each of `problems`
+    ({split: (index, problem)}) is reset and stepped once with empty actions, so that one that cannot
+    play stops the run with nothing written (no grader starts, no program runs)."""
     task = tasks.task_of(cfg)
     with Grader() as grader:
         context = episode_context(org, grader)
@@ -326,11 +267,9 @@ def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[
 
 def step_environment(env, task, org: Organisation, transcript: list[tuple[str, str]], step_samples: list[int], out: Rollout,
                      b: int, t: int, cost_per_tool_call: float = 0.0, problem: Problem | None = None):
-    """env.step(a_t) → R_t, done_t, o_{t+1} for episode b (on `problem`) at step t, its joint action the step's
-    transcript [(role, text)] (samples `step_samples`); R_t, done_t and what the step's info says
-    (per-role rewards, graded outcomes, program outcomes) are recorded in `out`, with the step's
-    tool use (`tool_use`, in info["tools"]): every tool call costs `cost_per_tool_call` (--tool_call_cost)
-    of the team reward. Returns (o_{t+1}, done_t). An exception of env.step is named (`env_step`)."""
+    """env.step(a_t) → R_t, done_t, o_{t+1} for episode b at step t, a_t from the step's transcript
+    (samples `step_samples`); R_t, done_t and the info (per-role rewards, outcomes, `tool_use`) are
+    recorded in `out`, each tool call costing `cost_per_tool_call`. Returns (o_{t+1}, done_t)."""
     joint_action = joint_action_of(org, transcript)  # role → its (last) action of the step
     observation, reward, done, info = env_step(env, task, joint_action, f"{problem_label(b, problem)} of the rollout, step {t}")
     info["tools"] = tool_use(org, transcript)
@@ -351,10 +290,8 @@ def step_environment(env, task, org: Organisation, transcript: list[tuple[str, s
 
 
 def tool_use(org: Organisation, transcript: list[tuple[str, str]]) -> dict:
-    """What the tools did in one step: {"calls": tool actions taken, "errors": those whose output
-    holds an error (a malformed or refused input), "answer_is_tool_output": whether the step's
-    graded answer (its last \\boxed{}) is the last value a tool gave (tools.tool_value); None when no
-    tool gave one}."""
+    """What the tools did in one step: {"calls", "errors" (outputs holding an error), "answer_is_tool_output":
+    whether the graded answer is the last value a tool gave, None when none gave one}."""
     tool_actions = [(org.profile(role).tool, text) for role, text in transcript if org.profile(role).tool]
     values = [value for tool, text in tool_actions if (value := tools.tool_value(tool, text)) is not None]
     graded = [text for role, text in transcript if role in org.graded_roles]
@@ -364,13 +301,8 @@ def tool_use(org: Organisation, transcript: list[tuple[str, str]]) -> dict:
 
 
 def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dict[str, float]:
-    """How the tools were used over every step of a rollout (empty without tools):
-
-        tools/calls_per_episode     tool calls per episode, all steps
-        tools/error_rate            calls whose output holds an error, of all calls
-        tools/answer_is_tool_output steps whose graded answer is the last tool value, of the steps
-                                    where a tool gave a value
-    """
+    """tools/calls_per_episode, tools/error_rate, tools/answer_is_tool_output over a rollout's steps
+    (`tool_use`; docs/metrics.md); empty without tools."""
     if rollout is None or org.learners == org.order:
         return {}
     used = [info["tools"] for steps in rollout.infos for info in steps]
@@ -382,8 +314,7 @@ def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dic
 
 
 def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str, float]:
-    """The task's own metrics (tasks.Task.metrics) of every step the rollout played, as
-    `<prefix>/<name>` (code: `<prefix>/program/<outcome>`); none without a rollout or a metrics function."""
+    """The task's own metrics (tasks.Task.metrics) of every step played, as `<prefix>/<name>`."""
     task = tasks.task_of(cfg)
     if rollout is None or task.metrics is None:
         return {}
@@ -391,10 +322,9 @@ def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str,
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
-    """The rollout of G ranks' parts, as one process would have played it: part r played the
-    episodes r, r + G, … (its local episode j is episode r + jG). Samples are put back in the order
-    of play, (step, position in the step, agent, episode), so each agent's samples, and with them
-    the minibatches of the updates, are in the same order as in one process."""
+    """The rollout of G ranks' parts as one process would have played it: part r's episode j is
+    episode r + jG, and samples go back in the order of play (step, position, agent, episode), so
+    the minibatches of the updates are those of one process."""
     G, T = len(parts), parts[0].team_reward.shape[1]
     B = sum(len(part.solved) for part in parts)
     orchestrated = any(part.calls for part in parts)
@@ -426,10 +356,8 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
 def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout,
                            t: int) -> None:
     """One step of a dynamic D: orchestrator, executor, orchestrator, …, until each episode's
-    orchestrator finishes, gives no valid decision, or max_calls executors have acted.
-
-    `act(role, episodes)` plays one action of `role` in each episode and returns [(s, text)].
-    Executors called in the same round act as one batch per role, in the order of org.executors."""
+    orchestrator finishes, gives no valid decision, or max_calls executors have acted. `act(role,
+    episodes)` returns [(s, text)]; executors called in one round act as one batch per role."""
     for b in episodes:
         out.calls[b].append([])
         out.step_ends[b].append("")
@@ -459,14 +387,8 @@ def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples:
 
 
 def orchestration_metrics(rollout: Rollout, org: Organisation, prefix: str = "charts") -> dict[str, float]:
-    """The realised D_t of an orchestrated rollout, as metrics (empty for a fixed D):
-
-        calls_per_episode     executor calls per episode, all steps
-        calls/<role>          calls of that executor per episode
-        finish_rate           steps the orchestrator ended with \\call{finish}
-        max_calls_rate        steps ended by the max_calls budget
-        orchestration_errors  steps ended by a missing, doubled or unknown decision
-    (the three rates are fractions of the steps played and add up to 1)."""
+    """The realised D_t of an orchestrated rollout (empty for a fixed D): calls_per_episode,
+    calls/<role>, and the fractions of steps ended by finish, max_calls or an error (docs/metrics.md)."""
     if not org.orchestrator:
         return {}
     episodes, ends = len(rollout.calls), [end for steps in rollout.step_ends for end in steps]
@@ -480,18 +402,16 @@ def orchestration_metrics(rollout: Rollout, org: Organisation, prefix: str = "ch
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 − C(n − c, k) / C(n, k)."""
+    """Unbiased pass@k (Chen et al. 2021) from n samples, c of them correct: 1 − C(n − c, k) / C(n, k)."""
     if not 1 <= k <= n or not 0 <= c <= n:
         raise ValueError(f"pass@k needs 1 ≤ k ≤ n and 0 ≤ c ≤ n, got n={n}, c={c}, k={k}")
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def majority_vote(answers: list, solved: list[bool], same: Callable[[object, object], bool]) -> float:
-    """Whether the majority answer of one problem's samples is right. The answers (None: the sample
-    gave none the grader could judge; it takes no part) are grouped by `same`, each new answer
-    joining the first group whose first answer it equals. The largest group wins; a tie is broken
-    uniformly at random, so the value is the fraction of the largest groups that are right (a group
-    is right when the episode of its first answer was solved). 0.0 when no sample answered."""
+    """Whether the majority answer of one problem's samples is right. Answers (None: not judged, no
+    vote) join the first group whose first answer is `same`; the largest group wins, a tie split
+    evenly (the fraction of the largest groups whose first episode was solved). 0.0 without answers."""
     groups: list[list[int]] = []  # sample indices, grouped
     for i, answer in enumerate(answers):
         if answer is None:
@@ -508,21 +428,14 @@ def majority_vote(answers: list, solved: list[bool], same: Callable[[object, obj
     return sum(solved[g[0]] for g in winners) / len(winners)
 
 
-def episode_answer(rollout: Rollout, b: int) -> tuple | None:
-    """Episode b's answer for a vote: its last step's graded answers (info["answers"], one per graded
-    role, in order), None when one of them was not judged (unparseable, ungraded)."""
-    answers = tuple(rollout.infos[b][-1]["answers"].values())
-    return None if any(answer is None for answer in answers) else answers
-
-
 def has_answers(rollout: Rollout) -> bool:
     """Whether every episode's environment said what was answered (info["answers"]: MathEnv does)."""
     return bool(rollout.infos) and all(steps and "answers" in steps[-1] for steps in rollout.infos)
 
 
 def maj_at_k(rollout: Rollout, num_problems: int, k: int, same: Callable[[object, object], bool]) -> float:
-    """maj@k: the mean over problems, and over the n // k disjoint blocks of k consecutive samples of
-    each problem (n samples per problem, episode b playing problem b mod P), of `majority_vote`."""
+    """maj@k: the mean of `majority_vote` over problems and the n // k disjoint blocks of k of each
+    problem's n samples (episode b plays problem b mod P)."""
     samples = len(rollout.solved) // num_problems
     if not 1 <= k <= samples:
         raise ValueError(f"maj@{k} needs 1 ≤ k ≤ the {samples} samples per problem: take k ≤ {samples} or more samples")
@@ -532,14 +445,15 @@ def maj_at_k(rollout: Rollout, num_problems: int, k: int, same: Callable[[object
         episodes = [p + j * num_problems for j in range(samples)]  # samples 0 … n − 1 of problem p
         for i in range(blocks):
             block = episodes[i * k:(i + 1) * k]
-            total += majority_vote([episode_answer(rollout, b) for b in block], [rollout.solved[b] for b in block], same)
+            answers = [tuple(rollout.infos[b][-1]["answers"].values()) for b in block]  # last step, per graded role
+            answers = [None if any(a is None for a in ans) else ans for ans in answers]  # one not judged: no vote
+            total += majority_vote(answers, [rollout.solved[b] for b in block], same)
     return total / (num_problems * blocks)
 
 
 def same_answer(grader: Grader) -> Callable[[tuple, tuple], bool]:
-    """Whether two episode answers are one answer after grading's normalisation: for each graded
-    role, equal text, or the first read as the gold answer verifies the second ("1/2" and "0.5",
-    "\\frac{1}{2}" and "1/2" are one answer; "12" and "13" are two)."""
+    """Whether two episode answers are one: per graded role, equal text, or the first read as the gold
+    answer verifies the second ("1/2" and "0.5" are one answer)."""
     def verifies(gold: str, answer: str) -> bool:
         try:
             return grader.grade(gold, f"\\boxed{{{answer}}}") == CORRECT
@@ -565,16 +479,12 @@ def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
 def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                     grader: Grader, cfg: Config, greedy_only: bool = False,
                     top_p: float = 1.0) -> tuple[dict, Rollout | None, Rollout | None]:
-    """Held-out metrics of the current policies: (metrics, sampled rollout or None, greedy rollout or None).
+    """(metrics, sampled rollout or None, greedy rollout or None) of the current policies.
 
-    The sampled rollout plays problems × cfg.eval_samples episodes at cfg.temperature, episode b
-    on problem b mod P; with cfg.eval_greedy one greedy episode per problem follows. The sampling
-    noise is re-seeded from cfg.seed, so every evaluation of a run sees the same noise.
-    `greedy_only` (with cfg.eval_greedy) skips the sampled episodes: training's evaluations between
-    the first and the last, where they would cost most of the time (an untrained policy's samples
-    run to max_new_tokens, the greedy decode mostly stops early). `top_p` < 1 (evaluate.py only:
-    training samples from the full softmax that π_old and π_θ are) samples from the nucleus.
-    """
+    Sampled: problems × cfg.eval_samples episodes, episode b on problem b mod P, the noise re-seeded
+    from cfg.seed (every evaluation sees the same); then with cfg.eval_greedy one greedy episode per
+    problem. `greedy_only` skips the sampled ones (training's evaluations between the first and the
+    last); `top_p` < 1 (evaluate.py only) samples from the nucleus."""
     metrics, sampled = {}, None
     if not (greedy_only and cfg.eval_greedy):
         samples = cfg.eval_samples
@@ -598,7 +508,6 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
         metrics["eval/greedy/generated_tokens_per_episode"] = generated_tokens_per_episode(greedy_rollout)
         metrics |= task_metrics(greedy_rollout, cfg, "eval/greedy") | tool_metrics(greedy_rollout, org, "eval/greedy")
-    # The realised D_t of the held-out episodes (orchestrated only): of the greedy episodes, which
-    # every evaluation plays, else of the sampled ones.
+    # The realised D_t (orchestrated only) of the greedy episodes, which every evaluation plays, else the sampled.
     metrics |= orchestration_metrics(greedy_rollout or sampled, org, prefix="eval")
     return metrics, sampled, greedy_rollout

@@ -4,52 +4,23 @@ Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP": a task fixes th
 problems), the transitions and the team reward R (the environment of one episode); the
 organisation (N agents, dependency function D) is chosen for it. README: "Adding a task".
 
-A `Task` is
+A `Task` is a name, `load(cfg)` → (train, held-out problems), `make_env(problem, cfg, context)` →
+an envs.Environment playing one episode (`context`: EpisodeContext), and optionally organisations,
+metrics and default options (the fields of `Task`). The registry `TASKS` maps names to Tasks; the
+built-in ones are registered below through `register`, as a task of your own is when --task loads it:
 
-    name                   what --task, config.json and the messages call it
-    load(cfg)              → (train problems, held-out problems): two disjoint lists of envs.Problem
-                             (the held-out ones a run evaluates are checked: `check_disjoint`)
-    make_env(problem, cfg, context)
-                           → an envs.Environment playing one episode on one problem; `context`
-                             (EpisodeContext) holds the graded roles, the \\boxed{} grader and the
-                             profiles' per-role reward terms
-    organisations          optional: name → a profile (the profile file's JSON object, flex_pomdp)
-                           or a function that returns a flex_pomdp.Organisation; --agents names one
-                           of them (or a profile file)
-    default_organisation   optional: the organisation of a command line without --agents (default:
-                           the first of `organisations`)
-    metrics(infos)         optional: the info dicts of every step played → {name: value}, logged as
-                           charts/<name> (training rollouts), eval/<name> and eval/greedy/<name> (held-out)
-    options                optional: {option: value}, the task's defaults for options the command
-                           line leaves out (e.g. {"temperature": 0.7}); recorded as chosen/<option>
-    organisation_options   optional: {organisation: {option: value}}, defaults for one of its
-                           organisations, on top of `options`: one recipe, applied as a whole, and
-                           not at all when the command line gives any of its options (the math
-                           task's single agent: a baseline over the batch, docs/learning-per-minute.md)
+    math        --data arithmetic (generated), a MATH/GSM8K .jsonl/.json file or an HF dataset id;
+                MathEnv grades the graded agents' \\boxed{} answers
+    code        --data code (generated), humaneval or an MBPP-format file; CodeEnv runs the graded
+                agents' programs against the unit tests in the sandbox
+    word        word problems whose arithmetic is beyond the 135M model (envs/word_problems.py), held
+                out by operands and by template; default organisation calculator_team
+    word_mixed  the word problems alternating with small arithmetic; default orchestrated_calculator,
+                whose calculator calls (--tool_call_cost) should go to the big problems only
 
-The registry `TASKS` maps names to Tasks. The built-in tasks are registered below through
-`register`, as a task of your own is when --task loads it:
-
-    math   --data arithmetic (generated, --arithmetic_levels), a MATH/GSM8K .jsonl/.json file or an
-           HF dataset id (`read_data`); MathEnv grades the graded agents' \\boxed{} answers
-    code   --data code (generated), humaneval or an MBPP-format file; CodeEnv runs the graded
-           agents' programs against the unit tests in the sandbox (metrics: program/<outcome>)
-    word   word problems whose arithmetic is beyond the 135M model (envs/word_problems.py), held
-           out by operands and by template, stepping stones for the two-step story in training;
-           organisations calculator_team (the default: caller → calculator → answerer), single,
-           orchestrated_calculator, chain; graded like math
-           (metrics: accuracy/<template>, tools/call_rate/<template>, `word_metrics`)
-    word_mixed  the word problems alternating with small arithmetic (one-digit products,
-           two-digit + one-digit sums: kinds small_products, small_sums); default organisation orchestrated_calculator,
-           whose calculator calls (--tool_call_cost) should go to the big problems only
-
---task takes a registered name, `package.module:name`, or `path/to/file.py[:name]` (without
-`:name`, the one Task the module defines). Left out, the task is chosen from --data as it was
-before tasks were plug-ins (`default_task_name`), so every earlier command line trains the same
-task with the same numbers.
-
-This module imports envs, flex_pomdp and distributed, none of which imports it: run.py, marft.py,
-rollout.py and evaluate.py ask it for the run's task (`task_of`) and organisation (`organisation_of`).
+--task takes a registered name, `package.module:name`, or `path/to/file.py[:name]`; left out, --data
+chooses math or code (`default_task_name`). This module imports envs, flex_pomdp and distributed,
+none of which imports it.
 """
 from __future__ import annotations
 
@@ -84,16 +55,18 @@ class EpisodeContext:
 @dataclass(frozen=True)
 class Task:
     """A task (module docstring): its problems, the environment of one episode, and optionally its
-    organisations and metrics."""
+    organisations (--agents names one), metrics (logged as charts/<name>, eval/<name>) and options."""
 
     name: str
     load: Callable  # (cfg) → (train, held_out)
     make_env: Callable  # (problem, cfg, context) → envs.Environment
     organisations: Mapping = field(default_factory=dict)  # name → profile dict | () → Organisation
     default_organisation: str = ""  # "": the first of `organisations`
-    metrics: Callable | None = None  # (infos: list[dict]) → {name: value}
-    options: Mapping = field(default_factory=dict)  # option → value: the task's own defaults (run.Config fields)
-    organisation_options: Mapping = field(default_factory=dict)  # organisation → {option → value}: one organisation's defaults
+    metrics: Callable | None = None  # (infos of every step played: list[dict]) → {name: value}
+    options: Mapping = field(default_factory=dict)  # option → value: defaults for options the command line leaves out
+    # organisation → {option → value}: one organisation's recipe on top of `options`, applied as a whole and not at
+    # all when the command line gives any of its options
+    organisation_options: Mapping = field(default_factory=dict)
 
 
 TASKS: dict[str, Task] = {}
@@ -136,22 +109,16 @@ def default_organisation(task: Task) -> str:
     return task.default_organisation or next(iter(task.organisations), "")
 
 
-# ---------------------------------------------------------------------------------------------
-# Finding the run's task: a registered name, or a plug-in loaded from a module or a file
-# ---------------------------------------------------------------------------------------------
+# --- Finding the run's task: a registered name, or a plug-in loaded from a module or a file ---
 
 def find_task(spec: str) -> Task:
-    """The task --task names: a registered name (math, code), `package.module:name`, or
-    `path/to/file.py[:name]`. A task loaded from a module or a file is registered; a spec that
-    names no task stops the run with a message naming the fix."""
-    if spec in TASKS:
-        return TASKS[spec]
-    return load_plugin(spec)
+    """The task --task names (module docstring); one loaded from a module or a file is registered."""
+    return TASKS[spec] if spec in TASKS else load_plugin(spec)
 
 
 @functools.cache  # one module object per spec, so the task it defines is registered once
 def load_plugin(spec: str) -> Task:
-    """Import the module or file of a --task spec and take its Task (module docstring)."""
+    """Import the module or file of a --task spec and take its Task (the one it defines, without `:name`)."""
     source, _, name = spec.partition(":")
     if source.endswith(".py") or "/" in source:
         path = Path(source)
@@ -194,9 +161,9 @@ def load_plugin(spec: str) -> Task:
 
 
 def default_task_name(data: str, agents: str) -> str:
-    """The task of a command line without --task, as --data chose it before tasks were plug-ins:
-    code for --data code or humaneval, for a .jsonl/.json file whose first row is an MBPP-format
-    code task, and for an HF dataset id with a code organisation (--agents); math otherwise."""
+    """The task of a command line without --task: code for --data code or humaneval, for a .jsonl/.json
+    file whose first row is an MBPP-format code task, and for an HF dataset id with a code
+    organisation (--agents); math otherwise."""
     if data in ("code", "humaneval"):
         return "code"
     if data.endswith((".jsonl", ".json")):
@@ -207,8 +174,7 @@ def default_task_name(data: str, agents: str) -> str:
 
 
 def first_row_is_code(path: Path) -> bool:
-    """Whether a data file's first row is an MBPP-format code task (False when the file cannot be
-    read: the task's load then says why)."""
+    """Whether a data file's first row is an MBPP-format code task (False if unreadable: load says why)."""
     try:
         if path.suffix == ".jsonl":
             with path.open(encoding="utf-8") as lines:
@@ -224,8 +190,7 @@ def task_of(cfg) -> Task:
 
 
 def organisation_of(cfg) -> Organisation:
-    """The run's organisation: --agents names one of its task's organisations or a profile JSON
-    file. Anything else stops the run, naming the task's organisations."""
+    """The run's organisation: one of its task's organisations or a profile JSON file (--agents)."""
     task, name = task_of(cfg), cfg.agents
     offered = ", ".join(task.organisations) or "none"
     if not name:
@@ -247,9 +212,7 @@ def organisation_of(cfg) -> Organisation:
         raise SystemExit(f"--agents={name!r}: {err}") from None
 
 
-# ---------------------------------------------------------------------------------------------
-# What the trainer asks of a task, checked: problems, environments, step infos
-# ---------------------------------------------------------------------------------------------
+# --- What the trainer asks of a task, checked: problems, environments, step infos ---
 
 def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out problems) of `task.load(cfg)`, both non-empty lists of envs.Problem."""
@@ -265,16 +228,11 @@ def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
     return train, held_out
 
 
-def same_problem_key(problem: Problem) -> str:
-    """What makes two problems the same: their question text (what the agents are shown), runs of
-    whitespace counting as one space and the ends stripped; case, answer, level and tests aside."""
-    return " ".join(problem.problem.split())
-
-
 def check_disjoint(task: Task, train: list[Problem], held_out: list[Problem], cfg) -> None:
-    """The held-out problems are none of the training problems (`same_problem_key`): else held-out
-    accuracy would count problems the agents were trained on. Stops at the first one, naming its
-    index in each list and the start of its text."""
+    """The held-out problems are none of the training problems, else held-out accuracy would count
+    problems the agents were trained on. Two problems are the same when their question texts are,
+    whitespace aside. Stops at the first one, naming its index in each list and its text."""
+    same_problem_key = lambda problem: " ".join(problem.problem.split())
     first_in_train: dict[str, int] = {}
     for index, problem in enumerate(train):
         first_in_train.setdefault(same_problem_key(problem), index)
@@ -297,23 +255,19 @@ def make_env(task: Task, problem: Problem, cfg, context: EpisodeContext) -> Envi
 
 
 def check_step_info(task: Task, info) -> None:
-    """The info of env.step must say whether the episode is solved and how each graded answer was
-    judged (the envs.Environment protocol): the trainer counts both."""
+    """The info of env.step must say whether the episode is solved and how each graded answer was judged."""
     missing = [key for key in ("correct", "outcomes") if key not in info] if isinstance(info, dict) else ["a dict"]
     if missing:
         raise SystemExit(f"task {task.name}: its environment's step() returned an info without {', '.join(missing)}: "
                          "give {'correct': bool, 'outcomes': {graded role: 'correct' | 'wrong' | 'unparseable'}, ...}")
 
 
-# ---------------------------------------------------------------------------------------------
-# The built-in tasks: math and code, read from --data (and --eval_data)
-# ---------------------------------------------------------------------------------------------
+# --- The built-in tasks: math and code, read from --data (and --eval_data) ---
 
-def read_data(cfg) -> tuple[list[Problem], list[Problem]]:
+def read_data(cfg, code: bool) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out) of --data: the generated tasks ("arithmetic", "code") split by seed, any
     other source held out at its last eval_problems rows, unless --eval_data gives the held-out
-    problems. A source that cannot be read stops the run with one paragraph naming option, file
-    and line, and the fix."""
+    problems; checked to be math problems, or code tasks if `code` (`check_data`)."""
     generated = cfg.data in ("arithmetic", "code")  # the project's own tasks, split by seed
     if cfg.data == "arithmetic":
         levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
@@ -329,6 +283,7 @@ def read_data(cfg) -> tuple[list[Problem], list[Problem]]:
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
         train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
+    check_data(code, cfg, train + held_out, "data" if not cfg.eval_data else "data and --eval_data")
     return train, held_out
 
 
@@ -364,22 +319,14 @@ def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
         print(f"[sandbox] programs run with isolation: {sandbox.isolation()} (README: The code sandbox)", flush=True)
 
 
-def data_option(cfg) -> str:
-    return "data" if not cfg.eval_data else "data and --eval_data"
-
-
 def load_math(cfg) -> tuple[list[Problem], list[Problem]]:
     """The math task's problems (`read_data`): generated arithmetic, MATH or GSM8K rows."""
-    train, held_out = read_data(cfg)
-    check_data(False, cfg, train + held_out, data_option(cfg))
-    return train, held_out
+    return read_data(cfg, code=False)
 
 
 def load_code(cfg) -> tuple[list[Problem], list[Problem]]:
     """The code task's problems (`read_data`): the generated code task, HumanEval or MBPP rows."""
-    train, held_out = read_data(cfg)
-    check_data(True, cfg, train + held_out, data_option(cfg))
-    return train, held_out
+    return read_data(cfg, code=True)
 
 
 def math_env(problem: Problem, cfg, context: EpisodeContext) -> MathEnv:
@@ -397,9 +344,7 @@ def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
     return {f"program/{outcome}": ended.count(outcome) / len(ended) for outcome in sandbox.OUTCOMES} if ended else {}
 
 
-# ---------------------------------------------------------------------------------------------
-# The word task: arithmetic beyond the model, where calling the calculator must be learned
-# ---------------------------------------------------------------------------------------------
+# --- The word task: arithmetic beyond the model, where calling the calculator must be learned ---
 
 WORD_TRAIN_PER_TEMPLATE, WORD_TEST_PER_TEMPLATE = 200, 50
 SMALL_LEVELS = (2, 3)  # the mixed task's small problems: one-digit products, two-digit + one-digit sums
@@ -439,9 +384,8 @@ def problem_kind(level: str) -> str:
 
 
 def word_metrics(infos: list[dict]) -> dict[str, float]:
-    """Per kind of problem (problem_kind; grouped: the word problems of the trained templates, of the
-    held-out ones, the stepping stones (training only), all of them; the small ones), over the steps
-    played: accuracy/<kind>, and tools/call_rate/<kind>, the steps in which a tool was called."""
+    """accuracy/<kind> and tools/call_rate/<kind> (steps in which a tool was called) over the steps played,
+    per `problem_kind` and per group (trained, held-out and stepping-stone templates, all word, small)."""
     groups: dict[str, list[dict]] = {}
     for info in infos:
         kind = problem_kind(info["level"])
@@ -459,11 +403,8 @@ def word_metrics(infos: list[dict]) -> dict[str, float]:
     return metrics
 
 
-# One agent holds its accuracy, and reaches 0.8 on the level-3 sums within 3.7 minutes on each of
-# three seeds, with no critic: its 16 episodes an iteration (one per problem) against their mean
-# (REINFORCE++'s batch baseline) in one optimiser step, under the default decay of the rate
-# (`python scripts/stability.py --configs single-l3-default`: docs/learning-per-minute.md); with
-# critic + GAE, the chain's default, it reached 0.8 after 2.2, 4.0 and 2.0 minutes.
+# One agent learns fastest and holds its accuracy with no critic: its 16 episodes an iteration against their
+# mean (REINFORCE++'s batch baseline) in one optimiser step (docs/learning-per-minute.md).
 _SINGLE_AGENT_OPTIONS = {"advantage": "group", "group_baseline": "batch", "group_size": 1, "minibatch_size": 16}
 MATH = register(Task("math", load_math, math_env, default_organisation="chain",
                      organisations={n: build for n, build in BUILTIN_ORGANISATIONS.items() if n not in CODE_ORGANISATIONS},
@@ -471,9 +412,8 @@ MATH = register(Task("math", load_math, math_env, default_organisation="chain",
 CODE = register(Task("code", load_code, code_env, default_organisation="coder", metrics=program_outcome_rates,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in CODE_ORGANISATIONS}))
 _WORD_ORGANISATIONS = ("calculator_team", "single", "orchestrated_calculator", "chain")
-# At T = 1 the untrained calculator team solves too few sampled episodes to learn from: held-out
-# pass@1 0.04 against 0.18 at T = 0.7 (`python evaluate.py --task word --samples 2 --limit 48
-# --no-greedy [--temperature 1.0]`, fb080eb: results/tools/eval-base-word-T*.json); a caller's turn is short.
+# At T = 1 the untrained calculator team solves too few sampled episodes to learn from (held-out pass@1
+# 0.04 against 0.18 at T = 0.7: results/tools/eval-base-word-T*.json); a caller's turn is short.
 _WORD_OPTIONS = {"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48}
 WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
@@ -482,13 +422,10 @@ WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word
                            organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
 
 
-# ---------------------------------------------------------------------------------------------
-# Which task reads which of the built-in tasks' options: a run's config.json records those it reads
-# ---------------------------------------------------------------------------------------------
+# --- Which task reads which of the built-in tasks' options: a run's config.json records those it reads ---
 
-# The options of the built-in tasks' data (run.Config fields), and which of them each built-in
-# load reads (the word tasks refuse --data, --eval_data and --arithmetic_levels: they stay at
-# their defaults). The built-in environments read none of them.
+# The options of the built-in tasks' data, and which of them each built-in load reads (the word
+# tasks refuse them all); the built-in environments read none.
 DATA_OPTIONS = ("data", "eval_data", "arithmetic_levels", "skip_malformed_rows")
 _LOADS_READ = {load_math: {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"},
                load_code: {"data", "eval_data", "skip_malformed_rows"}, load_word: set(), load_word_mixed: set()}
@@ -496,9 +433,8 @@ _BUILTIN_ENVS = (math_env, code_env)
 
 
 def unread_options(task: Task, cfg) -> set[str]:
-    """The DATA_OPTIONS that `task` does not read (run.Run leaves them out of config.json, and a
-    config.json read back gives them their defaults). Where its load or make_env is its own
-    function, which may read any option, only those at their defaults: a value given is kept."""
+    """The DATA_OPTIONS that `task` does not read (left out of config.json). Where its load or make_env
+    is its own function, which may read any option, only those at their defaults."""
     read = _LOADS_READ.get(task.load, set())
     own = task.load not in _LOADS_READ or task.make_env not in _BUILTIN_ENVS
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
