@@ -47,53 +47,35 @@ def make_value_heads(hidden_size: int, adapter_names: list[str]) -> torch.nn.Mod
     return heads
 
 
-def action_values(
-    model: PeftModel,
-    value_heads: torch.nn.ModuleDict,
-    adapter: str,
-    prompt_ids: list[list[int]],
-    pad_id: int,
-    share_prefix: bool = True,
-    prefix: SharedPrefix | None = None,
-) -> torch.Tensor:
+def action_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
+                  pad_id: int, share_prefix: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
     """V_φ(x) for a batch of critic inputs x [n] (module docstring): the head at the last prompt token."""
     with active_adapter(model, adapter):
         last = forward_responses(model, prompt_ids, [[] for _ in prompt_ids], pad_id, "hidden", share_prefix,
                                  prefix)[:, 0]  # [n, H]
-    return value_heads[adapter](last.float()).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables (head in float32)
+    return value_heads[adapter](last.float()).squeeze(-1).cpu()  # [n], on the CPU like the trainer's tables
 
 
-def token_values(
-    model: PeftModel,
-    value_heads: torch.nn.ModuleDict,
-    adapter: str,
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    pad_id: int,
-    share_prefix: bool = True,
-    prefix: SharedPrefix | None = None,
-) -> torch.Tensor:
-    """Token-level values V_φ(x, w_<k) for k = 1 … K of each response, [n, L] (0 on padding).
-
-    Column k is read at the position that predicts token k (prompt_len − 1 + k), so column 0 is
-    the action-level value V_φ(x), and the critic reads the response tokens as the policy wrote them.
-    """
+def token_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
+                 response_ids: list[list[int]], pad_id: int, share_prefix: bool = True,
+                 prefix: SharedPrefix | None = None) -> torch.Tensor:
+    """V_φ(x, w_<k) for k = 1 … K of each response, [n, L] (0 on padding): column k at the position that
+    predicts token k, so column 0 is the action-level V_φ(x), and the critic reads the policy's tokens."""
     with active_adapter(model, adapter):
         longest = max(len(r) for r in response_ids)
-        gathered = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix, prefix)[:, :longest]  # [n, L, H]
+        gathered = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix,
+                                     prefix)[:, :longest]  # [n, L, H]
     device = gathered.device
-    offsets = torch.arange(longest, device=device)
-    mask = (offsets.unsqueeze(0) < torch.tensor([len(r) for r in response_ids], device=device).unsqueeze(1)).float()
-    return (value_heads[adapter](gathered.float()).squeeze(-1) * mask).cpu()
+    lengths = torch.tensor([len(r) for r in response_ids], device=device)
+    mask = (torch.arange(longest, device=device).unsqueeze(0) < lengths.unsqueeze(1)).float()  # [n, L]
+    return (value_heads[adapter](gathered.float()).squeeze(-1) * mask).cpu()  # the head in float32
 
 
 def decision_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: str, prompt_ids: list[list[int]],
                     response_ids: list[list[int]], pad_id: int, level: str, share_prefix: bool = True,
                     prefix: SharedPrefix | None = None) -> torch.Tensor:
-    """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(x) at the action level (L = 1),
-    V(x, w_<k) at the token level (L = the longest response), x the critic's input ids. share_prefix: the batch's common
-    prompt prefix is run once (`agents.forward_responses`), or `prefix` was run already for
-    several passes (`agents.run_shared_prefix`)."""
+    """V_φ per decision, [n, L] like `agents.policy_logprobs`: V(x) at the action level, V(x, w_<k) at the
+    token level, x the critic's input ids. share_prefix, prefix: as in `agents.forward_responses`."""
     if level == "token":
         return token_values(model, value_heads, adapter, prompt_ids, response_ids, pad_id, share_prefix, prefix)
     return action_values(model, value_heads, adapter, prompt_ids, pad_id, share_prefix, prefix).unsqueeze(-1)

@@ -1,37 +1,26 @@
 """Data parallelism: one MARFT run over G processes launched by torchrun, on one node or several.
 
-Not in the paper (its algorithm box is one learner); this module only spreads the work of each
-phase over ranks so that the numbers stay those of one process. README: "More than one device".
+Not in the paper (its algorithm box is one learner): each phase's work is spread over ranks so that
+the numbers stay those of one process (README: "More than one device"). Every rank holds the base
+model, every adapter, the critic and the optimiser states, all equal. Per iteration:
 
-Every rank holds the base model, every adapter, the critic and the optimiser states, all equal.
-Per iteration:
-
-    rollout     rank r plays episodes r, r + G, r + 2G, … of the batch with its own sampling
-                seed (`rank_seed`); the parts are gathered and merged (rollout.merge_rollouts), so
-                every rank holds the whole batch, in the order one process would have played it
-    old policy  forward batches split round-robin over ranks, the tables summed (each entry is
-                filled on exactly one rank)
-    advantages  computed on every rank from the whole batch (same numbers everywhere)
-    updates     every minibatch is the same on every rank; rank r computes rows r, r + G, … of it.
-                Its loss is its share of the minibatch's masked mean,
+    rollout     rank r plays episodes r, r + G, … with its own sampling seed (`rank_seed`); the parts
+                are gathered and merged in one process's order (rollout.merge_rollouts)
+    old policy  forward batches split round-robin over ranks, the tables summed
+    advantages  on every rank, from the whole batch
+    updates     every rank has the same minibatch and computes its rows r, r + G, …; its loss is its
+                share of the minibatch's masked mean,
 
                     L_r = Σ_{decisions d of rank r} ℓ_d / n_minibatch      (n over all ranks)
 
-                so Σ_r ∇L_r = ∇L of one process: the active adapter's gradients are summed over
-                ranks (one flat all-reduce) before the clip and the optimiser step. The KL early
-                stop, the non-finite-step check and the logged losses use the summed values, so
-                every rank takes the same decision (collectives stay in lockstep).
-    writing     rank 0 alone writes metrics, summaries and checkpoints; all ranks read a checkpoint
-                on --resume (several nodes need a shared file system for that).
+                so Σ_r ∇L_r = ∇L of one process: the gradients are summed (`sum_gradients`) before
+                the clip and the step; the early stop, the non-finite check and the logged losses use
+                summed values, so every rank decides alike (collectives stay in lockstep)
+    writing     rank 0 alone writes; all ranks read a checkpoint on --resume (a shared file system)
 
-Devices: rank r of a node works on cuda:LOCAL_RANK (`rank_device`; NCCL between GPUs, gloo between
-CPUs), and every tensor collective goes through `all_reduce`, which carries the tensor to the
-backend's device and back, so a table kept on the CPU works under NCCL as under gloo.
-
-Reductions use SUM (and divide): ReduceOp.AVG exists only for NCCL and is wrong on gloo. DDP is
-not used: the active adapter changes at every agent's update, which DDP's fixed set of reduced
-parameters does not allow. Without the torchrun environment (WORLD_SIZE unset or 1) every
-function here is a no-op and `python marft.py` runs exactly as a single process.
+Devices: `rank_device`. Reductions use SUM (and divide): ReduceOp.AVG exists only for NCCL. No DDP:
+the active adapter changes at every agent's update, which DDP's fixed set of reduced parameters does
+not allow. Without torchrun (WORLD_SIZE unset or 1) every function here is a no-op.
 """
 from __future__ import annotations
 
@@ -41,6 +30,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+TIMEOUT_MINUTES = 30.0  # a collective that waits longer raises an error instead of hanging
 
 
 def world_size() -> int:
@@ -58,12 +49,8 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 def rank_device(requested: str, *, launched: bool, local_rank: int, local_ranks: int, gpus: int) -> str:
-    """The torch device of this rank for --device `requested` (a pure function of what it is given).
+    """The torch device of this rank for --device `requested` (a pure function of its arguments).
 
         requested   one process                 under torchrun (rank `local_rank` of `local_ranks` on this node)
         cpu         cpu                         cpu
@@ -71,9 +58,8 @@ def rank_device(requested: str, *, launched: bool, local_rank: int, local_ranks:
         cuda        cuda:0                      cuda:LOCAL_RANK
         cuda:k      cuda:k                      an error (every rank would share GPU k): use cuda
 
-    Raises ValueError (the message names the fix) for a GPU asked of a machine without one, a
-    cuda:k beyond the GPUs seen, and more ranks on a node than GPUs (NCCL refuses two ranks on one
-    GPU, and one GPU holding every rank's model is never what was meant)."""
+    ValueError (naming the fix) for a GPU asked of a machine without one, a cuda:k beyond the GPUs
+    seen, and more ranks on a node than GPUs (NCCL refuses two ranks on one GPU)."""
     if requested == "cpu" or (requested == "auto" and gpus == 0):
         return "cpu"
     if gpus == 0:
@@ -98,23 +84,19 @@ def rank_device(requested: str, *, launched: bool, local_rank: int, local_ranks:
 
 def device_of_this_rank(requested: str) -> str:
     """rank_device for this process: torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE, the GPUs torch sees."""
-    return rank_device(requested, launched=launched_by_torchrun(), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    return rank_device(requested, launched=int(os.environ.get("WORLD_SIZE", "1")) > 1,
+                       local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-TIMEOUT_MINUTES = 30.0  # a collective that waits longer raises an error instead of hanging
-
-
 def init(device: str) -> str:
-    """This rank's device (`device_of_this_rank`), made the current CUDA device before anything else
-    touches CUDA; then, under torchrun, join the process group: NCCL when the rank's device is a
-    GPU, gloo on a CPU. A collective that waits longer than TIMEOUT_MINUTES raises instead of
-    hanging. Returns the device."""
+    """This rank's device (returned), made the current CUDA device before anything touches CUDA; then,
+    under torchrun, join the process group: NCCL on a GPU, gloo on a CPU."""
     resolved = device_of_this_rank(device)
     if resolved.startswith("cuda"):
         torch.cuda.set_device(resolved)  # NCCL, vLLM and `cuda` without an index now mean this rank's GPU
-    if launched_by_torchrun() and not dist.is_initialized():
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # launched by torchrun
         backend = "nccl" if resolved.startswith("cuda") else "gloo"
         dist.init_process_group(backend, timeout=timedelta(minutes=TIMEOUT_MINUTES),
                                 device_id=torch.device(resolved) if backend == "nccl" else None)
@@ -123,10 +105,7 @@ def init(device: str) -> str:
 
 def local_threads(threads: int) -> int:
     """Torch threads of this process: `threads`, or (0) the cores shared evenly among the ranks of this node."""
-    if threads:
-        return threads
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, (os.cpu_count() or 1) // per_node)
+    return threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def shard(items: list) -> list:
@@ -135,22 +114,16 @@ def shard(items: list) -> list:
 
 
 def rows_of(minibatch: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """This rank's rows r, r + G, … of a minibatch (the same minibatch on every rank), and whether
-    they count. A rank left with none (a minibatch shorter than G) computes on the first row with
-    weight 0, so that it still joins every collective of the step."""
+    """This rank's rows r, r + G, … of a minibatch, and whether they count: a rank left with none computes
+    on the first row with weight 0, so that it still joins every collective of the step."""
     mine = minibatch[rank() :: world_size()]
     return (mine, True) if len(mine) else (minibatch[:1], False)
 
 
 def rank_seed(seed: int, r: int) -> int:
-    """The torch seed of rank r's sampling noise when rank 0 samples from `seed`.
-
-    Rank 0 keeps `seed` (a 1-rank run draws exactly as a plain process). Rank r > 0 gets a stable
-    hash of (seed, r) (blake2b: the same on every machine and Python) in [2^62, 2^63), above every
-    seed a run gives rank 0 (marft.seed_iteration's seed · 1_000_003 + iteration, for any run seed
-    below 4·10^12): no rank's stream is another seed's rank-0 stream (a stride, seed + 1_000_003 · r,
-    made rank r of run seed s rank 0 of run seed s + r), and two ranks > 0 share a stream only on
-    a 62-bit hash collision."""
+    """The torch seed of rank r's sampling noise when rank 0 samples from `seed`: rank 0 keeps it (a 1-rank
+    run draws as a plain process); rank r > 0 gets a stable hash of (seed, r) in [2^62, 2^63), above every
+    seed marft.seed_iteration gives rank 0, so no rank's stream is another run's rank-0 stream."""
     if r == 0:
         return seed
     digest = hashlib.blake2b(f"marft-rank-seed/{seed}/{r}".encode(), digest_size=8).digest()
@@ -158,27 +131,24 @@ def rank_seed(seed: int, r: int) -> int:
 
 
 def reseed_sampling() -> None:
-    """Give every rank its own sampling noise, continuing from the seed last set with
-    torch.manual_seed (`rank_seed`: rank 0 keeps it)."""
+    """Give every rank its own sampling noise from the seed last set (`rank_seed`: rank 0 keeps it)."""
     if rank() > 0:
         torch.manual_seed(rank_seed(torch.initial_seed(), rank()))
 
 
 def all_gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, …] on every rank (pickled: for rollouts, not tensors of weights)."""
-    if world_size() == 1:
-        return [obj]
-    gathered = [None] * world_size()
-    dist.all_gather_object(gathered, obj)
+    gathered = [obj] * world_size()
+    if world_size() > 1:
+        dist.all_gather_object(gathered, obj)
     return gathered
 
 
 def broadcast_object(obj):
     """Rank 0's `obj` on every rank (decisions that must agree, e.g. the time limit)."""
-    if world_size() == 1:
-        return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    if world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -188,23 +158,18 @@ def backend_device() -> torch.device:
 
 
 def all_reduce(tensor: torch.Tensor, op=None) -> torch.Tensor:
-    """The one door to tensor collectives: reduce `tensor` over ranks (SUM by default) in place and
-    return it. The tensor goes to the backend's device (NCCL: this rank's GPU; gloo: the CPU) and
-    the result comes back to the tensor it came from, so callers hold tables wherever suits them.
-    A no-op without a process group."""
+    """The one door to tensor collectives: reduce `tensor` over ranks (SUM by default) in place, via
+    the backend's device, and return it (callers hold tables anywhere). A no-op without a group."""
     if not (dist.is_available() and dist.is_initialized()):
         return tensor
-    op = dist.ReduceOp.SUM if op is None else op
     on_backend = tensor.to(backend_device())  # the same tensor when it is already there
-    dist.all_reduce(on_backend, op=op)
+    dist.all_reduce(on_backend, op=dist.ReduceOp.SUM if op is None else op)
     if on_backend is not tensor:
         tensor.copy_(on_backend)
     return tensor
 
 
-def sum_(tensor: torch.Tensor) -> torch.Tensor:
-    """Σ over ranks, in place (and returned)."""
-    return all_reduce(tensor)
+sum_ = all_reduce  # Σ over ranks, in place (and returned)
 
 
 def all_ranks(flag: bool) -> bool:
@@ -223,10 +188,8 @@ def sum_gradients(params: list[torch.Tensor]) -> None:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]))
-    offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    for p, summed in zip(params, flat.split([p.numel() for p in params])):
+        p.grad = summed.view_as(p).clone()
 
 
 def barrier() -> None:

@@ -1,10 +1,8 @@
 """Speed and memory: the CPU paths behind one switch, and freed memory handed back to the OS.
 
-Not in the paper: nothing here changes what is sampled or learned (the same tokens, bit for bit, in
-tests/test_prefix_sharing.py and tests/test_agents.py). The algorithm's own speed work stays with the
-concept it speeds up and is exact up to float rounding: the prompt prefix a batch shares is run once
-(agents.forward_responses, generation.generate), and the gradient passes are cut into micro-batches
-of a token budget (marft.micro_batches).
+Not in the paper: nothing here changes what is sampled or learned (the same tokens, bit for bit:
+tests/test_agents.py). The algorithm's own speed work stays with its concept: prefix sharing
+(agents.py), micro-batches (marft.micro_batches).
 
     MARFT_CPU_PATHS=off    the one switch: the CPU path below is off (model(...) is plain
                            transformers + peft), and scripts/setup_env.sh caps torch's, oneDNN's and
@@ -14,11 +12,7 @@ of a token budget (marft.micro_batches).
     return_freed_memory    glibc's mmap threshold fixed at 1 MiB and malloc_trim after each phase,
                            so the resident memory follows the memory in use (on every machine)
 
-Grouped key/value attention decodes the default job's held-out evaluation 1.36x faster
-(results/speed/decoding-paths-ab/); every other CPU path measured bought less than 1.15x and was
-deleted (oneDNN's float32 products, the fused LoRA update, rows sorted by length, a decoding cache
-written in place, the inverse-transform sampler, gradient checkpointing, the merged bf16 copy as
-sampler): docs/speed-and-memory.md keeps their figures.
+docs/speed-and-memory.md has the measurements, and the CPU paths tried and deleted.
 """
 from __future__ import annotations
 
@@ -39,11 +33,6 @@ AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_E
 def cpu_paths_on() -> bool:
     """False under MARFT_CPU_PATHS=off: the kernels that this CPU's instructions choose are off."""
     return os.environ.get(CPU_PATHS_VARIABLE, "on") != "off"
-
-
-def cpu_paths_apply(device: torch.device | str) -> bool:
-    """Whether the CPU path applies to a model on `device`: a CPU, with the switch on."""
-    return torch.device(device).type == "cpu" and cpu_paths_on()
 
 
 def cpu_paths_record() -> str | None:
@@ -70,12 +59,10 @@ def _glibc():
 
 
 def return_freed_memory() -> None:
-    """Give the memory of freed tensors back to the OS, so that the resident memory follows the
-    memory in use. glibc serves blocks below its mmap threshold from its heap and raises that
-    threshold (up to 32 MiB) each time a larger mapped block is freed, so the heap keeps every
-    large activation buffer it ever held. The first call fixes the threshold at 1 MiB, so every
-    larger tensor is mapped on its own and unmapped when freed; every call returns the heap's free
-    pages (malloc_trim, 60-70 ms a call here). Called at start and after every phase. No-op without glibc."""
+    """Give freed tensors' memory back to the OS (called at start and after every phase; no-op without
+    glibc). glibc raises its mmap threshold (up to 32 MiB) each time a larger mapped block is freed, so
+    its heap would keep every large activation buffer it ever held: fixed at 1 MiB, every larger tensor
+    is mapped on its own and unmapped when freed; malloc_trim returns the heap's free pages."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
 
@@ -85,12 +72,11 @@ def return_freed_memory() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def sdpa_grouped_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention
-    (SmolLM2: 9 query heads read 3 key/value heads) hands torch's kernel the key/value heads as
-    they are (`enable_gqa`) instead of copying each one per query head that reads it: the copy was
-    the whole key/value cache of every layer at every decoding step. The same numbers. Elsewhere (no
-    mask: the library groups heads itself; CUDA, where a mask with grouped heads falls back to the
-    slow kernel) it is the library's function unchanged.
+    """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention (SmolLM2:
+    9 query heads read 3 key/value heads) hands torch's kernel the key/value heads as they are
+    (`enable_gqa`) instead of a copy per query head: the same numbers without copying the whole cache
+    at every decoding step. Elsewhere (no mask; CUDA, where a mask with grouped heads takes the slow
+    kernel) the library's function unchanged.
     query [n, heads, q, d], key/value [n, kv_heads, k, d] → ([n, q, heads, d], None)."""
     if attention_mask is None or query.device.type != "cpu" or query.shape[1] == key.shape[1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -107,5 +93,5 @@ AttentionMaskInterface.register(GROUPED_KV_SDPA, sdpa_mask)  # the masks "sdpa" 
 
 def use_grouped_kv_attention(model) -> None:
     """A model loaded with "sdpa" attention on the CPU reads grouped heads in place (agents.load_base_model)."""
-    if model.config._attn_implementation == "sdpa" and cpu_paths_apply(model.device):
+    if model.config._attn_implementation == "sdpa" and torch.device(model.device).type == "cpu" and cpu_paths_on():
         model.set_attn_implementation(GROUPED_KV_SDPA)
