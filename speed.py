@@ -9,8 +9,8 @@ tests/test_agents.py). The algorithm's own speed work stays with its concept: pr
                            MKL's kernels at AVX2 before torch loads, so a run computes as on a CPU
                            without AVX-512 or bf16 instructions; config.json records it
     sdpa_grouped_kv        attention reads grouped key/value heads as they are (no copy per query head)
-    return_freed_memory    glibc's mmap threshold fixed at 1 MiB and malloc_trim after each phase,
-                           so the resident memory follows the memory in use (on every machine)
+    return_freed_memory    malloc_trim after each phase, so the resident memory follows the memory
+                           in use (on every machine)
 
 docs/speed-and-memory.md has the measurements, and the CPU paths tried and deleted.
 """
@@ -48,21 +48,18 @@ def cpu_paths_record() -> str | None:
 
 @functools.cache
 def _glibc():
-    """glibc with its mmap threshold fixed at 1 MiB (mallopt M_MMAP_THRESHOLD), or None without glibc."""
+    """glibc, or None without it."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        return ctypes.CDLL("libc.so.6")
     except OSError:
         return None
-    M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
-    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    return libc
 
 
 def return_freed_memory() -> None:
-    """Give freed tensors' memory back to the OS (called at start and after every phase; no-op without
-    glibc). glibc raises its mmap threshold (up to 32 MiB) each time a larger mapped block is freed, so
-    its heap would keep every large activation buffer it ever held: fixed at 1 MiB, every larger tensor
-    is mapped on its own and unmapped when freed; malloc_trim returns the heap's free pages."""
+    """Give the free pages of glibc's heap back to the OS (malloc_trim; called at start and after every
+    phase; no-op without glibc), so that the resident memory follows the memory in use. glibc's own
+    mmap threshold is kept: fixing it at 1 MiB saved 2% of the peak and doubled the system time
+    (every large tensor mapped and page-faulted afresh; docs/speed-and-memory.md)."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
 
