@@ -147,7 +147,7 @@ def rank_seed(seed: int, r: int) -> int:
 
     Rank 0 keeps `seed` (a 1-rank run draws exactly as a plain process). Rank r > 0 gets a stable
     hash of (seed, r) (blake2b: the same on every machine and Python) in [2^62, 2^63), above every
-    seed a run gives rank 0 (marft.seed_iteration's seed · 1_000_003 + iteration, for any run seed
+    seed a run gives rank 0 (run.seed_iteration's seed · 1_000_003 + iteration, for any run seed
     below 4·10^12): no rank's stream is another seed's rank-0 stream (a stride, seed + 1_000_003 · r,
     made rank r of run seed s rank 0 of run seed s + r), and two ranks > 0 share a stream only on
     a 62-bit hash collision."""

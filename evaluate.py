@@ -8,9 +8,9 @@ dependency function D, and any horizon.
 What is evaluated:
   * `--run RUN_DIR`: a checkpoint of a run written by marft.py (default: the one named by
     RUN_DIR/checkpoints/latest). The task, the organisation, the LoRA shapes, the horizon, the
-    sampling settings and the seed come from RUN_DIR/config.json (`run.read_config`).
+    sampling settings and the seed come from RUN_DIR/config.json (`config.read_config`).
   * without `--run`: the base model (`--model`) on task `--task` with organisation `--agents`,
-    every other setting at its `run.Config` default. Every agent gets a fresh adapter, whose
+    every other setting at its `config.Config` default. Every agent gets a fresh adapter, whose
     LoRA B = 0 makes it exactly the base model.
 Only the policy adapters are built; the critic plays no part in evaluation.
 
@@ -84,7 +84,7 @@ from envs import Grader, Problem, load_problems
 from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
 from flex_pomdp import Organisation
 from rollout import Rollout, has_answers, heldout_metrics, maj_at_k, pass_at_k, same_answer, solved_counts
-from run import Config
+from config import Config, read_config
 
 NO_GROUP = "(none)"  # the group of rows without a level or subject
 
@@ -421,7 +421,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
                      **tasks.find_task(task).options)  # the task's own defaults (the word task's temperature)
     else:
         run_dir = Path(args.run)
-        cfg = run_lib.read_config(run_dir, "--run")
+        cfg = read_config(run_dir, "--run")
         cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)  # a run from before --task: its data's
         checkpoint = run_lib.checkpoint_folder(run_dir, args.checkpoint, "--run")
     seed = cfg.seed if args.seed is None else args.seed

@@ -24,6 +24,7 @@ tests/test_vllm.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -35,7 +36,11 @@ from peft import PeftModel
 from tqdm import tqdm
 from transformers import DynamicCache, TopPLogitsWarper
 
-from agents import RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
+import config
+import distributed
+import ppo
+from agents import (RANDOM_MODEL, SHARED_ADAPTER, active_adapter, adapter_parameters, backbone, model_source,
+                    prefix_cache, shared_prefix_length)
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class Sampling:
 
     @classmethod
     def of(cls, cfg, top_p: float = 1.0) -> "Sampling":
-        """The rollouts' sampling of a run.Config: the full softmax at T, which π_old and π_θ are too
+        """The rollouts' sampling of a config.Config: the full softmax at T, which π_old and π_θ are too
         (training takes no nucleus); evaluate.py may pass its --top_p."""
         return cls(cfg.temperature, top_p, cfg.max_new_tokens)
 
@@ -209,10 +214,9 @@ class HFGenerator:
 
 
 def describe_sampler(cfg) -> str:
-    """The sampler a run.Config names, in words (messages, config.json)."""
+    """The sampler a config.Config names, in words (messages, config.json)."""
     if cfg.backend == "vllm":
-        import run  # here: run imports this module
-        return f"vLLM engine ({run.vllm_dtype(cfg)} weights)"
+        return f"vLLM engine ({config.vllm_dtype(cfg)} weights)"
     return "hf backend (the training model itself)"
 
 
@@ -221,7 +225,7 @@ GENERATION_BATCH_SIZE = 64  # prompts per hf `generate` call (32 lowers an orche
 
 def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
                  external_launcher: bool = False, batch_size: int = GENERATION_BATCH_SIZE):
-    """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
+    """The generation backend `cfg.backend` names (cfg: a config.Config), serving `adapters` of `model`.
 
     hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
     adapter, synced once here; call `sync(model)` after every update. The engine makes its own
@@ -230,13 +234,12 @@ def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback
     process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
     if cfg.backend == "hf":
         return HFGenerator(model, tokenizer, batch_size, progress, cfg.prefix_sharing)
-    import run  # here: run imports this module
     engine = VLLMGenerator(
         model_source(cfg.model), adapters, cfg.lora_rank, seed=cfg.seed,
         stop_ids=stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id),
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, threads=cfg.threads or os.cpu_count() or 1,
         external_launcher=external_launcher, random_weights=cfg.model.startswith(RANDOM_MODEL),
-        **run.vllm_engine_options(cfg, fallback_sync_dir))
+        **config.vllm_engine_options(cfg, fallback_sync_dir))
     engine.sync(model)
     return engine
 
@@ -347,3 +350,83 @@ class VLLMGenerator:
             out.token_ids.append(tokens[:keep])
             out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The stale-sampler check: after a sync, μ must serve every updated adapter
+# ---------------------------------------------------------------------------------------------
+
+STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
+STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
+
+
+def adapter_label(adapter: str) -> str:
+    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
+    return "shared" if adapter == SHARED_ADAPTER else adapter.removeprefix("policy_")
+
+
+def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
+    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
+    missed the next sync would still serve."""
+    return {adapter: [p.detach().clone() for p in adapter_parameters(model, adapter)]
+            for adapter in optimisers if adapter.startswith("policy")}
+
+
+def adapters_that_moved(model, snapshot: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+    """The entries of an `adapter_snapshot` whose adapter's weights have changed since."""
+    return {adapter: weights for adapter, weights in snapshot.items()
+            if any(not torch.equal(p, w) for p, w in zip(adapter_parameters(model, adapter), weights))}
+
+
+@contextlib.contextmanager
+def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
+    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
+    params = adapter_parameters(model, adapter)
+    current = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, current):
+                p.copy_(w)
+
+
+@torch.no_grad()
+def check_sampler_is_current(model, previous: dict[str, list[torch.Tensor]], samples: dict[str, list[int]],
+                             token_logprobs, sampler_logprob: torch.Tensor, token_mask: torch.Tensor, iteration: int,
+                             sampler: str) -> dict:
+    """After a sync, the rollout's sampler μ must serve each updated agent's new adapter. On up to
+    STALE_CHECK_SAMPLES of the agent's `samples` (this rank's: each rank has its own engine), one pass
+    under its adapter as it is (π_new) and one under its adapter from before the update (`previous`,
+    π_prev), batched alike so that their rounding cancels (`token_logprobs(samples, adapter)` [n, K']),
+    give the update U = Σ_k log π_prev − log π_new of each sample and μ's error X = Σ_k log μ − log π_new
+    (`sampler_logprob` [S, K]); ppo.stale_share regresses X on U: β ≈ 1 for a sampler that kept the old
+    adapter, β ≈ 0 for a current one. β > 0.5 + 3 errors on any rank, with an error below
+    STALE_CHECK_POWER (an update large enough to tell), stops the run naming the agent and the
+    `sampler`. Logs rollout/stale_share/<agent> (the largest over ranks)."""
+    stats = {}
+    for adapter, weights in previous.items():
+        label, chosen, mine = adapter_label(adapter), samples[adapter][:STALE_CHECK_SAMPLES], None
+        if chosen:
+            chosen = torch.tensor(chosen)
+            now = token_logprobs(chosen, adapter)  # [n, K']
+            with adapter_weights(model, adapter, weights):
+                before = token_logprobs(chosen, adapter)
+            width = now.shape[1]
+            mine = ppo.stale_share(sampler_logprob[chosen, :width], now, before, token_mask[chosen, :width])
+        found = [x for x in (distributed.all_gather_objects(mine) if distributed.world_size() > 1 else [mine])
+                 if x is not None]
+        if not found:
+            continue
+        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
+        stats[f"rollout/stale_share/{label}"] = beta
+        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
+            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
+                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
+                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
+                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
+                             "(generation.py) did not reach it.")
+    return stats

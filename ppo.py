@@ -408,6 +408,23 @@ def clipped_surrogate_loss(
 # Rollout correction: samples drawn by a sampler μ that is not the training model's π_old
 # ---------------------------------------------------------------------------------------------
 
+def sampler_logprobs(generation_logprobs: list[list[float]], token_mask: torch.Tensor, decision_unit: str,
+                     action_logprob: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """log μ of every sample as the sampler recorded it, per token [S, K] (masked by token_mask) and
+    per decision [S, L], reduced over the tokens as π_old is: the action level's sum, or mean with
+    action_logprob "mean"; the token level's tokens themselves."""
+    tokens = torch.zeros_like(token_mask)  # [S, K]
+    for s, logprobs in enumerate(generation_logprobs):
+        tokens[s, : len(logprobs)] = torch.tensor(logprobs[: tokens.shape[1]], dtype=tokens.dtype)
+    tokens = tokens * token_mask
+    if decision_unit == "token":
+        return tokens, tokens
+    decisions = tokens.sum(-1, keepdim=True)  # [S, 1]
+    if action_logprob == "mean":
+        decisions = decisions / token_mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return tokens, decisions
+
+
 def rollout_correction_weights(old_logprob: torch.Tensor, sampler_logprob: torch.Tensor, mode: str,
                                cap: float) -> torch.Tensor:
     """The weight w of every decision's surrogate term, [S, L] like its log-probs (any shape):

@@ -75,7 +75,7 @@ from envs import Grader, Problem, extract_boxed
 from envs.grader import CORRECT
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
-from run import Config, role_temperatures
+from config import Config, role_temperatures
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
 GenerateActions = Callable[[list[list[int]], "str | None", generation.Sampling], generation.Actions]
@@ -309,7 +309,7 @@ def problem_label(index: int, problem: Problem | None) -> str:
 
 
 def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[int, Problem]]) -> None:
-    """A trial step before the run folder is written (marft.set_up): the task's environment of each of
+    """A trial step before the run folder is written (run.set_up): the task's environment of each of
     `problems` ({split: (index, problem)}) is built, reset and stepped once with an empty action of
     every agent, so that an environment that cannot play (its step raises, or its info lacks what the
     trainer counts) stops the run with nothing written, its exception named as in a rollout

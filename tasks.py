@@ -92,7 +92,7 @@ class Task:
     organisations: Mapping = field(default_factory=dict)  # name → profile dict | () → Organisation
     default_organisation: str = ""  # "": the first of `organisations`
     metrics: Callable | None = None  # (infos: list[dict]) → {name: value}
-    options: Mapping = field(default_factory=dict)  # option → value: the task's own defaults (run.Config fields)
+    options: Mapping = field(default_factory=dict)  # option → value: the task's own defaults (config.Config fields)
     organisation_options: Mapping = field(default_factory=dict)  # organisation → {option → value}: one organisation's defaults
 
 
@@ -110,11 +110,11 @@ def register(task: Task) -> Task:
         if not callable(getattr(task, part)):
             raise ValueError(f"task {task.name}: {part} must be a function (the module docstring of tasks.py gives its signature)")
     if not isinstance(task.options, Mapping) or not all(isinstance(name, str) for name in task.options):
-        raise ValueError(f"task {task.name}: options maps option names (run.Config fields) to their values")
+        raise ValueError(f"task {task.name}: options maps option names (config.Config fields) to their values")
     if not isinstance(task.organisation_options, Mapping) or not all(
             name in task.organisations and isinstance(options, Mapping) for name, options in task.organisation_options.items()):
         raise ValueError(f"task {task.name}: organisation_options maps names of its organisations to {{option: value}} "
-                         "defaults (run.Config fields)")
+                         "defaults (config.Config fields)")
     if task.metrics is not None and not callable(task.metrics):
         raise ValueError(f"task {task.name}: metrics must be a function of the steps' info dicts, or None")
     if not isinstance(task.organisations, Mapping) or not all(
@@ -486,7 +486,7 @@ WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word
 # Which task reads which of the built-in tasks' options: a run's config.json records those it reads
 # ---------------------------------------------------------------------------------------------
 
-# The options of the built-in tasks' data (run.Config fields), and which of them each built-in
+# The options of the built-in tasks' data (config.Config fields), and which of them each built-in
 # load reads (the word tasks refuse --data, --eval_data and --arithmetic_levels: they stay at
 # their defaults). The built-in environments read none of them.
 DATA_OPTIONS = ("data", "eval_data", "arithmetic_levels", "skip_malformed_rows")
