@@ -228,10 +228,9 @@ def field_docs() -> dict[str, str]:
 
 
 def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Config:
-    """The Config of this command line (with --resume: the run's own, see `resumed_config`; with
-    --config: that file's options under the ones given). The task is resolved and recorded (--task
-    left out: the one --data chooses), a command line without --agents gets the task's default
-    organisation, and options not given follow the ones given (`follow_given_options`)."""
+    """The Config of this command line (--resume: the run's own, `resumed_config`; --config: that
+    file's options under the ones given), its task resolved, without --agents the task's default
+    organisation, and options not given following the ones given (`follow_given_options`)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(description)
     known, unknown = parser.parse_known_args(argv)
@@ -265,8 +264,7 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     """One option per Config field, its docstring as --help, in the groups of `field_groups`."""
-    # no abbreviations: `--iter 20` would set --iterations unseen by the rules that read the command line
-    # (options_on_command_line, resumed_config); a prefix is an unknown option, its full name suggested
+    # no abbreviations: `--iter 20` would set --iterations unseen by options_on_command_line
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      allow_abbrev=False)
     docs, fields = field_docs(), {f.name: f for f in dataclasses.fields(Config)}
@@ -284,12 +282,6 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def option_names() -> list[str]:
-    """Every option's name as written after --: each Config field, and no-<field> of the bool ones."""
-    fields = dataclasses.fields(Config)
-    return [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
-
-
 def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
     """ "did you mean --<guess>?" for an unknown `name`, the guess the shortest of `names` it begins
     (iter: iterations), else the nearest in spelling (difflib), else the one its words' initials
@@ -302,9 +294,9 @@ def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
 
 
 def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) -> None:
-    """The first unknown option of the command line (a typo, a name of another trainer) stops it in one
-    line with the nearest option's name, exit code 2 as argparse's own errors; so does a stray value.
-    An option of earlier versions says what became of it (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
+    """The first unknown option (a typo, another trainer's name) stops the command line in one line
+    naming the nearest option, exit code 2 as argparse's own errors; so does a stray value. An
+    option of earlier versions says what became of it (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
     for position, token in enumerate(unknown):
         name = token.split("=", 1)[0]
         if name.startswith("-") and name.lstrip("-")[:1].isalpha():  # not a value such as -1
@@ -318,7 +310,9 @@ def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) 
             if old in RETIRED_OPTIONS:
                 parser.exit(2, f"{parser.prog}: error: --{old} was retired: {RETIRED_OPTIONS[old][1]}; drop it "
                                f"(commit {RETIRED_AT} still has it)\n")
-            hint = did_you_mean(bare, option_names()) or f"{parser.prog} --help lists every option"
+            fields = dataclasses.fields(Config)  # every option as written after --, no-<field> of the bool ones
+            names = [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
+            hint = did_you_mean(bare, names) or f"{parser.prog} --help lists every option"
             parser.exit(2, f"{parser.prog}: error: unknown option {name}: {hint}\n")
     if unknown:
         parser.exit(2, f"{parser.prog}: error: {unknown[0]!r} follows no option: give every value after its --option "
@@ -326,8 +320,7 @@ def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) 
 
 
 def check_task_option_names(task, organisation: str) -> None:
-    """The option names of the task's own defaults and of its recipe for `organisation` are options
-    (checked on every run of that organisation, also where the recipe steps aside)."""
+    """The task's own defaults and its recipe for `organisation` name options of Config."""
     names = [f.name for f in dataclasses.fields(Config)]
     for option in [*task.options, *task.organisation_options.get(organisation, {})]:
         if option not in names:
@@ -386,8 +379,8 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
 
 
 def inert_options(cfg: Config) -> dict[str, str]:
-    """The options that have no effect in this configuration, {option: why}: given on the command
-    line each is an error (check_no_effect); set by a task's defaults it steps aside in one line."""
+    """The options without effect in this configuration, {option: why}: an error given on the
+    command line (check_no_effect), a task's default steps aside in one line."""
     org, inert = tasks.organisation_of(cfg), {}
     if cfg.advantage == "gae":
         for option in ("group_std", "group_baseline", "skip_zero_signal_groups"):
@@ -502,10 +495,9 @@ SHAPES_THE_POLICY = ("anonymous", "lora_alpha", "lora_targets")  # retired optio
 
 
 def saved_options(path: str | Path, option: str) -> dict:
-    """The options of a run's config.json (`path`: the file or its run folder), checked: a key
-    Config does not know is an error; keys with a "/" (facts the run recorded, such as
-    sandbox/isolation and chosen/<option>) are skipped; options of earlier versions are renamed or
-    retired (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
+    """The options of a run's config.json (`path`: the file or its run folder), checked: keys with a
+    "/" (facts the run recorded, such as chosen/<option>) are skipped, options of earlier versions
+    renamed or retired (RENAMED_OPTIONS, RETIRED_OPTIONS), any other unknown key is an error."""
     path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not path.is_file():
         raise SystemExit(f"{option} {path}: no such file; give a run folder written by marft.py or its config.json")
@@ -538,9 +530,8 @@ def saved_options(path: str | Path, option: str) -> dict:
 
 
 def resumed_config(cli: Config, argv: list[str]) -> Config:
-    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line. Any other
-    option given with a value other than the run's is refused: it would change the algorithm
-    of a run half done."""
+    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line; any other
+    option given with another value than the run's is refused (it would change a run half done)."""
     saved = read_config(Path(cli.resume), "--resume")
     for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
         if getattr(cli, option) != getattr(saved, option):
@@ -555,65 +546,11 @@ def resumed_config(cli: Config, argv: list[str]) -> Config:
     return saved
 
 
-def random_config_error(path: str) -> str | None:
-    """Why `path` cannot be a random model's config (None when it can)."""
-    if not Path(path).is_file():
-        return f"no such file {path!r}"
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"{path!r} is not JSON ({error})"
-    if not isinstance(config, dict) or "model_type" not in config:
-        return f"{path!r} has no model_type: it is not a transformers model config"
-    return None
-
-
-MODEL_CHOICES = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder holding config.json, a hub id '
-                 '(owner/name) or random:<config.json>')
-
-
-def model_error(name: str) -> str | None:
-    """Why --model `name` cannot be loaded, with the fix (None when it can), reading no weights: a
-    local path must be a folder holding config.json; a hub id (owner/name) must have its config.json
-    in the local Hugging Face cache, or the hub must answer one metadata request for it."""
-    if name == agents_lib.EMBEDDED_MODEL or name.startswith(agents_lib.RANDOM_MODEL):
-        return None
-    import huggingface_hub
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError
-
-    try:
-        huggingface_hub.utils.validate_repo_id(name)
-        hub_id = not (Path(name).is_absolute() or name.startswith(("./", "../", "~")) or Path(name).exists())
-    except HFValidationError:
-        hub_id = False
-    if not hub_id:
-        path = Path(name)
-        why = ("no such folder" if not path.exists() else "a file, not a model folder" if not path.is_dir()
-               else "the folder holds no config.json: not a transformers model" if not (path / "config.json").is_file() else None)
-        return why and f"{why}; {MODEL_CHOICES}"
-    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
-        return None
-    cache, hub = huggingface_hub.constants.HF_HUB_CACHE, huggingface_hub.constants.ENDPOINT
-    absent = f"neither a local folder nor a hub id in the local Hugging Face cache ({cache})"
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        return f"{absent} and HF_HUB_OFFLINE is set: download it once online (hf download {name}), or {MODEL_CHOICES}"
-    try:
-        huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(name, "config.json"), timeout=5)
-    except GatedRepoError:
-        return f"a gated model on the hub: accept its terms on {hub}/{name} and log in (hf auth login)"
-    except RepositoryNotFoundError:
-        return f"{absent}, and {hub} has no such model (a private one needs hf auth login); {MODEL_CHOICES}"
-    except EntryNotFoundError:
-        return f"{hub}/{name} has no config.json: not a transformers model; {MODEL_CHOICES}"
-    except Exception as error:  # no network, no name service, a proxy: the hub cannot be asked
-        reason = " ".join(f"{type(error).__name__}: {error}".split())
-        return f"{absent}, and {hub} cannot be reached ({reason}): download it where it can (hf download {name}), or {MODEL_CHOICES}"
-    return None
-
-
 def validate(cfg: Config) -> None:
-    """Fail at start, naming the option, for every value that cannot work."""
-    need = requirement(cfg)
+    """Fail at start, naming the option, its value and the fix, for every value that cannot work."""
+    def need(ok: bool, option: str, message: str):
+        if not ok:
+            raise SystemExit(f"--{option}={getattr(cfg, option)!r}: {message}")
     check_ranges(cfg, need)
     check_choices(cfg, need)
     check_team(cfg, need)
@@ -624,14 +561,6 @@ def validate(cfg: Config) -> None:
         if not Path(source.partition(":")[0]).is_dir():
             raise SystemExit(f"--init_from={cfg.init_from!r}: no such run folder {source.partition(':')[0]!r} "
                              "(give RUN or RUN:iter_NNNNNN, several separated by commas)")
-
-
-def requirement(cfg: Config):
-    """need(ok, option, message): stop the run, naming the option, its value and the fix, unless ok."""
-    def need(ok: bool, option: str, message: str):
-        if not ok:
-            raise SystemExit(f"--{option}={getattr(cfg, option)!r}: {message}")
-    return need
 
 
 def check_ranges(cfg: Config, need) -> None:
@@ -741,9 +670,8 @@ def check_team(cfg: Config, need) -> None:
 
 
 def agents_without_signal_under_last(org) -> list[str]:
-    """The learning agents that `last` credit pays nothing with group advantages: every one but the
-    last of a step (with an orchestrator, whose finish ends the step, the executors) that has no
-    per-role reward terms of its own. Tools learn nothing and are never among them."""
+    """The learning agents that `last` credit pays nothing with group advantages: all but the last of a
+    step (with an orchestrator, the executors) that have no per-role reward terms (tools never)."""
     candidates = [role for role in org.executors if not org.profile(role).tool] if org.orchestrator else org.learners[:-1]
     return [role for role in candidates if not org.profile(role).rewards]
 
@@ -757,6 +685,7 @@ def check_machine(cfg: Config, need) -> None:
         distributed.device_of_this_rank(cfg.device)
     except ValueError as error:
         need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
+    from run import model_error, random_config_error  # here: run imports this module
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
         error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))
         need(error is None, "model", f"{error}: give random:<a transformers config.json>, e.g. "

@@ -130,7 +130,7 @@ def train(cfg: Config) -> dict:
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates.
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
-            previous = {} if backend.exact else generation.adapter_snapshot(model, optimisers)  # θ before: checked next
+            previous = {} if backend.exact else generation.adapter_snapshot(model, optimisers)  # checked after sync
             with timer("policy_update"):
                 metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, rng)
             previous = generation.adapters_that_moved(model, previous)
@@ -153,27 +153,6 @@ def train(cfg: Config) -> dict:
     summary = job.run.finish()
     distributed.close()
     return summary
-
-
-def held_out_evaluator(job: Job, grader: Grader, cfg: Config):
-    """evaluate(greedy_only=False, before_training=False) -> the held-out metrics (rollout.heldout_metrics)
-    of the policies as they are now, decoded by the run's generation backend."""
-    def evaluate(greedy_only: bool = False, before_training: bool = False) -> dict:
-        if before_training:
-            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
-                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
-        return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, greedy_only)[0]
-    return evaluate
-
-
-def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:
-    """The held-out metrics due after `done_iterations`: the full evaluation (pass@k and greedy) after
-    the last iteration or when time is up, greedy only every eval_interval iterations, else none."""
-    if done_iterations == cfg.iterations or out_of_time:
-        return evaluate()
-    if cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
-        return evaluate(greedy_only=True)
-    return {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,10 +226,9 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
 # ---------------------------------------------------------------------------------------------
 
 def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cfg: Config) -> dict:
-    """Set old.correction, the weight w [S, L] of every decision's surrogate term: min(π_old / μ, C)
-    (--rollout_correction tis), 1[π_old / μ ≤ C] (mis) or 1 (none, or a sampler that is the training
-    model itself: μ = π_old), ppo.rollout_correction_weights; returns how far μ is from π_old
-    (ppo.sampler_mismatch: rollout/* metrics, logged on every backend)."""
+    """Set old.correction, the weight w [S, L] of every decision's surrogate term (--rollout_correction;
+    1 where the sampler is the training model itself, μ = π_old: ppo.rollout_correction_weights);
+    returns how far μ is from π_old (ppo.sampler_mismatch: the rollout/* metrics)."""
     tokens, decisions = ppo.sampler_logprobs(rollout.generation_logprobs, old.token_mask, cfg.decision_unit,
                                              cfg.action_logprob)  # log μ, [S, K] and [S, L]
     mode = "none" if exact_sampler else cfg.rollout_correction
@@ -278,13 +256,9 @@ def check_sampler(model, pad: int, org: Organisation, rollout: Rollout, old: Old
 # ---------------------------------------------------------------------------------------------
 
 def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg: Config):
-    """r_{t,k} by credit assignment over each step's actions plus each agent's per-role reward terms,
-    then Â: (Â [S, L], R [S, L] or None without a critic, signal [S] with group advantages (the sample's
-    group had returns that differ: ppo.group_advantages) or None, metrics: the fraction of groups with no signal).
-
-    The grids are [B, T, P]: the k-th action of step t, which is the k-th learning agent of σ under a
-    fixed D and the k-th learning action of the realised sequence with an orchestrator (steps then
-    differ in length); tools take no place (rollout.learning_position)."""
+    """r_{t,k} by credit assignment plus each agent's per-role reward terms, on grids [B, T, P] of the
+    k-th learning action of each step (rollout.learning_position), then Â: (Â [S, L], R [S, L] or None
+    without a critic, signal [S] with group advantages or None, metrics)."""
     acted = rollout.to_grid(torch.ones(len(rollout.position)))  # [B, T, P]
     rewards = ppo.place_team_reward(rollout.team_reward, acted, cfg.credit)  # [B, T, P]
     rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward))  # the profiles' per-role terms
@@ -336,9 +310,7 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
                   signal: torch.Tensor | None, cfg: Config, optimisers: dict, rng: torch.Generator) -> dict:
     """Update the agents one at a time (HAPPO): agent i_{m+1} optimises M · Â with
     M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update (`happo_weight_after_update`).
-
-    With --shared_adapter every role moves the same θ: updating "one agent" would change the
-    others' π_old too, so there is one joint PPO update over all samples (M = 1) instead."""
+    With --shared_adapter every role moves one θ: one joint PPO update over all samples (M = 1)."""
     if cfg.shared_adapter:
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
@@ -369,13 +341,11 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
                  happo_weight: torch.Tensor, samples: torch.Tensor, label: str, adapter: str, cfg: Config, optimiser,
                  rng: torch.Generator) -> dict:
     """PPO epochs of one agent (adapter θ^i, metrics under `label`) on its own samples [n]: minimise
-    `agent_objective` over minibatches. A minibatch whose approximate KL to π_old exceeds
-    target_kl ends the agent's epochs before its optimiser step. An agent left with no sample
-    (--skip_zero_signal_groups: none of its groups had signal) takes no step on any rank: Adam's momentum
-    alone would move it."""
+    `agent_objective` over minibatches; a minibatch whose approximate KL to π_old exceeds target_kl
+    ends the epochs before its step. An agent left with no sample (--skip_zero_signal_groups) takes
+    no step on any rank (Adam's momentum alone would move it)."""
     params = agents_lib.adapter_parameters(model, adapter)
-    # Advantage normalisation per agent over its real decisions (explicit mask); group advantages
-    # are normalised within their groups already.
+    # normalised per agent over its real decisions; group advantages within their groups already
     agent_adv = (advantages[samples] if cfg.advantage == "group"
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))  # [n, L]
     weight = happo_weight[torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]].unsqueeze(-1)  # M, [n, 1]
@@ -421,14 +391,12 @@ class ObjectiveTerms(NamedTuple):
 
 def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch.Tensor, advantage: torch.Tensor,
                     weight: torch.Tensor, cfg: Config) -> ObjectiveTerms:
-    """Agent i's objective on the samples `batch` [n], to minimise (the paper's clipped surrogate
-    with HAPPO's M):
+    """Agent i's objective on the samples `batch` [n], to minimise (the clipped surrogate with HAPPO's M):
 
         L = −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)],   ρ = π^i / π^i_old
 
-    (w: the rollout correction of each decision, `rollout_correction`; 1 when the sampler is π_old).
-    new: the agent's log-probs of the samples under its current adapter; advantage Â [n, L];
-    weight M [n, 1]. The policy's entropy is logged, not optimised."""
+    w: each decision's rollout correction (1 when the sampler is π_old); new: the agent's log-probs
+    under its current adapter; advantage Â [n, L]; weight M [n, 1]. Entropy is logged, not optimised."""
     width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
     old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
     # M [n, 1] times the rollout correction w [n, L'] of each decision (1 when μ = π_old)
@@ -441,13 +409,12 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
 
 def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, minibatch: torch.Tensor,
                        adapter: str, cfg: Config, objective) -> tuple[torch.Tensor, dict, bool]:
-    """Accumulate the gradient of the minibatch's objective into the adapter's .grad: the machinery
-    that makes one minibatch fit in memory and across ranks. This rank's rows (distributed.rows_of)
-    in micro-batches of at most micro_batch_tokens; the prompt prefix one agent's rows share run
-    once for all its micro-batches, its gradient sent back once after them; every micro-batch's
-    means weighted by its share of the minibatch's, so the sum over micro-batches and ranks is the
-    minibatch's mean. `objective(rows, new)` gives the ObjectiveTerms of positions `rows` of
-    `samples`. Returns (this rank's share of the KL to π_old, the logged means, every loss finite)."""
+    """Accumulate the gradient of the minibatch's objective into the adapter's .grad: this rank's rows
+    (distributed.rows_of) in micro-batches of at most micro_batch_tokens, the prompt prefix an agent's
+    rows share run once for all of them, each micro-batch's means weighted by its share of the
+    minibatch's (the sum over micro-batches and ranks is the minibatch's mean). `objective(rows, new)`:
+    the ObjectiveTerms of positions `rows` of `samples`. Returns (this rank's share of the KL to
+    π_old, the logged means, every loss finite)."""
     chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
     minibatch_mask = old.mask[samples[minibatch]]
     kl, logged, finite = torch.zeros(()), defaultdict(float), True
@@ -481,13 +448,9 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
 
 def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.Tensor, new_logprob: torch.Tensor,
                               happo_weight: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """M ← M · ρ^{i_m}: the HAPPO factor [B, T] after agent i_m's update.
-
-    ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) is the ratio of the agent's whole action, from its
-    log-probs [n, L] recomputed with its *updated* adapter (`logprobs_after_update`): the sum of
-    its token log-ratios, also at the action level with --action_logprob mean (the clip c bounds
-    it). Each sample's ratio multiplies the M of the joint action (episode, step) it belongs to;
-    joint actions the agent took no part in keep their M."""
+    """M ← M · ρ^{i_m}: the HAPPO factor [B, T] after agent i_m's update, ρ^{i_m} = π_new(a) / π_old(a)
+    the ratio of the agent's whole action (the sum of its token log-ratios, also with --action_logprob
+    mean), from `logprobs_after_update`. Joint actions the agent took no part in keep their M."""
     lengths = torch.tensor([max(len(rollout.response_ids[s]), 1) for s in samples], dtype=torch.float32)
     log_ratio = agents_lib.summed_logprobs(new_logprob - old.logprob[samples], old.mask[samples], lengths,
                                            cfg.decision_unit, cfg.action_logprob)  # log ρ of each action, [n]
@@ -504,12 +467,10 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
                   share_prefix: bool) -> list[list[torch.Tensor]]:
     """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
     the agent of each row) → for each agent, in order of its first row, its micro-batches of
-    positions, in order. A micro-batch of k rows costs the prompt prefix all the agent's rows of
-    the minibatch share once (`agents.shared_prefix_length`; 0 without prefix sharing; `agent_prefix`
-    runs it once for all of them and its activations live while they do), plus k × (its longest
-    row − the prefix), and stays within `token_budget`. A row over the budget makes a micro-batch of
-    its own. A gradient pass's activations are then bounded by the budget whatever the number of
-    agents and the length of their prompts."""
+    positions. A micro-batch of k rows costs the prefix the agent's rows share once
+    (`agents.shared_prefix_length`; 0 without prefix sharing) plus k × (its longest row − the
+    prefix), within `token_budget` (a longer row is a micro-batch of its own): a gradient pass's
+    activations stay bounded whatever the number of agents and the length of their prompts."""
     by_group: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_group.setdefault(group, []).append(position)
@@ -538,18 +499,15 @@ def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config, re
 
 def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config,
                  reader: str = "policy") -> agents_lib.SharedPrefix | None:
-    """The prompt prefix one agent's samples [n] of a minibatch share (in the prompts `reader`
-    reads: the policy's or the critic's), run once with gradient under `adapter`
-    (agents.run_shared_prefix) for all its micro-batches; None without prefix sharing or with
-    nothing shared."""
+    """The prompt prefix one agent's samples [n] share (in the prompts `reader` reads), run once with
+    gradient under `adapter` for all its micro-batches (agents.run_shared_prefix); None without one."""
     if not cfg.prefix_sharing:
         return None
     return agents_lib.run_shared_prefix(model, rollout.sequences(samples.tolist(), reader)[0], adapter)
 
 
 def accumulate_gradient(loss: torch.Tensor) -> bool:
-    """Add ∂loss/∂θ to the gradients (one micro-batch's share of the minibatch's loss); a loss
-    that is not finite (inf, nan) adds nothing and returns False."""
+    """Add ∂loss/∂θ to the gradients; a loss that is not finite adds nothing and returns False."""
     if not torch.isfinite(loss):
         return False
     loss.backward()
@@ -557,9 +515,8 @@ def accumulate_gradient(loss: torch.Tensor) -> bool:
 
 
 def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, max_grad_norm: float) -> bool:
-    """One optimiser step on the gradients accumulated since `zero_grad`, clipped to
-    max_grad_norm. When a micro-batch's loss (on any rank) or the gradient is not finite, no step
-    is taken and False returned: the weights stay as they were."""
+    """One optimiser step on the accumulated gradients, clipped to max_grad_norm; none (and False)
+    when a micro-batch's loss on any rank or the gradient is not finite."""
     if not distributed.all_ranks(finite):  # every rank skips, or none does
         optimiser.zero_grad(set_to_none=True)
         return False
@@ -572,10 +529,8 @@ def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, 
 
 
 def rank_share(rows_mask: torch.Tensor, minibatch_mask: torch.Tensor, counted: bool) -> float:
-    """Weight of these rows' masked means in the minibatch's: (their decisions) / (the
-    minibatch's), so that the weighted means summed over micro-batches and ranks are the
-    minibatch's means (distributed.py). 1 exactly when the rows are the whole minibatch; 0 for
-    a rank that only joins the collectives (`counted` False)."""
+    """Weight of these rows' masked means in the minibatch's: their decisions / the minibatch's (so
+    the weighted sums over micro-batches and ranks are the minibatch's means); 0 on a rank not `counted`."""
     if not counted:
         return 0.0
     return (rows_mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item()
@@ -616,8 +571,7 @@ def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy
             minibatch_mask = old.mask[samples[minibatch]]
             optimisers[adapter].zero_grad(set_to_none=True)
             logged, finite = 0.0, True
-            # The critic's minibatch mixes agents: each micro-batch holds one agent's rows,
-            # and each agent's prompt prefix is run once for its micro-batches.
+            # the minibatch mixes agents: a micro-batch holds one agent's rows, its prefix run once
             for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg, reader="critic"):
                 prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg,
                                       reader="critic")
@@ -639,6 +593,31 @@ def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy
                 skipped += 1
     return {"losses/value_loss": sum(losses) / len(losses) if losses else float("nan"),
             f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped, adapter)}
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Held-out evaluation
+# ---------------------------------------------------------------------------------------------
+
+def held_out_evaluator(job: Job, grader: Grader, cfg: Config):
+    """evaluate(greedy_only=False, before_training=False) -> the held-out metrics of the policies as
+    they are now (rollout.heldout_metrics), decoded by the run's generation backend."""
+    def evaluate(greedy_only: bool = False, before_training: bool = False) -> dict:
+        if before_training:
+            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
+                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
+        return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, greedy_only)[0]
+    return evaluate
+
+
+def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:
+    """The held-out metrics due after `done_iterations`: the full evaluation (pass@k and greedy) after
+    the last iteration or when time is up, greedy only every eval_interval iterations, else none."""
+    if done_iterations == cfg.iterations or out_of_time:
+        return evaluate()
+    if cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
+        return evaluate(greedy_only=True)
+    return {}
 
 
 if __name__ == "__main__":

@@ -1,23 +1,15 @@
-"""A MARFT run as a process and on disk: setting it up, the plumbing of an iteration, its folder,
-its metrics log and its checkpoints. No equation of the paper lives here (marft.train holds them).
+"""A MARFT run as a process and on disk: its set-up, the plumbing around each iteration (seed,
+problems, phase timer, metrics, checkpoint), its folder and its checkpoints. No equation of the
+paper lives here (marft.train holds them).
 
-    set_up                 this rank's device, the task's problems, the run folder, the model with every
-                           adapter, critic and optimisers (restored with --resume), the generation backend
-    seed_iteration, …      what each iteration needs around the algorithm: its seed, its problems, its
-                           phase timer, its metrics, its checkpoint
-    Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
-    save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
-    load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
-    init_policy_adapters   --init_from: a new run's agents start from other runs' checkpoints, by role
-
-Checkpoint layout (one folder per kept iteration):
-
+    runs/<name>/config.json, metrics.jsonl (+ tensorboard/), summary.json     `Run`, `MetricsLog`
     checkpoints/iter_<k>/adapters/<adapter>/   peft format: every policy and critic adapter
     checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads (none with --advantage group)
     checkpoints/iter_<k>/optimizers.pt         every Adam state, by adapter name
     checkpoints/iter_<k>/state.json            {"iteration": k, "elapsed_seconds": …}
     checkpoints/latest                         the name of the newest complete checkpoint
 
+A checkpoint is written through a temporary folder and a rename, then `latest` replaced atomically.
 Resuming needs no random-generator state: every draw of iteration k is seeded from (seed, k)
 (`seed_iteration`), so a resumed run replays the iterations an uninterrupted run would.
 """
@@ -99,8 +91,7 @@ def set_up(cfg: Config) -> Job:
 
 
 def set_up_process(cfg: Config) -> str:
-    """This rank's device (current before anything touches CUDA), its torch threads, and the
-    allocator's settings (speed.return_freed_memory)."""
+    """This rank's device (current before anything touches CUDA), its torch threads, the allocator."""
     device = distributed.init(cfg.device)
     torch.set_num_threads(distributed.local_threads(cfg.threads))
     print_main(threads_line(torch.get_num_threads()), flush=True)
@@ -138,6 +129,62 @@ def build(cfg: Config):
     return org, model, tokenizer, value_heads, optimisers
 
 
+def random_config_error(path: str) -> str | None:
+    """Why `path` cannot be a random model's config (None when it can)."""
+    if not Path(path).is_file():
+        return f"no such file {path!r}"
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{path!r} is not JSON ({error})"
+    if not isinstance(config, dict) or "model_type" not in config:
+        return f"{path!r} has no model_type: it is not a transformers model config"
+    return None
+
+
+MODEL_CHOICES = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder holding config.json, a hub id '
+                 '(owner/name) or random:<config.json>')
+
+
+def model_error(name: str) -> str | None:
+    """Why --model `name` cannot be loaded, with the fix (None when it can), asked at start by
+    config.validate, reading no weights: a local path must be a folder holding config.json; a hub id
+    (owner/name) must have its config.json in the local Hugging Face cache, or the hub must answer."""
+    if name == agents_lib.EMBEDDED_MODEL or name.startswith(agents_lib.RANDOM_MODEL):
+        return None
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        huggingface_hub.utils.validate_repo_id(name)
+        hub_id = not (Path(name).is_absolute() or name.startswith(("./", "../", "~")) or Path(name).exists())
+    except HFValidationError:
+        hub_id = False
+    if not hub_id:
+        path = Path(name)
+        why = ("no such folder" if not path.exists() else "a file, not a model folder" if not path.is_dir()
+               else "the folder holds no config.json: not a transformers model" if not (path / "config.json").is_file() else None)
+        return why and f"{why}; {MODEL_CHOICES}"
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return None
+    cache, hub = huggingface_hub.constants.HF_HUB_CACHE, huggingface_hub.constants.ENDPOINT
+    absent = f"neither a local folder nor a hub id in the local Hugging Face cache ({cache})"
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return f"{absent} and HF_HUB_OFFLINE is set: download it once online (hf download {name}), or {MODEL_CHOICES}"
+    try:
+        huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(name, "config.json"), timeout=5)
+    except GatedRepoError:
+        return f"a gated model on the hub: accept its terms on {hub}/{name} and log in (hf auth login)"
+    except RepositoryNotFoundError:
+        return f"{absent}, and {hub} has no such model (a private one needs hf auth login); {MODEL_CHOICES}"
+    except EntryNotFoundError:
+        return f"{hub}/{name} has no config.json: not a transformers model; {MODEL_CHOICES}"
+    except Exception as error:  # no network, no name service, a proxy: the hub cannot be asked
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        return f"{absent}, and {hub} cannot be reached ({reason}): download it where it can (hf download {name}), or {MODEL_CHOICES}"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Around each iteration: its seed, its problems, its timer, its metrics, its checkpoint
 # ---------------------------------------------------------------------------------------------
@@ -151,10 +198,9 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 
 
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """(train problems, held-out problems) of the run's task (tasks.py: --task, by default the one
-    --data chooses), the held-out problems cut to eval_problems. Data that cannot be read, or that
-    does not fit the task, ends the run at start with a message naming the option and the fix; so
-    does a held-out problem the run evaluates that is also a training problem (tasks.check_disjoint)."""
+    """(train problems, held-out problems cut to eval_problems) of the run's task (tasks.task_of). Data
+    that cannot be read or does not fit the task, or a held-out problem the run evaluates that is
+    also a training problem (tasks.check_disjoint), ends the run at start naming the fix."""
     task = tasks.task_of(cfg)
     train, held_out = tasks.task_problems(task, cfg)
     tasks.check_disjoint(task, train, held_out[: cfg.eval_problems], cfg)
@@ -180,9 +226,8 @@ def print_main(*args, **kwargs) -> None:
 
 class PhaseTimer:
     """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
-    Each phase ends by giving the memory it freed back to the OS (speed.return_freed_memory), and on a
-    GPU by waiting for its kernels (CUDA runs asynchronously: else a phase's time lands in the
-    next one); there the iteration's peak GPU memory is perf/peak_gpu_memory_gib."""
+    Each phase ends by giving freed memory back to the OS (speed.return_freed_memory) and, on a GPU,
+    by waiting for its kernels (else its time lands in the next phase); perf/peak_gpu_memory_gib."""
 
     def __init__(self, device: str = "cpu"):
         self.started, self.seconds, self.cuda = time.perf_counter(), {}, device.startswith("cuda")
@@ -258,12 +303,10 @@ def sampler_record(cfg: Config) -> str:
 
 
 class Run:
-    """runs/<name>/ of one training run: config.json, metrics.jsonl, summary.json, checkpoints/.
-
-    `Run(cfg)` makes the folder and writes config.json (or, with --resume, opens it); `restore`
-    loads the last checkpoint, if resuming, and opens the metrics log from the right iteration;
-    `log` appends one line per iteration; `finish` writes the summary and prints it.
-    Under torchrun every rank reads (the checkpoint to resume from) and rank 0 alone writes."""
+    """runs/<name>/ of one training run. `Run(cfg)` makes the folder and writes config.json (with
+    --resume: opens it); `restore` loads the last checkpoint when resuming and opens the metrics log;
+    `log` appends one line per iteration; `finish` writes and prints the summary. Under torchrun
+    every rank reads and rank 0 alone writes."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.wall_start, self.writes = cfg, time.time(), distributed.is_main()
@@ -336,9 +379,8 @@ class Run:
             save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
 
     def finish(self) -> dict:
-        """Write and print the summary: held-out accuracy at iteration 0 and at the end (and, for an
-        orchestrated team, its calls), the critic's explained variance, wall time. Under torchrun
-        every rank returns rank 0's summary."""
+        """Write and print the summary: held-out accuracy at iteration 0 and at the end (an orchestrated
+    team's calls too), the critic's explained variance, wall time; every rank returns rank 0's."""
         if not self.writes:
             return distributed.broadcast_object(None)
         self.metrics.close()
@@ -368,8 +410,7 @@ class Run:
 
 def last_third_mean(rows: list[dict], key: str) -> float | None:
     """Mean of metric `key` over the rows of the last third of the iterations (at least the last
-    row), leaving out NaN (explained variance is undefined when every return is equal); None
-    when no such row has a value."""
+    row), NaN left out (explained variance with equal returns); None when no row has a value."""
     last_iteration = max((row["iteration"] for row in rows), default=0)
     values = [row[key] for row in rows if row["iteration"] > last_iteration * 2 // 3 and key in row and not math.isnan(row[key])]
     return sum(values) / len(values) if values else None
@@ -384,10 +425,8 @@ def write_json_atomically(path: Path, data: dict) -> None:
 
 
 class MetricsLog:
-    """metrics.jsonl in the run folder (one line per iteration), mirrored to TensorBoard.
-
-    `keep_before`: the first iteration this run writes. On resume, the lines and TensorBoard
-    events of iterations ≥ keep_before (written after the checkpoint) are dropped."""
+    """metrics.jsonl in the run folder (one line per iteration), mirrored to TensorBoard. On resume,
+    the lines and events of iterations ≥ `keep_before` (written after the checkpoint) are dropped."""
 
     def __init__(self, run_dir: Path, keep_before: int):
         from torch.utils.tensorboard import SummaryWriter
@@ -440,8 +479,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimiser
 
 
 def checkpoint_folder(run_dir: Path, name: str | None, option: str) -> Path:
-    """RUN/checkpoints/<name>, by default the one checkpoints/latest names; `option` names the
-    command-line option in errors."""
+    """RUN/checkpoints/<name>, by default the one checkpoints/latest names (`option`: for errors)."""
     root = Path(run_dir) / "checkpoints"
     available = sorted(p.name for p in root.glob("iter_*") if p.is_dir()) if root.is_dir() else []
     listing = f"checkpoints there: {', '.join(available)}" if available else "the run has no checkpoints yet"
@@ -465,10 +503,9 @@ def load_adapters(folder: Path, model, adapters: list[str]) -> None:
 
 
 def init_policy_adapters(sources: str, model, adapters: list[str]) -> list[str]:
-    """--init_from RUN[:CHECKPOINT][,RUN[:CHECKPOINT]...]: load each checkpoint's weights into those
-    of `adapters` (this run's policy adapters) that it saved under the same name, the first source
-    naming an adapter winning; returns the names loaded. Stops, naming what the checkpoint holds,
-    when a source gives none of the adapters not loaded yet."""
+    """--init_from RUN[:CHECKPOINT][,…]: load each checkpoint's weights into those of this run's
+    policy `adapters` it saved under the same name, the first source winning; returns the names
+    loaded. A source that gives none of the adapters not loaded yet stops the run."""
     loaded: list[str] = []
     for source in sources.split(","):
         run_dir, _, name = source.partition(":")

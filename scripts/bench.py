@@ -96,7 +96,8 @@ import speed  # noqa: E402
 import tasks  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
-from config import LORA_ALPHA, LORA_TARGETS, Config, random_config_error  # noqa: E402
+from config import LORA_ALPHA, LORA_TARGETS, Config  # noqa: E402
+from run import random_config_error  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "grading", "learning")
 DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (smollm2 unless given)
