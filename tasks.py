@@ -83,11 +83,11 @@ def register(task: Task) -> Task:
         if not callable(getattr(task, part)):
             raise ValueError(f"task {task.name}: {part} must be a function (the module docstring of tasks.py gives its signature)")
     if not isinstance(task.options, Mapping) or not all(isinstance(name, str) for name in task.options):
-        raise ValueError(f"task {task.name}: options maps option names (run.Config fields) to their values")
+        raise ValueError(f"task {task.name}: options maps option names (config.Config fields) to their values")
     if not isinstance(task.organisation_options, Mapping) or not all(
             name in task.organisations and isinstance(options, Mapping) for name, options in task.organisation_options.items()):
         raise ValueError(f"task {task.name}: organisation_options maps names of its organisations to {{option: value}} "
-                         "defaults (run.Config fields)")
+                         "defaults (config.Config fields)")
     if task.metrics is not None and not callable(task.metrics):
         raise ValueError(f"task {task.name}: metrics must be a function of the steps' info dicts, or None")
     if not isinstance(task.organisations, Mapping) or not all(

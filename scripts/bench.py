@@ -96,8 +96,8 @@ import speed  # noqa: E402
 import tasks  # noqa: E402
 from envs import make_arithmetic_problems  # noqa: E402
 from flex_pomdp import BUILTIN_ORGANISATIONS, load_organisation, unrolled_messages  # noqa: E402
-import run as run_lib  # noqa: E402
-from run import Config, random_config_error  # noqa: E402
+from config import LORA_ALPHA, LORA_TARGETS, Config  # noqa: E402
+from run import random_config_error  # noqa: E402
 
 SECTIONS = ("throughput", "backends", "phases", "memory", "contention", "grading", "learning")
 DEFAULTS = Config()  # every section measures the default organisation, LoRA shape and prompts, on --model (smollm2 unless given)
@@ -153,8 +153,8 @@ def planner_prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def lora_config():
-    """The default LoRA shape of run.Config."""
-    return agents.lora_config(DEFAULTS.lora_rank, run_lib.LORA_ALPHA, run_lib.LORA_TARGETS.split(","))
+    """The default LoRA shape of config.Config."""
+    return agents.lora_config(DEFAULTS.lora_rank, LORA_ALPHA, LORA_TARGETS.split(","))
 
 
 def policies_with_random_adapters(model_name: str, roles: list[str]):
@@ -700,7 +700,7 @@ def backends_lines(b: dict) -> list[str]:
             # reports older than the key measured transformers' generate (before generation.decode)
             "| --- | --- |", f"| hf ({b.get('hf_decoding', 'transformers generate + peft')}) | {b['hf_tokens_per_second']:.0f} |",
             f"| vLLM with the agent's LoRARequest (rank {DEFAULTS.lora_rank} on "
-            f"{run_lib.LORA_TARGETS.count(',') + 1} projections) "
+            f"{LORA_TARGETS.count(',') + 1} projections) "
             f"| {b['vllm_tokens_per_second']:.0f} |",
             f"| vLLM, base model (no LoRA) | {b['vllm_without_lora_tokens_per_second']:.0f} |", "",
             f"vLLM engine start-up: {b['vllm_startup_seconds']:.0f} s. With the adapters, vLLM runs at "

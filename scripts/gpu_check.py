@@ -171,11 +171,11 @@ def decoding_probe(model_name: str, args: argparse.Namespace) -> dict:
     import torch
 
     import agents
+    import config
     import generation
-    import run
     from envs import make_arithmetic_problems
     from flex_pomdp import load_organisation, unrolled_messages
-    cfg = run.Config(model=f"random:models/{model_name}.json", device="cuda", base_dtype=args.base_dtype)
+    cfg = config.Config(model=f"random:models/{model_name}.json", device="cuda", base_dtype=args.base_dtype)
     model, tokenizer = agents.build_model(cfg, ["policy_planner"])
     with torch.no_grad():  # a trained-looking adapter: nonzero B
         for name, p in model.named_parameters():
@@ -293,11 +293,11 @@ def run_job(model: str, backend: str, ranks: int, task: str, args: argparse.Name
            "returncode": done.returncode, "seconds": round(time.time() - t0, 1)}
     metrics_file, config_file = folder / name / "metrics.jsonl", folder / name / "config.json"
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
-    if config_file.is_file():  # what marft chose for the device (run.device_choices) and why
+    if config_file.is_file():  # what marft chose for the device (config.device_choices) and why
         out["chosen"] = {k: v for k, v in json.loads(config_file.read_text()).items() if k.startswith("chosen/")}
     out["iterations"] = [{
         "iteration": row["iteration"],
-        "seconds": {key.removeprefix("time/"): round(value, 3) for key, value in row.items()  # marft.PhaseTimer's phases
+        "seconds": {key.removeprefix("time/"): round(value, 3) for key, value in row.items()  # run.PhaseTimer's phases
                     if key.startswith("time/") and key != "time/elapsed"},
         "rollout_tokens_per_second": round(row["perf/rollout_tokens_per_second"], 1),
         "update_tokens_per_second": round(row["perf/update_tokens_per_second"], 1),

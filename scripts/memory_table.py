@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # run.LORA_TARGETS
+TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # config.LORA_TARGETS
 GIB = 2**30
 
 

@@ -7,7 +7,7 @@ Runs `marft.train` in this process with the marft.py options after `--` (default
 warms allocators and caches up, the ones between are timed without the profiler. The held-out set is
 cut to one problem (the evaluation is not a phase of the table).
 
-Per phase (marft.PhaseTimer's: rollout, values, advantages, policy_update, critic_update,
+Per phase (run.PhaseTimer's: rollout, values, advantages, policy_update, critic_update,
 adapter_sync), the profiled seconds split by op family, each op counted by its own (self) time:
 
     matrix products   aten::mm / addmm / bmm / baddbmm / matmul / linear and oneDNN's linear (the base's and LoRA's projections)
@@ -79,6 +79,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import agents  # noqa: E402
+import config as config_lib  # noqa: E402
 import marft  # noqa: E402
 import run as run_lib  # noqa: E402
 
@@ -247,7 +248,7 @@ def padding_free_flops(agent_rows: list[AgentTokens], shape: ModelShape, critic:
 
 def agent_tokens(org, rollout, cfg) -> list[AgentTokens]:
     """Each learning agent of σ (tools have no rows) as the padding-free floor counts it."""
-    frozen = run_lib.frozen_roles(cfg)
+    frozen = config_lib.frozen_roles(cfg)
     rows = []
     for n, role in enumerate(org.order):
         samples = rollout.agent_samples(n)
@@ -315,9 +316,10 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
     the unprofiled iterations' seconds and tokens, the model's shape and the GEMM rate before the
     training."""
     seen = {"iterations": 0, "timings": [], "tokens": [], "padding_free_flops": []}
-    original_build = marft.build
+    original_build = run_lib.build
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True)
-    original_call, original_init, original_metrics = marft.PhaseTimer.__call__, marft.PhaseTimer.__init__, marft.iteration_metrics
+    original_call, original_init = run_lib.PhaseTimer.__call__, run_lib.PhaseTimer.__init__
+    original_metrics = marft.iteration_metrics  # train's own name for run.iteration_metrics
 
     @contextlib.contextmanager
     def labelled_phase(timer, phase):
@@ -346,15 +348,15 @@ def profile(cfg, iterations: int, gemm_repeats: int) -> dict:
                                                              cfg.advantage == "gae", cfg.ppo_epochs))
         return original_metrics(org, rollout, old, returns, cfg, timer)
 
-    patched = {"build": build, "iteration_metrics": metrics}
-    originals = {"build": original_build, "iteration_metrics": original_metrics}
-    marft.PhaseTimer.__call__, marft.PhaseTimer.__init__ = labelled_phase, init
-    vars(marft).update(patched)
+    run_lib.PhaseTimer.__call__, run_lib.PhaseTimer.__init__ = labelled_phase, init
+    vars(run_lib).update(build=build)
+    vars(marft).update(iteration_metrics=metrics)
     try:
         marft.train(cfg)
     finally:
-        marft.PhaseTimer.__call__, marft.PhaseTimer.__init__ = original_call, original_init
-        vars(marft).update(originals)
+        run_lib.PhaseTimer.__call__, run_lib.PhaseTimer.__init__ = original_call, original_init
+        vars(run_lib).update(build=original_build)
+        vars(marft).update(iteration_metrics=original_metrics)
     events = [Event(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.flops())
               for e in profiler.profiler.kineto_results.events()]  # not profiler.events(): its tree takes GBs here
     return {"phases": phase_table(events), "timings": seen["timings"], "tokens": seen["tokens"],
@@ -478,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("profile_iteration.py: give --iterations before `--` (the script's own), not among marft.py's options")
     out = Path(args.out)
     shutil.rmtree(out / "runs" / "profiled", ignore_errors=True)  # the profiled run is scratch: a new one every time
-    cfg = run_lib.parse_args(["--iterations", str(args.iterations), "--eval_problems", "1", "--eval_samples", "1",
+    cfg = config_lib.parse_args(["--iterations", str(args.iterations), "--eval_problems", "1", "--eval_samples", "1",
                               "--no-eval_greedy", "--eval_interval", "0", "--output_dir", str(out / "runs"),
                               "--run_name", "profiled", *marft_argv])
     if agents.resolve_device(cfg.device).startswith("cuda"):
@@ -489,8 +491,8 @@ def main(argv: list[str] | None = None) -> dict:
                                            text=True).stdout.strip()}
     out.mkdir(parents=True, exist_ok=True)
     if args.ceiling_only:
-        marft.set_up_process(cfg)  # threads, the allocator's and oneDNN's settings: the pass's time depends on them
-        org, model, tokenizer, _, _ = marft.build(cfg)
+        run_lib.set_up_process(cfg)  # threads, the allocator's and oneDNN's settings: the pass's time depends on them
+        org, model, tokenizer, _, _ = run_lib.build(cfg)
         rates = [model_gemm_rate(model, args.gemm_repeats)]
         ceiling = pass_ceiling(model, first_policy_adapter(org, cfg), tokenizer.pad_token_id, args.ceiling_repeats)
         rates.append(model_gemm_rate(model, args.gemm_repeats))

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+import config  # noqa: E402
 import distributed  # noqa: E402
 import generation  # noqa: E402
 import marft  # noqa: E402
@@ -28,12 +29,12 @@ if os.environ.get("MARFT_TEST_VARIED_REWARDS") == "1":
 if os.environ.get("MARFT_TEST_BACKEND") != "real":
     generation.make_backend = lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer)
 built = {}
-build = marft.build
-marft.build = lambda cfg: built.setdefault("parts", build(cfg))  # keep the model and the value heads to compare
+build = run.build
+run.build = lambda cfg: built.setdefault("parts", build(cfg))  # keep the model and the value heads to compare
 close = distributed.close
 distributed.close = lambda: None  # the comparison below still needs the process group
 
-marft.train(run.parse_args(sys.argv[1:]))
+marft.train(config.parse_args(sys.argv[1:]))
 _, model, _, value_heads, _ = built["parts"]
 weights = torch.cat([p.detach().reshape(-1).double() for module in (model, value_heads)
                      for p in module.parameters() if p.requires_grad])

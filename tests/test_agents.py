@@ -316,12 +316,13 @@ def test_a_bfloat16_base_trains_float32_adapters_critic_and_optimiser_state(tiny
     both updates, checkpoint) goes through with no non-finite step."""
     import json
 
+    import config as config_lib
     import marft
     import run as run_lib
-    cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--base_dtype", "bfloat16", "--lora_rank", "2", "--batch_size", "2",
+    cfg = config_lib.parse_args(["--model", str(tiny_model_dir), "--base_dtype", "bfloat16", "--lora_rank", "2", "--batch_size", "2",
                               "--max_new_tokens", "6", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "1",
                               "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "bf16"])
-    org, model, _, heads, optimisers = marft.build(cfg)
+    org, model, _, heads, optimisers = run_lib.build(cfg)
     frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
     assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
     assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)

@@ -348,10 +348,10 @@ def test_the_holding_recipe_is_one_step_on_a_batch_baseline_with_the_rate_decaye
     """single-l3-hold as docs/learning-per-minute.md describes it: 16 problems × 1 episode in one
     optimiser step against the batch's baseline, and η = 2e-4 by half a cosine to 2e-5 at iteration
     24 (1.1e-4 halfway: 2e-4 · (0.1 + 0.9 · 0.5)), where it stays."""
+    import config
     import ppo
-    import run as run_lib
 
-    cfg = run_lib.parse_args(stability.CONFIGS["single-l3-hold"] + ["--iterations", "1000"])
+    cfg = config.parse_args(stability.CONFIGS["single-l3-hold"] + ["--iterations", "1000"])
     assert (cfg.agents, cfg.advantage, cfg.group_baseline, cfg.batch_size, cfg.group_size, cfg.minibatch_size) == \
         ("single", "group", "batch", 16, 1, 16)
     rates = [ppo.scheduled_lr(cfg.lr, t, cfg.lr_decay_iterations, cfg.lr_schedule, cfg.lr_final_ratio) for t in (0, 12, 24, 500)]
@@ -361,10 +361,10 @@ def test_the_holding_recipe_is_one_step_on_a_batch_baseline_with_the_rate_decaye
 def test_the_single_agents_defaults_are_the_holding_recipe():
     """single-l3-default (every option at its default) trains as single-l3-hold: the same options
     but --credit (last and shared place R on one agent's one action alike) and the record of why."""
-    import run as run_lib
+    import config
 
-    default, hold = (run_lib.parse_args(stability.CONFIGS[name]) for name in ("single-l3-default", "single-l3-hold"))
-    differ = {f.name for f in dataclasses.fields(run_lib.Config) if getattr(default, f.name) != getattr(hold, f.name)}
+    default, hold = (config.parse_args(stability.CONFIGS[name]) for name in ("single-l3-default", "single-l3-hold"))
+    differ = {f.name for f in dataclasses.fields(config.Config) if getattr(default, f.name) != getattr(hold, f.name)}
     assert differ == {"credit"} and (default.credit, hold.credit) == ("last", "shared")
 
 
@@ -532,11 +532,11 @@ def test_model_shape_counts_projections_adapters_and_the_output_layer():
 def test_the_pass_ceiling_counts_one_plain_passs_products_by_hand(tiny_model_dir):
     """The pass ceiling's pass on the tiny Llama (hidden 32, intermediate 64, 2 layers, 2 heads of 16,
     1 key/value head), LoRA rank 2 on all seven projections, counted by hand."""
-    import marft
+    import config
     import run
 
-    cfg = run.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--threads", "1"])
-    org, model, tokenizer, _, _ = marft.build(cfg)
+    cfg = config.parse_args(["--model", str(tiny_model_dir), "--lora_rank", "2", "--threads", "1"])
+    org, model, tokenizer, _, _ = run.build(cfg)
     adapter = profile_iteration.first_policy_adapter(org, cfg)
     assert adapter == "policy_planner"  # the chain's first agent
     ceiling = profile_iteration.pass_ceiling(model, adapter, tokenizer.pad_token_id, repeats=1)

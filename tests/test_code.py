@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+import config as config_lib
 import generation
 import marft
 import run as run_lib
@@ -148,7 +149,7 @@ def test_an_organisation_of_the_other_task_stops_the_run_at_start(argv, message,
     profile.write_text(json.dumps({"agents": [{"role": "coder", "system_prompt": "Code.", "graded": True,
                                                "rewards": {"boxed": 0.1}}], "dependencies": []}))
     with pytest.raises(SystemExit) as err:
-        marft.load_task(run_lib.parse_args([str(profile) if a == "PROFILE" else a for a in argv]))
+        run_lib.load_task(config_lib.parse_args([str(profile) if a == "PROFILE" else a for a in argv]))
     assert message in str(err.value)
 
 
@@ -187,15 +188,15 @@ def test_a_code_run_counts_program_outcomes_in_training_and_evaluation(tiny_mode
     argv = ["--model", str(tiny_model_dir), "--data", "code", "--agents", "coder", "--lora_rank", "2",
             "--batch_size", "6", "--iterations", "2", "--eval_problems", "5",
             "--eval_samples", "1", "--eval_interval", "1", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "code"]
-    marft.train(run_lib.parse_args(argv))
+    marft.train(config_lib.parse_args(argv))
     rows = [json.loads(line) for line in (tmp_path / "code" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     config = json.loads((tmp_path / "code" / "config.json").read_text())
     assert config["sandbox/isolation"] == sandbox.isolation()  # the run says which isolation graded it
     assert config["sandbox/syscall_filter"] == "seccomp" and config["sandbox/limits"].startswith("per process")
-    assert run_lib.read_config(tmp_path / "code", "--resume").data == "code"  # a recorded fact is no option
+    assert config_lib.read_config(tmp_path / "code", "--resume").data == "code"  # a recorded fact is no option
     for iteration in (1, 2):
-        expected = [scripted_outcome(p) for p in marft.iteration_batch(make_code_problems("train", seed=1), 6, 1, iteration - 1)]
+        expected = [scripted_outcome(p) for p in run_lib.iteration_batch(make_code_problems("train", seed=1), 6, 1, iteration - 1)]
         row = rows[iteration]
         assert row["charts/reward"] == pytest.approx(expected.count("passed") / 6)
         for outcome in ("passed", "failed", "no_program"):

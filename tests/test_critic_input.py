@@ -25,11 +25,11 @@ import pytest
 import torch
 
 import agents
+import config as config_lib
 import critic
 import flex_pomdp
 import generation
 import marft
-import run as run_lib
 from envs import Grader, Problem
 from flex_pomdp import load_organisation, unrolled_messages
 from rollout import merge_rollouts, play_episodes, run_episodes
@@ -76,7 +76,7 @@ def solver_b_critic_prompt(tokenizer, org, text_a):
 
 def test_a_parallel_rollout_keeps_the_critics_prompt_beside_the_policys(tokenizer):
     org = load_organisation("parallel")
-    rollout = play_parallel(tokenizer, run_lib.Config(agents="parallel"))
+    rollout = play_parallel(tokenizer, config_lib.Config(agents="parallel"))
     a, b = rollout.agent_samples(0), rollout.agent_samples(1)  # solver_a's and solver_b's samples, episodes 0 and 1
     tail = "<|im_end|>\n<|im_start|>assistant\n"
     for s, text_a in zip(b, (RIGHT_A, WRONG_A)):
@@ -89,7 +89,7 @@ def test_a_parallel_rollout_keeps_the_critics_prompt_beside_the_policys(tokenize
     assert rollout.sequences(a, reader="critic") == rollout.sequences(a)
     assert sorted(rollout.critic_prompt_ids) == b
     # Without a critic (group advantages) nothing is built for it.
-    no_critic = play_parallel(tokenizer, run_lib.Config(agents="parallel", advantage="group", group_size=2, credit="shared"))
+    no_critic = play_parallel(tokenizer, config_lib.Config(agents="parallel", advantage="group", group_size=2, credit="shared"))
     assert no_critic.critic_prompt_ids == {}
 
 
@@ -101,7 +101,7 @@ def test_in_a_chain_the_critic_reads_the_policys_prompt_ids(tokenizer, name):
     org = load_organisation(name)
     # ScriptedTeam's orchestrator calls the planner, then the solver on 6; the solver alone on 7.
     problems = [Problem("What is 2 + 4?", "6", "", ""), Problem("What is 3 + 4?", "7", "", "")]
-    cfg = run_lib.Config(agents=name)
+    cfg = config_lib.Config(agents=name)
     with Grader() as grader:
         rollout = run_episodes(ScriptedTeam(tokenizer).generate, tokenizer, org, problems, grader,
                                generation.Sampling(1.0, 1.0, 32), cfg)
@@ -121,7 +121,7 @@ def test_in_a_chain_the_critic_reads_the_policys_prompt_ids(tokenizer, name):
 def test_merged_rank_parts_keep_each_samples_critic_input(tokenizer):
     """Under torchrun each rank plays every G-th problem and the parts are merged into the rollout
     one process plays: the critic's inputs move with their samples' new indices."""
-    org, cfg = load_organisation("parallel"), run_lib.Config(agents="parallel")
+    org, cfg = load_organisation("parallel"), config_lib.Config(agents="parallel")
     problems = [Problem(f"What is {a} + 4?", str(a + 4), "", "") for a in range(1, 8)]
     team, sampling = ScriptedTeam(tokenizer), generation.Sampling(1.0, 1.0, 32)
     with Grader() as grader:
@@ -168,7 +168,7 @@ def test_parallel_advantages_of_hand_values_read_on_the_critics_prompt(tokenizer
     monkeypatch.setattr(agents, "policy_logprobs", no_policy)
     monkeypatch.setattr(marft, "agent_prefix", lambda *args, **kwargs: None)  # no model: no prefix to run
     org = load_organisation("parallel")
-    cfg = run_lib.Config(agents="parallel", credit="last", lam=0.5)
+    cfg = config_lib.Config(agents="parallel", credit="last", lam=0.5)
     rollout = play_parallel(tokenizer, cfg)
     assert rollout.team_reward[:, 0].tolist() == [1.0, 0.5]
     assert rollout.agent_index == [0, 0, 1, 1] and rollout.episode == [0, 1, 0, 1]
@@ -195,7 +195,7 @@ def test_the_critic_is_run_and_trained_on_its_own_prompt_with_the_shared_prefix(
     pad, org = tokenizer.pad_token_id, load_organisation("parallel")
     # 4 episodes: solver_b's critic prompts differ after the problem (solver_a's two texts), so a
     # forward batch shares a prefix; micro-batches of about 2 rows.
-    cfg = run_lib.Config(agents="parallel", decision_unit=level, minibatch_size=4, ppo_epochs=1,
+    cfg = config_lib.Config(agents="parallel", decision_unit=level, minibatch_size=4, ppo_epochs=1,
                          micro_batch_tokens=300)
     monkeypatch.setattr(marft, "FORWARD_BATCH_SIZE", 4)  # several no-grad batches
     rollout = play_parallel(tokenizer, cfg, episodes=4)

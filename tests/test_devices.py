@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 import agents
+import config as config_lib
 import distributed
 import generation
 import marft
-import run as run_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ def test_a_device_that_cannot_work_stops_the_run_at_start_naming_the_fix(monkeyp
     if env:
         torchrun_env(monkeypatch, **env)
     with pytest.raises(SystemExit) as stop:
-        run_lib.parse_args(["--device", device])
+        config_lib.parse_args(["--device", device])
     assert str(stop.value).startswith(f"--device={device!r}: ") and words in str(stop.value)
 
 
@@ -224,7 +224,7 @@ def test_a_random_model_config_that_cannot_work_stops_the_run_at_start(tmp_path,
     if content is not None:
         path.write_text(content)
     with pytest.raises(SystemExit) as stop:
-        run_lib.parse_args(["--model", f"random:{path}"])
+        config_lib.parse_args(["--model", f"random:{path}"])
     assert words in str(stop.value) and "random:models/qwen2.5-0.5b.json" in str(stop.value)
 
 
@@ -232,7 +232,7 @@ def test_a_random_model_config_that_cannot_work_stops_the_run_at_start(tmp_path,
 def test_the_135m_shaped_random_model_trains_one_iteration_end_to_end(tmp_path, capsys):
     """The default job (the chain, critic and both updates) with --model random:models/smollm2-135m.json
     on the CPU: one iteration, the run says its weights are random and records it in config.json."""
-    cfg = run_lib.parse_args(["--model", "random:models/smollm2-135m.json", "--batch_size", "2", "--max_new_tokens", "4",
+    cfg = config_lib.parse_args(["--model", "random:models/smollm2-135m.json", "--batch_size", "2", "--max_new_tokens", "4",
                               "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--iterations", "1",
                               "--lora_rank", "2", "--threads", "1", "--device", "cpu", "--output_dir", str(tmp_path),
                               "--run_name", "random"])

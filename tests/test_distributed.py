@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import config as config_lib
 import distributed
 import generation
 import marft
@@ -75,7 +76,7 @@ def test_merged_rank_parts_are_the_rollout_one_process_plays(tiny_model_dir, age
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     org, team = load_organisation(agents_option), ScriptedTeam(tokenizer)
-    cfg = run_lib.Config(agents=agents_option, horizon=2)
+    cfg = config_lib.Config(agents=agents_option, horizon=2)
     problems = make_arithmetic_problems("train", seed=1, levels=(1, 3))[:7]
     sampling = generation.Sampling(1.0, 1.0, 16)
     with Grader() as grader:
@@ -93,7 +94,7 @@ def test_merged_rank_parts_are_the_rollout_one_process_plays(tiny_model_dir, age
 def test_two_ranks_take_the_one_process_steps_write_once_and_resume(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
     options = lambda name: tiny_options(tiny_model_dir, tmp_path, name, "--iterations", "2")
-    marft.train(run_lib.parse_args(options("one")))
+    marft.train(config_lib.parse_args(options("one")))
     torchrun(options("two"))  # exits 3 unless both ranks hold identical weights after 2 iterations
     one, two = tmp_path / "one", tmp_path / "two"
     # The same update of every adapter and of the critic (adapter + value head), iteration after iteration.
@@ -125,7 +126,7 @@ def test_unequal_ranks_and_an_early_stop_finish_without_a_hang(tiny_model_dir, t
     monkeypatch.setattr(generation, "make_backend", lambda cfg, model, tokenizer, *args, **kwargs: ScriptedTeam(tokenizer))
     options = lambda name: tiny_options(tiny_model_dir, tmp_path, name, "--iterations", "1", "--batch_size", "3",
                                         "--minibatch_size", "2", "--ppo_epochs", "2", "--target_kl", "1e-9")
-    marft.train(run_lib.parse_args(options("one")))
+    marft.train(config_lib.parse_args(options("one")))
     torchrun(options("two"), timeout=240)
     one, two = metrics_rows(tmp_path / "one")[1], metrics_rows(tmp_path / "two")[1]
     assert one["losses/early_stopped/planner"] == two["losses/early_stopped/planner"] == 1.0
@@ -135,7 +136,7 @@ def test_unequal_ranks_and_an_early_stop_finish_without_a_hang(tiny_model_dir, t
 
 
 def test_every_run_seed_and_rank_starts_its_own_sampling_stream(monkeypatch):
-    """An iteration seeds torch from (run seed, iteration) (marft.seed_iteration), then rank r
+    """An iteration seeds torch from (run seed, iteration) (run.seed_iteration), then rank r
     re-seeds its sampling noise (distributed.reseed_sampling). For run seeds 0…50, iterations
     0…2 and ranks 0…7 every (seed, iteration, rank) starts from a torch seed of its own; rank 0
     keeps the iteration's seed (a 1-rank run samples as a plain process); and rank r of seed s is
@@ -147,7 +148,7 @@ def test_every_run_seed_and_rank_starts_its_own_sampling_stream(monkeypatch):
             monkeypatch.setattr(distributed, "rank", lambda r=r: r)
             for s in range(51):
                 for k in range(3):
-                    marft.seed_iteration(s, k)
+                    run_lib.seed_iteration(s, k)
                     iteration_seed = torch.initial_seed()
                     distributed.reseed_sampling()
                     started[s, k, r] = torch.initial_seed()

@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 import agents
+import config as config_lib
 import evaluate
 import generation
 import run as run_lib
@@ -271,7 +272,7 @@ def fake_run(tiny_model_dir, root):
     base, _ = agents.load_base_model(str(tiny_model_dir))
     torch.manual_seed(123)
     adapters = ["policy_planner", "policy_solver", "critic"]
-    model = agents.attach_adapters(base, adapters, agents.lora_config(4, run_lib.LORA_ALPHA, run_lib.LORA_TARGETS.split(",")))
+    model = agents.attach_adapters(base, adapters, agents.lora_config(4, config_lib.LORA_ALPHA, config_lib.LORA_TARGETS.split(",")))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name and ".policy_solver." in name:
@@ -284,7 +285,7 @@ def fake_run(tiny_model_dir, root):
 
 def test_build_policies_loads_the_checkpoint_weights(tiny_model_dir, tmp_path):
     run, folder = fake_run(tiny_model_dir, tmp_path)
-    cfg = run_lib.read_config(run, "--run")
+    cfg = config_lib.read_config(run, "--run")
     org = load_organisation(cfg.agents)
     assert run_lib.checkpoint_folder(run, None, "--run") == folder
     model, _ = evaluate.build_policies(cfg, org, folder)
@@ -347,7 +348,7 @@ def test_greedy_only_evaluations_skip_the_sampled_episodes():
         return generation.Actions([ids] * len(prompt_ids), [[0.0] * len(ids)] * len(prompt_ids))
 
     problems = [Problem("What is 2 + 3?", "5", "", ""), Problem("What is 1 + 4?", "5", "", "")]
-    cfg = run_lib.Config(agents="single", eval_samples=3)
+    cfg = config_lib.Config(agents="single", eval_samples=3)
     with Grader() as grader:
         metrics, sampled, greedy = heldout_metrics(scripted, tokenizer, load_organisation("single"), problems, grader,
                                                    cfg, greedy_only=True)

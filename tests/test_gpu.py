@@ -3,7 +3,7 @@ scripts/gpu_check.sh runs them): the model and every trainable state on the rank
 dtypes the README promises, the log-probs training recomputes against those generation recorded,
 prefix sharing on CUDA's attention kernels, the collectives under NCCL. What a CPU can check of
 them (run everywhere): log-probs from float32 logits under a bfloat16 base (agents.float32_head,
-on the CPU and, marked, on CUDA), the options a GPU gets (run.device_choices, CUDA mocked), and
+on the CPU and, marked, on CUDA), the options a GPU gets (config.device_choices, CUDA mocked), and
 the GPU check's decoding floor (scripts/gpu_check.py) by hand. The rest of the CPU side is
 tests/test_devices.py."""
 import importlib.util
@@ -17,10 +17,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import agents
+import config as config_lib
 import critic
 import distributed
 import generation
-import marft
 import run as run_lib
 
 MODEL = "random:models/smollm2-135m.json"
@@ -35,7 +35,7 @@ def on_a_gpu(test):
 
 
 def config(tmp_path, *extra):
-    return run_lib.parse_args(["--model", MODEL, "--device", "cuda", "--lora_rank", "4", "--batch_size", "2",
+    return config_lib.parse_args(["--model", MODEL, "--device", "cuda", "--lora_rank", "4", "--batch_size", "2",
                                "--max_new_tokens", "8", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "1",
                                "--output_dir", str(tmp_path), "--run_name", "gpu", *extra])
 
@@ -58,7 +58,7 @@ def nudge_adapter(model, adapter, seed=0):
 def test_the_base_is_bfloat16_on_the_gpu_and_every_trainable_state_float32_there(tmp_path):
     cfg = config(tmp_path, "--base_dtype", "bfloat16")
     assert distributed.init(cfg.device) == "cuda:0" and torch.cuda.current_device() == 0
-    org, model, tokenizer, heads, optimisers = marft.build(cfg)
+    org, model, tokenizer, heads, optimisers = run_lib.build(cfg)
     frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
     assert frozen and all(p.dtype == torch.bfloat16 and p.device == torch.device("cuda:0") for p in frozen)
@@ -100,8 +100,8 @@ def test_training_recomputes_the_log_probs_generation_recorded(tmp_path, base_dt
 def test_prefix_sharing_gives_the_plain_pass_numbers_on_cuda_kernels(tmp_path):
     """Log-probs, values and the gradient with the shared prefix run once equal the plain pass
     (float32 base) to 1e-4: the CUDA attention path keeps causal masking over the cached prefix."""
-    cfg = config(tmp_path, "--base_dtype", "float32")  # given: a GPU's own choice is bfloat16 (run.device_choices)
-    org, model, tokenizer, heads, _ = marft.build(cfg)
+    cfg = config(tmp_path, "--base_dtype", "float32")  # given: a GPU's own choice is bfloat16 (config.device_choices)
+    org, model, tokenizer, heads, _ = run_lib.build(cfg)
     nudge_adapter(model, "policy_solver")
     prompts = chat_prompts(tokenizer)
     responses = [[10 + k, 20 + k, 30 + k][: 1 + k % 3] for k in range(len(prompts))]
@@ -148,7 +148,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=ON_A_GPU)]
 
 def tiny_policy(model_dir, tmp_path, device, base_dtype):
     """The tiny Llama in `base_dtype` on `device` with one float32 adapter of nonzero B."""
-    cfg = run_lib.parse_args(["--model", str(model_dir), "--device", device, "--base_dtype", base_dtype, "--lora_rank", "2",
+    cfg = config_lib.parse_args(["--model", str(model_dir), "--device", device, "--base_dtype", base_dtype, "--lora_rank", "2",
                               "--output_dir", str(tmp_path), "--run_name", "tiny"])
     model, tokenizer = agents.build_model(cfg, ["policy_solver"])
     nudge_adapter(model, "policy_solver")
@@ -252,7 +252,7 @@ def test_the_sampler_records_log_probs_of_float32_logits(tiny_model_dir, tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------
-# The options a GPU gets (run.device_choices), CUDA mocked
+# The options a GPU gets (config.device_choices), CUDA mocked
 # ---------------------------------------------------------------------------------------------
 
 def mock_cuda(monkeypatch, gpus: int) -> None:
@@ -266,12 +266,12 @@ GPU_CHOICES = {"base_dtype": "bfloat16", "micro_batch_tokens": 4096}
 @pytest.mark.parametrize("device", ["auto", "cuda", "cuda:0"])
 def test_on_a_gpu_the_options_not_given_take_a_gpu_s_values_and_say_why(monkeypatch, tmp_path, capsys, device):
     mock_cuda(monkeypatch, 1)
-    cfg = run_lib.parse_args(["--device", device, "--output_dir", str(tmp_path), "--run_name", "gpu"])
+    cfg = config_lib.parse_args(["--device", device, "--output_dir", str(tmp_path), "--run_name", "gpu"])
     assert {option: getattr(cfg, option) for option in GPU_CHOICES} == GPU_CHOICES
     assert set(GPU_CHOICES) <= set(cfg.chosen)
     assert cfg.chosen["base_dtype"].startswith("bfloat16: on a GPU") and "--rollout_correction" in cfg.chosen["base_dtype"]
     assert "float32_head" in cfg.chosen["base_dtype"]  # the log-probs stay float32's
-    assert run_lib.vllm_dtype(cfg) == "bfloat16"  # the vLLM engine's weights follow the base's on a GPU
+    assert config_lib.vllm_dtype(cfg) == "bfloat16"  # the vLLM engine's weights follow the base's on a GPU
     assert cfg.chosen["micro_batch_tokens"].startswith("4096: on a GPU")
     assert "[options] --micro_batch_tokens 4096: on a GPU" in capsys.readouterr().err
     run_lib.Run(cfg)  # the run folder records each choice and why
@@ -282,19 +282,19 @@ def test_on_a_gpu_the_options_not_given_take_a_gpu_s_values_and_say_why(monkeypa
 
 def test_a_given_option_wins_over_the_gpu_s_and_a_cpu_changes_nothing(monkeypatch, tmp_path):
     mock_cuda(monkeypatch, 1)
-    cfg = run_lib.parse_args(["--base_dtype", "float32", "--micro_batch_tokens", "512"])
-    assert (cfg.base_dtype, cfg.micro_batch_tokens, run_lib.vllm_dtype(cfg)) == ("float32", 512, "float32")
+    cfg = config_lib.parse_args(["--base_dtype", "float32", "--micro_batch_tokens", "512"])
+    assert (cfg.base_dtype, cfg.micro_batch_tokens, config_lib.vllm_dtype(cfg)) == ("float32", 512, "float32")
     assert not set(GPU_CHOICES) & set(cfg.chosen)
-    defaults = {option: getattr(run_lib.Config, option) for option in GPU_CHOICES}
+    defaults = {option: getattr(config_lib.Config, option) for option in GPU_CHOICES}
     assert defaults == {"base_dtype": "float32", "micro_batch_tokens": 384}
-    cpu = run_lib.parse_args(["--device", "cpu", "--output_dir", str(tmp_path), "--run_name", "cpu"])  # a GPU there, not used
+    cpu = config_lib.parse_args(["--device", "cpu", "--output_dir", str(tmp_path), "--run_name", "cpu"])  # a GPU there, not used
     assert {option: getattr(cpu, option) for option in GPU_CHOICES} == defaults and not set(GPU_CHOICES) & set(cpu.chosen)
     # a --config file records what its run used: a CPU run's options stay, run again on the GPU
     run_lib.Run(cpu)
-    again = run_lib.parse_args(["--config", str(tmp_path / "cpu"), "--device", "auto"])
+    again = config_lib.parse_args(["--config", str(tmp_path / "cpu"), "--device", "auto"])
     assert again.device == "auto" and {option: getattr(again, option) for option in GPU_CHOICES} == defaults
     mock_cuda(monkeypatch, 0)  # no GPU: auto is the CPU
-    assert {option: getattr(run_lib.parse_args([]), option) for option in GPU_CHOICES} == defaults
+    assert {option: getattr(config_lib.parse_args([]), option) for option in GPU_CHOICES} == defaults
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def test_the_weights_a_decoding_step_reads_by_hand(tiny_model_dir):
     gpu_check = gpu_check_module()
     base, _ = agents.load_base_model(str(tiny_model_dir), torch.bfloat16)
     assert gpu_check.weight_bytes_per_step(base) == 1_591_456 * 2
-    model = agents.attach_adapters(base, ["policy"], agents.lora_config(2, 4.0, run_lib.LORA_TARGETS.split(",")))
+    model = agents.attach_adapters(base, ["policy"], agents.lora_config(2, 4.0, config_lib.LORA_TARGETS.split(",")))
     assert gpu_check.weight_bytes_per_step(model) == 1_591_456 * 2 + 2_048 * 4
     untied = LlamaForCausalLM(LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))

@@ -8,17 +8,17 @@ here: 4 → 9 of 12 on one thread, as on two; one thread because the suite runs 
 once on 2 cores)."""
 import pytest
 
+import config
 import marft
-import run
 
 
 @pytest.mark.slow
 def test_a_shortened_default_run_raises_the_held_out_greedy_accuracy(tmp_path):
     # In this process the CPU has no bf16 instructions (conftest), so the rollout takes the adapter
     # path on every machine; the bf16 copy's learning is compared in docs/speed-and-memory.md.
-    cfg = run.parse_args(["--iterations", "2", "--batch_size", "16", "--eval_problems", "12", "--eval_samples", "1",
+    cfg = config.parse_args(["--iterations", "2", "--batch_size", "16", "--eval_problems", "12", "--eval_samples", "1",
                           "--output_dir", str(tmp_path), "--run_name", "short", "--threads", "1"])
-    defaults = run.Config()
+    defaults = config.Config()
     assert (cfg.agents, cfg.arithmetic_levels, cfg.advantage, cfg.lr) == (defaults.agents, defaults.arithmetic_levels,
                                                                           defaults.advantage, defaults.lr)
     summary = marft.train(cfg)

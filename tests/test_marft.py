@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import agents
+import config
 import critic
 import marft
 import run
@@ -27,9 +28,9 @@ def test_bad_data_ends_the_run_at_start_with_a_message_naming_file_line_and_fix(
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "solution": "$\\boxed{2}$"}) + "\n" + json.dumps({"problem": "no answer here"}) + "\n")
     with pytest.raises(SystemExit, match=r"--data=.*bad.jsonl:2.*--skip_malformed_rows"):
-        marft.load_task(run.Config(data=str(data)))
+        run.load_task(config.Config(data=str(data)))
     with pytest.raises(SystemExit, match=r"--eval_data=.*no_such.jsonl"):
-        marft.load_task(run.Config(eval_data=str(tmp_path / "no_such.jsonl")))
+        run.load_task(config.Config(eval_data=str(tmp_path / "no_such.jsonl")))
     # From the command line: one paragraph, no traceback, and no run folder made.
     result = subprocess.run([sys.executable, str(ROOT / "marft.py"), "--data", str(tmp_path / "missing.jsonl"),
                              "--output_dir", str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path)
@@ -38,8 +39,8 @@ def test_bad_data_ends_the_run_at_start_with_a_message_naming_file_line_and_fix(
 
 
 def test_real_math_test_file_feeds_training_and_held_out_split():
-    cfg = run.Config(data=str(SHARED_DATA / "math_test.jsonl"), eval_problems=20)
-    train, held_out = marft.load_task(cfg)
+    cfg = config.Config(data=str(SHARED_DATA / "math_test.jsonl"), eval_problems=20)
+    train, held_out = run.load_task(cfg)
     assert len(held_out) == 20 and len(train) == 5000 - 20
     assert not {p.problem for p in held_out} & {p.problem for p in train}
 
@@ -47,10 +48,10 @@ def test_real_math_test_file_feeds_training_and_held_out_split():
 def test_iteration_batches_cover_the_train_set_each_epoch_and_replay_by_iteration():
     problems = make_arithmetic_problems("train", seed=3, levels=(1, 2))[:140]  # a whole number of batches of 10
     per_epoch = len(problems) // 10
-    seen = [p for k in range(per_epoch) for p in marft.iteration_batch(problems, 10, seed=3, iteration=k)]
+    seen = [p for k in range(per_epoch) for p in run.iteration_batch(problems, 10, seed=3, iteration=k)]
     assert sorted(p.problem for p in seen) == sorted(p.problem for p in problems)
-    assert marft.iteration_batch(problems, 10, 3, 7) == marft.iteration_batch(problems, 10, 3, 7)
-    assert marft.iteration_batch(problems, 10, 3, 7) != marft.iteration_batch(problems, 10, 4, 7)
+    assert run.iteration_batch(problems, 10, 3, 7) == run.iteration_batch(problems, 10, 3, 7)
+    assert run.iteration_batch(problems, 10, 3, 7) != run.iteration_batch(problems, 10, 4, 7)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_join
     model, pad = tiny_agents
     monkeypatch.setattr(marft, "FORWARD_BATCH_SIZE", 2)  # the agent's 3 samples in two no-grad batches
     rollout = hand_made_rollout()
-    cfg = run.Config(decision_unit=decision_unit, action_logprob=action_logprob, happo_ratio_clip=0.0)
+    cfg = config.Config(decision_unit=decision_unit, action_logprob=action_logprob, happo_ratio_clip=0.0)
     solver_samples = rollout.agent_samples(1)  # samples 1, 3, 5: (0, 0), (0, 1), (1, 0)
     old_lp = {s: plain_action_logprob(model, "policy_solver", rollout.prompt_ids[s], rollout.response_ids[s]) for s in solver_samples}
     old = tables_under(model, pad, rollout, "policy_solver", cfg)  # π_old
@@ -129,7 +130,7 @@ def test_happo_weight_uses_the_ratio_after_the_agents_own_update_indexed_by_join
 def test_kl_early_stop_comes_before_the_optimiser_step(tiny_agents):
     model, pad = tiny_agents
     rollout = hand_made_rollout()
-    cfg = run.Config(ppo_epochs=3, minibatch_size=8, target_kl=1e-12, lr=0.05)
+    cfg = config.Config(ppo_epochs=3, minibatch_size=8, target_kl=1e-12, lr=0.05)
     old = tables_under(model, pad, rollout, "policy_solver", cfg)
     advantages = torch.tensor([[0.0], [1.0], [0.0], [-1.0], [0.0], [2.0]])
     optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy_solver"), lr=cfg.lr)
@@ -161,7 +162,7 @@ def test_update_agents_weights_each_agent_by_the_factor_of_those_updated_before_
     after the planner's own update, made; the KL after each update is logged."""
     model, pad = tiny_agents
     rollout = hand_made_rollout()
-    cfg = run.Config(happo_ratio_clip=0.0, minibatch_size=8, lr=0.05, target_kl=0.0)
+    cfg = config.Config(happo_ratio_clip=0.0, minibatch_size=8, lr=0.05, target_kl=0.0)
     old = tables_under(model, pad, rollout, "policy_planner", cfg)
     solver = rollout.agent_samples(1)
     old.logprob[solver] = tables_under(model, pad, rollout, "policy_solver", cfg).logprob[solver]
@@ -185,7 +186,7 @@ def test_a_frozen_agent_takes_no_step_and_leaves_the_next_agent_m_equal_to_one(t
     as they were; the solver is updated with M = 1 (a fixed π^planner has ratio 1)."""
     model, pad = tiny_agents
     rollout = hand_made_rollout()
-    cfg = run.Config(minibatch_size=8, lr=0.05, target_kl=0.0, frozen_agents="planner")
+    cfg = config.Config(minibatch_size=8, lr=0.05, target_kl=0.0, frozen_agents="planner")
     old = tables_under(model, pad, rollout, "policy_planner", cfg)
     planner_before = [plain_action_logprob(model, "policy_planner", rollout.prompt_ids[s], rollout.response_ids[s]) for s in range(6)]
     stats, weights_seen, optimisers = update_chain_watching_m(model, pad, rollout, old, cfg, monkeypatch)
@@ -201,7 +202,7 @@ def test_each_role_s_log_probs_are_taken_at_its_own_temperature(tiny_agents):
     plain forward pass; the old policy's table holds the same numbers."""
     model, pad = tiny_agents
     rollout = hand_made_rollout()
-    cfg = run.Config(temperature=0.5, role_temperatures="solver=2.0", action_logprob="sum")
+    cfg = config.Config(temperature=0.5, role_temperatures="solver=2.0", action_logprob="sum")
 
     def at(adapter, T, s):
         prompt, response = rollout.prompt_ids[s], rollout.response_ids[s]
@@ -222,7 +223,7 @@ def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
     model, pad = tiny_agents
     rollout = hand_made_rollout()
     model.add_adapter("policy", agents.lora_config(4, 8.0, TARGETS))
-    cfg = run.Config(shared_adapter=True, minibatch_size=2, ppo_epochs=1, target_kl=0.0)
+    cfg = config.Config(shared_adapter=True, minibatch_size=2, ppo_epochs=1, target_kl=0.0)
     old = tables_under(model, pad, rollout, "policy", cfg)
     optimiser = torch.optim.Adam(agents.adapter_parameters(model, "policy"), lr=1e-3)
     stats = marft.update_agents(model, pad, load_organisation("chain"), rollout, old, torch.randn(6, 1), None, cfg,
@@ -236,7 +237,7 @@ def test_a_shared_adapter_gets_one_joint_update_over_all_samples(tiny_agents):
 def test_a_nonfinite_loss_skips_its_step_is_counted_and_repeated_ones_stop_the_run(tiny_agents, monkeypatch):
     model, pad = tiny_agents
     rollout = hand_made_rollout()
-    cfg = run.Config(minibatch_size=1, ppo_epochs=1, target_kl=0.0)
+    cfg = config.Config(minibatch_size=1, ppo_epochs=1, target_kl=0.0)
     assert marft.MAX_NONFINITE_STEPS == 3
     old = tables_under(model, pad, rollout, "policy_solver", cfg)
     advantages = torch.tensor([[0.0], [1.0], [0.0], [float("nan")], [0.0], [2.0]])  # sample 3 poisons its minibatch
@@ -261,13 +262,13 @@ def test_skip_zero_signal_groups_leaves_the_samples_without_signal_out_of_the_up
     model, pad = tiny_agents
     rollout = hand_made_rollout()
     base = dict(advantage="group", group_size=2, credit="shared", minibatch_size=1, ppo_epochs=1, target_kl=0.0)
-    old = tables_under(model, pad, rollout, "policy_solver", run.Config(**base))
+    old = tables_under(model, pad, rollout, "policy_solver", config.Config(**base))
     params = agents.adapter_parameters(model, "policy_solver")
     def update(advantages, **options):
         optimiser = torch.optim.Adam(params, lr=0.05)
         stats = marft.update_agent(model, pad, rollout, old, torch.tensor(advantages), torch.tensor(advantages)[:, 0] != 0,
                                    torch.ones(2, 2), torch.tensor([1, 3, 5]),
-                                   "solver", "policy_solver", run.Config(**base, **options), optimiser,
+                                   "solver", "policy_solver", config.Config(**base, **options), optimiser,
                                    torch.Generator().manual_seed(0))
         return stats, (optimiser.state_dict()["state"][0]["step"] if optimiser.state else 0)
     signal = [[0.0], [1.0], [0.0], [0.0], [0.0], [2.0]]
@@ -289,7 +290,7 @@ def test_an_agent_the_filter_empties_takes_no_step_on_any_rank_even_with_momentu
     rollout = hand_made_rollout()
     base = dict(advantage="group", group_size=2, credit="shared", minibatch_size=1, ppo_epochs=1, target_kl=0.0,
                 skip_zero_signal_groups=True)
-    old = tables_under(model, pad, rollout, "policy_solver", run.Config(**base))
+    old = tables_under(model, pad, rollout, "policy_solver", config.Config(**base))
     params = agents.adapter_parameters(model, "policy_solver")
     optimiser = torch.optim.Adam(params, lr=0.05)
     import distributed
@@ -298,7 +299,7 @@ def test_an_agent_the_filter_empties_takes_no_step_on_any_rank_even_with_momentu
     monkeypatch.setattr(distributed, "sum_", lambda tensor: tensor)
     update = lambda advantages: marft.update_agent(model, pad, rollout, old, torch.tensor(advantages),
                                                    torch.tensor(advantages)[:, 0] != 0, torch.ones(2, 2), torch.tensor([1, 3, 5]),
-                                                   "solver", "policy_solver", run.Config(**base), optimiser,
+                                                   "solver", "policy_solver", config.Config(**base), optimiser,
                                                    torch.Generator().manual_seed(0))
     update([[0.0], [1.0], [0.0], [-1.0], [0.0], [2.0]])  # an iteration with signal: Adam now has momentum
     steps, before = optimiser.state_dict()["state"][0]["step"], [p.detach().clone() for p in params]
@@ -355,7 +356,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_minibatch(tiny_agent
         with torch.no_grad():
             for n, p in list(model.named_parameters()) + list(heads.named_parameters()):
                 p.copy_(start[n])
-        cfg = run.Config(decision_unit=level, minibatch_size=3, ppo_epochs=2, target_kl=0.0, micro_batch_tokens=budget)
+        cfg = config.Config(decision_unit=level, minibatch_size=3, ppo_epochs=2, target_kl=0.0, micro_batch_tokens=budget)
         old = tables_under(model, pad, rollout, "policy_solver", cfg)
         old.values = torch.rand(old.logprob.shape, generator=torch.Generator().manual_seed(1)) * old.mask
         returns = old.values + 1.0
@@ -410,7 +411,7 @@ def test_group_advantages_add_the_role_terms_and_reach_every_token_of_the_action
     # the planner's per-role term paid 0.1 in episode 0 (e.g. no_boxed with weight 0.1).
     rollout = one_step_rollout([[1, 50], [1, 51, 52], [1, 50], [1, 53]], [[100, 101, 2], [200, 2], [300], [400, 401, 402, 2]],
                                agent_index=[0, 1, 0, 1], episode=[0, 0, 1, 1], team_reward=[1.0, 0.0], role_reward=[0.1, 0.0, 0.0, 0.0])
-    cfg = run.Config(advantage="group", group_size=2, credit="shared", group_std=False, decision_unit=level)
+    cfg = config.Config(advantage="group", group_size=2, credit="shared", group_std=False, decision_unit=level)
     old = tables_under(model, pad, rollout, "policy_solver", cfg)
     advantages, returns, _, stats = marft.compute_advantages(load_organisation("chain"), rollout, old, cfg)
     # Returns: planner 1.1 and 0 (mean 0.55), solver 1 and 0 (mean 0.5).
@@ -430,7 +431,7 @@ def test_a_batch_baseline_pays_a_problem_solved_every_time(tiny_agents):
     rollout = one_step_rollout([[1, 50]] * 4, [[100, 2], [100, 2], [200, 2], [300, 2]], agent_index=[0] * 4,
                                episode=[0, 1, 2, 3], team_reward=[1.0, 1.0, 1.0, 0.0], role_reward=[0.0] * 4)
     for baseline, expected in (("group", [0.0, 0.0, 0.5, -0.5]), ("batch", [0.25, 0.25, 0.25, -0.75])):
-        cfg = run.Config(agents="single", advantage="group", group_size=2, group_std=False, group_baseline=baseline)
+        cfg = config.Config(agents="single", advantage="group", group_size=2, group_std=False, group_baseline=baseline)
         old = tables_under(model, pad, rollout, "policy_solver", cfg)
         advantages, _, _, _ = marft.compute_advantages(load_organisation("single"), rollout, old, cfg)
         torch.testing.assert_close(advantages[:, 0], torch.tensor(expected))
@@ -447,7 +448,7 @@ def test_one_agent_with_group_advantages_takes_the_grpo_objective(tiny_agents):
     rollout = one_step_rollout([prompt] * 4, responses, agent_index=[0] * 4, episode=[0, 1, 2, 3],
                                team_reward=[1.0, 0.0, 0.0, 1.0], role_reward=[0.0] * 4)
     eps = 0.2
-    cfg = run.Config(agents="single", advantage="group", group_size=4, decision_unit="token", clip_eps=eps,
+    cfg = config.Config(agents="single", advantage="group", group_size=4, decision_unit="token", clip_eps=eps,
                      minibatch_size=4, ppo_epochs=1, target_kl=0.0, lr=1e-6)
     old = tables_under(model, pad, rollout, "policy_solver", cfg)
     offsets = [[0.3, -0.4, 0.05, 0.0, 0.0], [-0.3, 0.1, 0.0, 0.0, 0.0], [0.5, 0.02, -0.6, 0.1, 0.0], [0.25, 0.0, 0.0, 0.0, 0.0]]
@@ -483,7 +484,7 @@ def test_a_run_killed_before_its_checkpoint_and_resumed_equals_the_uninterrupted
     # The default organisation and estimator (chain, critic + GAE) on the tiny model. Evaluate every
     # iteration so both runs log the same keys; the varied rewards make every reward, advantage
     # and loss nonzero even when no answer is right.
-    marft.train(run.parse_args(["--model", str(tiny_model_dir), "--batch_size", "2", "--eval_problems", "1",
+    marft.train(config.parse_args(["--model", str(tiny_model_dir), "--batch_size", "2", "--eval_problems", "1",
                                 "--eval_samples", "1", "--max_new_tokens", "24",
                                 "--eval_interval", "1", "--no-eval_greedy", "--minibatch_size", "2",
                                 "--threads", "1", "--output_dir", str(tmp_path), "--seed", "5", "--iterations", "2",
@@ -494,7 +495,7 @@ def test_a_run_killed_before_its_checkpoint_and_resumed_equals_the_uninterrupted
     shutil.copytree(tmp_path / "straight", killed)
     shutil.rmtree(killed / "checkpoints" / "iter_000002")
     (killed / "checkpoints" / "latest").write_text("iter_000001")
-    marft.train(run.parse_args(["--resume", str(killed), "--threads", "1"]))
+    marft.train(config.parse_args(["--resume", str(killed), "--threads", "1"]))
     straight, resumed = metrics_without_timings(tmp_path / "straight"), metrics_without_timings(killed)
     assert [r["iteration"] for r in resumed] == [0, 1, 2]  # iteration 2's first line was dropped, then replayed
     # Compared as JSON text, so that a NaN metric (e.g. explained variance of constant returns) equals itself.

@@ -26,10 +26,10 @@ import pytest
 import torch
 
 import agents
+import config as config_lib
 import generation
 import marft
 import ppo
-import run as run_lib
 from envs import Grader, Problem
 from flex_pomdp import AgentProfile, load_organisation, make_orchestrated, parse_decision
 from rollout import Rollout, orchestration_metrics, run_episodes
@@ -166,7 +166,7 @@ def scripted_generator(tokenizer):
 def test_orchestrated_rollout_realised_sequences_cut_errors_and_metrics(tokenizer):
     org = make_orchestrated(list(load_organisation("orchestrated").agents), "orchestrator", max_calls=2)
     problems = [Problem(p, a, "", "") for p, a in ANSWERS.items()]
-    cfg = run_lib.Config(agents="orchestrated")
+    cfg = config_lib.Config(agents="orchestrated")
     with Grader() as grader:
         rollout = run_episodes(scripted_generator(tokenizer), tokenizer, org, problems, grader,
                                generation.Sampling(1.0, 1.0, 32), cfg)
@@ -251,7 +251,7 @@ def test_each_role_samples_at_its_own_temperature_and_a_greedy_evaluation_stays_
     rollout (T = 0) asks every agent greedily."""
     org = make_orchestrated(list(load_organisation("orchestrated").agents), "orchestrator", max_calls=2)
     problems = [Problem(p, a, "", "") for p, a in ANSWERS.items()]
-    cfg = run_lib.Config(agents="orchestrated", role_temperatures="orchestrator=1.5,planner=0", frozen_agents="planner")
+    cfg = config_lib.Config(agents="orchestrated", role_temperatures="orchestrator=1.5,planner=0", frozen_agents="planner")
     scripted = scripted_generator(tokenizer)
     for rollout_t, expected in ((0.7, {"orchestrator": 1.5, "planner": 0.0, "solver": 0.7}),
                                 (0.0, {"orchestrator": 0.0, "planner": 0.0, "solver": 0.0})):
@@ -279,7 +279,7 @@ def test_action_level_advantages_along_realised_sequences_of_3_and_4_decisions(c
     rollout = realised_rollout()
     old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=t(VALUES).unsqueeze(-1), mask=torch.ones(7, 1),
                           token_mask=torch.ones(7, 1))
-    cfg = run_lib.Config(credit=credit, gamma=GAMMA, lam=LAM)
+    cfg = config_lib.Config(credit=credit, gamma=GAMMA, lam=LAM)
     advantages, returns, _, _ = marft.compute_advantages(org, rollout, old, cfg)
     close(advantages[:, 0], TRAINER_ADVANTAGES[credit])
     close(returns[:, 0], [a + v for a, v in zip(TRAINER_ADVANTAGES[credit], VALUES)])
@@ -298,7 +298,7 @@ def test_token_level_advantages_along_realised_sequences():
     values = [[0.5, 0.7], [0.2, PAD_V], [0.4, PAD_V], [0.3, PAD_V], [0.6, 0.1], [1.0, PAD_V], [-0.5, PAD_V]]
     mask = [[1.0] * n + [0.0] * (2 - n) for n in lengths]
     old = marft.OldPolicy(logprob=torch.zeros(7, 2), values=t(values), mask=t(mask), token_mask=t(mask))
-    cfg = run_lib.Config(credit="last", gamma=GAMMA, lam=LAM, decision_unit="token")
+    cfg = config_lib.Config(credit="last", gamma=GAMMA, lam=LAM, decision_unit="token")
     advantages, returns, _, _ = marft.compute_advantages(load_organisation("orchestrated"), realised_rollout(lengths), old, cfg)
     close(advantages, [[0.075, -0.25], [0.5, 0], [0.6, 0], [0.165625, 0], [-0.26875, 0.4625], [-0.75, 0], [1.5, 0]])
     close(returns * t(mask), [[0.575, 0.45], [0.7, 0], [1.0, 0], [0.465625, 0], [0.33125, 0.5625], [0.25, 0], [1.0, 0]])
@@ -330,7 +330,7 @@ def test_group_advantages_score_each_agent_by_the_mean_reward_of_its_actions():
         rollout.record([1], [7], [0.0], "", b, 0, agent, k)
     rollout.role_reward[1] = 0.5
     old = marft.OldPolicy(logprob=torch.zeros(5, 1), values=torch.zeros(5, 1), mask=torch.ones(5, 1), token_mask=torch.ones(5, 1))
-    cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="shared")
+    cfg = config_lib.Config(advantage="group", group_size=2, group_std=False, credit="shared")
     advantages, returns, _, stats = marft.compute_advantages(load_organisation("orchestrated"), rollout, old, cfg)
     close(advantages[:, 0], [0.5, 0.75, 0.5, -0.5, -0.75])
     assert returns is None and stats["charts/zero_signal_groups"] == 0.0
@@ -359,7 +359,7 @@ def test_group_returns_of_an_orchestrated_team_do_not_depend_on_later_routing():
         for k, agent in enumerate(sequence):
             rollout.record([1], [7], [0.0], "", b, step, agent, k)
     old = marft.OldPolicy(logprob=torch.zeros(14, 1), values=torch.zeros(14, 1), mask=torch.ones(14, 1), token_mask=torch.ones(14, 1))
-    cfg = run_lib.Config(advantage="group", group_size=2, group_std=False, credit="equal", gamma=0.9)
+    cfg = config_lib.Config(advantage="group", group_size=2, group_std=False, credit="equal", gamma=0.9)
     org = load_organisation("orchestrated")
     advantages, _, _, stats = marft.compute_advantages(org, rollout, old, cfg)
     n = 1 / 15
@@ -382,7 +382,7 @@ def test_happo_factor_of_an_agent_that_acts_twice_is_the_product_of_its_ratios()
     samples = torch.tensor([0, 2, 3, 5])  # the orchestrator's actions
     old = marft.OldPolicy(logprob=torch.zeros(7, 1), values=torch.zeros(7, 1), mask=torch.ones(7, 1), token_mask=torch.ones(7, 1))
     new_logprob = torch.tensor([[math.log(1.5)], [math.log(1.2)], [math.log(3.0)], [math.log(0.25)]])
-    cfg = run_lib.Config(happo_ratio_clip=2.0, action_logprob="sum")
+    cfg = config_lib.Config(happo_ratio_clip=2.0, action_logprob="sum")
     M = marft.happo_weight_after_update(rollout, old, samples, new_logprob, torch.ones(2, 2), cfg)
     torch.testing.assert_close(M, torch.tensor([[1.8, 1.0], [2.0, 0.5]]))
 
@@ -408,7 +408,7 @@ def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(
     common = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--agents", "orchestrated",
               "--batch_size", "4", "--max_new_tokens", "16", "--eval_problems", "4", "--eval_samples", "1",
               "--eval_interval", "1", "--threads", "1", "--output_dir", str(tmp_path), *estimator]
-    marft.train(run_lib.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
+    marft.train(config_lib.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
     rows = metrics_rows(tmp_path / "straight")
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
@@ -423,7 +423,7 @@ def test_an_orchestrated_run_trains_every_agent_and_resumes_to_the_same_metrics(
     shutil.copytree(tmp_path / "straight", killed)
     shutil.rmtree(killed / "checkpoints" / "iter_000002")
     (killed / "checkpoints" / "latest").write_text("iter_000001")
-    marft.train(run_lib.parse_args(["--resume", str(killed), "--threads", "1"]))
+    marft.train(config_lib.parse_args(["--resume", str(killed), "--threads", "1"]))
     assert json.dumps(metrics_rows(killed)) == json.dumps(rows)
 
 
@@ -472,7 +472,7 @@ def test_the_orchestrator_learns_whom_to_call(tmp_path):
 thread (the suite runs two test files at once on 2 cores) alice's share goes 0.375 → 1.0 too."""
     profile = tmp_path / "whom_to_call.json"
     profile.write_text(json.dumps(WHOM_TO_CALL))
-    cfg = run_lib.parse_args(["--agents", str(profile), "--arithmetic_levels", "1", "--advantage", "group",
+    cfg = config_lib.parse_args(["--agents", str(profile), "--arithmetic_levels", "1", "--advantage", "group",
                               "--group_size", "4", "--batch_size", "4", "--credit", "shared", "--iterations", "2",
                               "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy",  # not asserted: held-out kept short
                               "--max_new_tokens", "24", "--lr", "5e-4",

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import agents
+import config
 import critic
 import generation
 import marft
-import run
 from conftest import assert_runs_log_alike
 from envs import make_arithmetic_problems
 from flex_pomdp import load_organisation, unrolled_messages
@@ -207,6 +207,6 @@ def test_training_iterations_with_and_without_prefix_sharing_log_the_same_metric
               "--decision_unit", "token", "--batch_size", "3", "--iterations", "2", "--max_new_tokens", "5", "--eval_problems", "2",
               "--eval_samples", "1", "--threads", "1", "--output_dir", str(tmp_path)]
     for name, flag in (("plain", "--no-prefix_sharing"), ("shared", "--prefix_sharing")):
-        marft.train(run.parse_args(common + [flag, "--run_name", name]))
+        marft.train(config.parse_args(common + [flag, "--run_name", name]))
     plain = assert_runs_log_alike(tmp_path / "plain", tmp_path / "shared", lines=3)
     assert plain[-1]["losses/value_loss"] > 0 and plain[-1]["losses/policy_loss/verifier"] != 0

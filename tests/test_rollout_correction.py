@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import agents
+import config
 import generation
 import marft
-import run
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ class CopySampler(generation.HFGenerator):
 
 
 def short_run(model_dir, tmp_path, name, *options):
-    return run.parse_args(["--model", str(model_dir), "--lora_rank", "2", "--batch_size", "4", "--iterations", "3",
+    return config.parse_args(["--model", str(model_dir), "--lora_rank", "2", "--batch_size", "4", "--iterations", "3",
                            "--max_new_tokens", "6", "--eval_problems", "2", "--eval_samples", "1", "--eval_interval", "0",
                            "--threads", "1", "--output_dir", str(tmp_path), "--run_name", name, *options])
 

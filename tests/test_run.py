@@ -1,4 +1,4 @@
-"""run.py: the command line, config validation, resume rules, and atomic checkpoints."""
+"""config.py and run.py: the command line, config validation, resume rules, the run folder and atomic checkpoints."""
 import dataclasses
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import agents
+import config
 import critic
 import marft
 import ppo
@@ -25,10 +26,10 @@ from conftest import ROOT
 
 def test_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
-        run.parse_args(["--help"])
+        config.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    docs = run.field_docs()
-    for field in dataclasses.fields(run.Config):
+    docs = config.field_docs()
+    for field in dataclasses.fields(config.Config):
         assert f"--{field.name}" in text
         assert field.name in docs and docs[field.name].split()[0] in text
 
@@ -64,29 +65,29 @@ def test_help_documents_every_option(capsys):
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
-        run.parse_args(argv)
+        config.parse_args(argv)
     assert str(err.value).startswith(option)
 
 
 def test_role_temperatures_give_listed_roles_their_own_t_and_the_others_the_common_one():
-    cfg = run.parse_args(["--temperature", "0.4", "--frozen_agents", "planner", "--role_temperatures", "planner=0,solver=1.5"])
-    assert [run.role_temperature(cfg, role) for role in ("planner", "solver")] == [0.0, 1.5]
-    assert run.role_temperature(run.parse_args(["--temperature", "0.4"]), "solver") == 0.4
+    cfg = config.parse_args(["--temperature", "0.4", "--frozen_agents", "planner", "--role_temperatures", "planner=0,solver=1.5"])
+    assert [config.role_temperature(cfg, role) for role in ("planner", "solver")] == [0.0, 1.5]
+    assert config.role_temperature(config.parse_args(["--temperature", "0.4"]), "solver") == 0.4
 
 
 def test_the_rate_decays_to_a_tenth_over_24_iterations_by_default_and_constant_means_no_decay():
-    cfg = run.parse_args([])
+    cfg = config.parse_args([])
     assert (cfg.lr_schedule, cfg.lr_decay_iterations, cfg.lr_final_ratio) == ("cosine", 24, 0.1)
     # half a cosine: 2e-4 at the start, 2e-5 + 1.8e-4 · ½(1 + cos(π/2)) = 1.1e-4 half way, 2e-5 from iteration 24 on
     assert [ppo.scheduled_lr(2e-4, t, 24, "cosine", 0.1) for t in (0, 12, 24, 100)] == pytest.approx([2e-4, 1.1e-4, 2e-5, 2e-5])
-    constant = run.parse_args(["--lr_schedule", "constant"])  # the decay's defaults step aside, and the run says why
+    constant = config.parse_args(["--lr_schedule", "constant"])  # the decay's defaults step aside, and the run says why
     assert (constant.lr_decay_iterations, constant.lr_final_ratio) == (0, 0.0)
     assert constant.chosen["lr_final_ratio"].startswith("0.0: --lr_schedule constant")
     assert [ppo.scheduled_lr(2e-4, t, 50, "constant", 0.0) for t in (0, 49)] == [2e-4, 2e-4]
 
 
 def test_a_batch_baseline_allows_one_episode_per_problem():
-    cfg = run.parse_args(["--advantage", "group", "--group_baseline", "batch", "--group_size", "1", "--credit", "shared"])
+    cfg = config.parse_args(["--advantage", "group", "--group_baseline", "batch", "--group_size", "1", "--credit", "shared"])
     assert (cfg.group_size, cfg.group_baseline) == (1, "batch")
 
 
@@ -97,7 +98,7 @@ def test_cyclic_profile_file_is_rejected_at_start(tmp_path):
         "dependencies": [["a", "b"], ["b", "a"]],
     }))
     with pytest.raises(SystemExit) as err:
-        run.parse_args(["--agents", str(profile)])
+        config.parse_args(["--agents", str(profile)])
     assert "--agents" in str(err.value) and "cycle" in str(err.value)
 
 
@@ -109,13 +110,13 @@ def test_unknown_role_reward_term_is_rejected_at_start_naming_the_terms(tmp_path
         "dependencies": [["planner", "solver"]],
     }))
     with pytest.raises(SystemExit) as err:
-        run.parse_args(["--agents", str(profile)])
+        config.parse_args(["--agents", str(profile)])
     assert str(err.value).startswith("--agents") and "brevity" in str(err.value) and "no_boxed" in str(err.value)
 
 
 def test_a_group_run_builds_and_checkpoints_no_critic(tiny_model_dir, tmp_path):
-    cfg = run.Config(model=str(tiny_model_dir), advantage="group", group_size=2, credit="shared")
-    org, model, tokenizer, value_heads, optimisers = marft.build(cfg)
+    cfg = config.Config(model=str(tiny_model_dir), advantage="group", group_size=2, credit="shared")
+    org, model, tokenizer, value_heads, optimisers = run.build(cfg)
     assert sorted(model.peft_config) == ["policy_planner", "policy_solver"] and len(value_heads) == 0
     assert sorted(optimisers) == ["policy_planner", "policy_solver"]
     run.save_checkpoint(tmp_path, 1, model, value_heads, optimisers, 0.0, keep=2)
@@ -127,7 +128,7 @@ def test_a_group_run_builds_and_checkpoints_no_critic(tiny_model_dir, tmp_path):
 
 def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
     with pytest.raises(SystemExit) as err:
-        run.parse_args(["--resume", str(tmp_path)])
+        config.parse_args(["--resume", str(tmp_path)])
     assert "config.json" in str(err.value)
 
 
@@ -135,8 +136,8 @@ def test_resume_of_a_folder_without_config_fails_clearly(tmp_path):
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
 
-def tiny_config(tiny_model_dir, **overrides) -> run.Config:
-    return run.Config(model=str(tiny_model_dir), lora_rank=2, **overrides)
+def tiny_config(tiny_model_dir, **overrides) -> config.Config:
+    return config.Config(model=str(tiny_model_dir), lora_rank=2, **overrides)
 
 
 def perturb(model, value_heads, scale=0.1):
@@ -152,7 +153,7 @@ def snapshot(model, value_heads):
 
 def test_checkpoint_round_trip_restores_trainable_adapters_and_optimisers(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir)
-    org, model, tokenizer, heads, optimisers = marft.build(cfg)
+    org, model, tokenizer, heads, optimisers = run.build(cfg)
     perturb(model, heads)
     for opt in optimisers.values():  # give Adam a state to restore
         for group in opt.param_groups:
@@ -162,7 +163,7 @@ def test_checkpoint_round_trip_restores_trainable_adapters_and_optimisers(tiny_m
     saved = snapshot(model, heads)
     run.save_checkpoint(tmp_path, 3, model, heads, optimisers, elapsed=12.5, keep=2)
 
-    _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
+    _, fresh, _, fresh_heads, fresh_opts = run.build(cfg)
     state = run.load_checkpoint(tmp_path, fresh, fresh_heads, fresh_opts)
     assert state == {"iteration": 3, "elapsed_seconds": 12.5}
     restored = snapshot(fresh, fresh_heads)
@@ -176,7 +177,7 @@ def test_checkpoint_round_trip_restores_trainable_adapters_and_optimisers(tiny_m
 
 def test_checkpoints_are_atomic_rotated_and_a_missing_adapter_is_named(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir)
-    _, model, _, heads, optimisers = marft.build(cfg)
+    _, model, _, heads, optimisers = run.build(cfg)
     for k in (1, 2, 3):
         run.save_checkpoint(tmp_path, k, model, heads, optimisers, elapsed=float(k), keep=2)
     root = tmp_path / "checkpoints"
@@ -194,14 +195,14 @@ def test_checkpoints_are_atomic_rotated_and_a_missing_adapter_is_named(tiny_mode
 def test_init_from_starts_the_agents_of_the_same_role_from_another_runs_checkpoint(tiny_model_dir, tmp_path):
     """--init_from: the planner → solver chain's solver adapter starts the lone solver (single); the
     critic stays as built; a checkpoint sharing no role with the run, or a missing one, is named."""
-    _, chain, _, chain_heads, chain_opts = marft.build(tiny_config(tiny_model_dir))
+    _, chain, _, chain_heads, chain_opts = run.build(tiny_config(tiny_model_dir))
     perturb(chain, chain_heads)
     trained = snapshot(chain, chain_heads)
     run.save_checkpoint(tmp_path, 2, chain, chain_heads, chain_opts, elapsed=1.0, keep=2)
     perturb(chain, chain_heads)  # iteration 3 differs from iteration 2
     run.save_checkpoint(tmp_path, 3, chain, chain_heads, chain_opts, elapsed=2.0, keep=2)
 
-    _, single, _, single_heads, _ = marft.build(tiny_config(tiny_model_dir, agents="single"))
+    _, single, _, single_heads, _ = run.build(tiny_config(tiny_model_dir, agents="single"))
     built = snapshot(single, single_heads)
     assert run.init_policy_adapters(f"{tmp_path}:iter_000002", single, ["policy_solver"]) == ["policy_solver"]
     loaded = snapshot(single, single_heads)
@@ -217,14 +218,14 @@ def test_init_from_starts_the_agents_of_the_same_role_from_another_runs_checkpoi
     with pytest.raises(SystemExit, match="checkpoint 'iter_000009' not found"):
         run.init_policy_adapters(f"{tmp_path}:iter_000009", single, ["policy_solver"])
     with pytest.raises(SystemExit, match="^--init_from=.*no such run folder"):
-        run.parse_args(["--init_from", str(tmp_path / "elsewhere")])
+        config.parse_args(["--init_from", str(tmp_path / "elsewhere")])
 
     # Several sources, the first that saved an adapter giving it: the solver from a lone-solver run,
     # the planner from the chain's iteration 2 (whose solver is not loaded again).
     perturb(single, single_heads)
     lone = snapshot(single, single_heads)
     run.save_checkpoint(tmp_path / "lone", 1, single, single_heads, {}, elapsed=1.0, keep=2)
-    _, fresh_chain, _, fresh_heads, _ = marft.build(tiny_config(tiny_model_dir))
+    _, fresh_chain, _, fresh_heads, _ = run.build(tiny_config(tiny_model_dir))
     assert run.init_policy_adapters(f"{tmp_path / 'lone'},{tmp_path}:iter_000002", fresh_chain,
                                     ["policy_planner", "policy_solver"]) == ["policy_solver", "policy_planner"]
     both = snapshot(fresh_chain, fresh_heads)
@@ -234,7 +235,7 @@ def test_init_from_starts_the_agents_of_the_same_role_from_another_runs_checkpoi
     with pytest.raises(SystemExit, match=r"none of this run's policy adapters \[\] \(not loaded from an earlier source\)"):
         run.init_policy_adapters(f"{tmp_path}:iter_000002,{tmp_path / 'lone'}", fresh_chain, ["policy_planner", "policy_solver"])
     with pytest.raises(SystemExit, match="^--init_from=.*no such run folder '.*elsewhere'"):
-        run.parse_args(["--init_from", f"{tmp_path},{tmp_path / 'elsewhere'}"])
+        config.parse_args(["--init_from", f"{tmp_path},{tmp_path / 'elsewhere'}"])
 
 
 def test_roles_named_like_adapters_get_their_own_adapters(tiny_model_dir, tmp_path):
@@ -245,13 +246,13 @@ def test_roles_named_like_adapters_get_their_own_adapters(tiny_model_dir, tmp_pa
                                               {"role": "default", "system_prompt": "C", "graded": True}],
                                    "dependencies": [["critic", "default"], ["critic_x", "default"]]}))
     cfg = tiny_config(tiny_model_dir, agents=str(profile))
-    org, model, _, heads, optimisers = marft.build(cfg)
+    org, model, _, heads, optimisers = run.build(cfg)
     policies = agents.policy_adapter_names(org.order, False)
     assert len(set(policies) | {critic.SHARED_CRITIC}) == 4 and set(model.peft_config) == {*policies, critic.SHARED_CRITIC}
     perturb(model, heads)
     saved = snapshot(model, heads)
     run.save_checkpoint(tmp_path, 1, model, heads, optimisers, elapsed=1.0, keep=1)
-    _, fresh, _, fresh_heads, fresh_opts = marft.build(cfg)
+    _, fresh, _, fresh_heads, fresh_opts = run.build(cfg)
     run.load_checkpoint(tmp_path, fresh, fresh_heads, fresh_opts)
     restored = snapshot(fresh, fresh_heads)
     assert all(torch.equal(saved[n], restored[n]) for n in saved)
@@ -290,7 +291,7 @@ def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_
               "--advantage", "group", "--group_size", "2", "--batch_size", "2", "--horizon", "2", "--max_new_tokens", "4",
               "--eval_problems", "2", "--eval_samples", "1", "--no-eval_greedy", "--threads", "1", "--output_dir", str(tmp_path),
               "--lr_schedule", "linear", "--lr_decay_iterations", "4", "--lr_final_ratio", "0.5"]
-    marft.train(run.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
+    marft.train(config.parse_args(common + ["--iterations", "2", "--run_name", "straight"]))
     rows = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     # linear over 4 iterations to half the rate: η (0.5 + 0.5 (1 − t/4)) = 2e-4, 1.75e-4 at t = 0, 1; resumed below
@@ -301,7 +302,7 @@ def test_a_group_run_on_a_tiny_model_trains_without_a_critic_and_resumes_to_the_
     shutil.copytree(tmp_path / "straight", killed)
     shutil.rmtree(killed / "checkpoints" / "iter_000002")
     (killed / "checkpoints" / "latest").write_text("iter_000001")
-    marft.train(run.parse_args(["--resume", str(killed), "--threads", "1"]))
+    marft.train(config.parse_args(["--resume", str(killed), "--threads", "1"]))
     strip = lambda folder: [{k: v for k, v in json.loads(l).items() if not k.startswith(("time/", "perf/"))}
                             for l in (folder / "metrics.jsonl").read_text().splitlines()]
     assert json.dumps(strip(killed)) == json.dumps(strip(tmp_path / "straight"))
@@ -323,18 +324,18 @@ def test_last_third_mean_of_a_metric_skips_nan_and_rows_without_it():
 def test_options_not_given_follow_the_given_ones_and_the_run_records_why(tmp_path, capsys):
     """`--advantage group` alone: G = 4 episodes per problem and `shared` credit (under `last` the
     planner's return is always 0); given values are kept (and checked); config.json says why."""
-    cfg = run.parse_args(["--advantage", "group", "--output_dir", str(tmp_path), "--run_name", "g"])
+    cfg = config.parse_args(["--advantage", "group", "--output_dir", str(tmp_path), "--run_name", "g"])
     assert (cfg.group_size, cfg.credit) == (4, "shared")
     assert "--credit shared" in capsys.readouterr().err
-    assert run.parse_args(["--advantage", "group", "--group_size", "2", "--credit", "equal"]).credit == "equal"
-    single = run.parse_args(["--advantage", "group", "--agents", "single"])  # the recipe's batch baseline needs no G
+    assert config.parse_args(["--advantage", "group", "--group_size", "2", "--credit", "equal"]).credit == "equal"
+    single = config.parse_args(["--advantage", "group", "--agents", "single"])  # the recipe's batch baseline needs no G
     assert (single.group_size, single.group_baseline, single.credit) == (1, "batch", "last")
-    assert run.parse_args([]).chosen == {}  # the default run: nothing to follow
+    assert config.parse_args([]).chosen == {}  # the default run: nothing to follow
     run.Run(cfg)
     saved = json.loads((tmp_path / "g" / "config.json").read_text())
     assert saved["chosen/credit"].startswith("shared: ") and "planner" in saved["chosen/credit"]
     assert saved["chosen/group_size"].startswith("4: ")
-    assert (run.read_config(tmp_path / "g", "--resume").credit, run.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
+    assert (config.read_config(tmp_path / "g", "--resume").credit, config.read_config(tmp_path / "g", "--resume").group_size) == ("shared", 4)
 
 
 def test_no_default_depends_on_the_cpu_and_the_sampler_is_what_the_command_says(monkeypatch, tmp_path):
@@ -343,19 +344,19 @@ def test_no_default_depends_on_the_cpu_and_the_sampler_is_what_the_command_says(
     monkeypatch.delenv("MARFT_CPU_PATHS", raising=False)  # the suite may run with the paths off
     for capabilities in ({}, {"avx512_bf16": True}, {"avx512_bf16": False, "amx_bf16": True}, {"bf16": True}):
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
-        assert run.parse_args([]).chosen == {}
-    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "exact"]))
+        assert config.parse_args([]).chosen == {}
+    run.Run(config.parse_args(["--output_dir", str(tmp_path), "--run_name", "exact"]))
     saved = json.loads((tmp_path / "exact" / "config.json").read_text())
     assert saved["rollout/sampler"] == "hf backend (the training model itself): μ = π_old, no correction"
     assert "machine/cpu_paths" not in saved
-    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "vllm", "--backend", "vllm"]))
+    run.Run(config.parse_args(["--output_dir", str(tmp_path), "--run_name", "vllm", "--backend", "vllm"]))
     saved = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert saved["rollout/sampler"] == ("vLLM engine (float32 weights): μ ≠ π_old (another implementation or dtype), "
                                         "each decision weighed by min(π_old/μ, 2)")
     monkeypatch.setenv("MARFT_CPU_PATHS", "off")
     for name, value in speed.AVX2_CAPS.items():
         monkeypatch.setenv(name, value)
-    run.Run(run.parse_args(["--output_dir", str(tmp_path), "--run_name", "off"]))
+    run.Run(config.parse_args(["--output_dir", str(tmp_path), "--run_name", "off"]))
     assert json.loads((tmp_path / "off" / "config.json").read_text())["machine/cpu_paths"] == (
         "off (MARFT_CPU_PATHS=off): kernels capped at AVX2")
 
@@ -365,14 +366,14 @@ def test_training_takes_no_nucleus_and_evaluation_still_does(tmp_path, capsys):
     against the wrong policy: training has no --top_p (an old run's config.json with one is refused,
     naming why); evaluate.py keeps --top_p."""
     with pytest.raises(SystemExit):
-        run.parse_args(["--top_p", "0.9"])
-    older = {**dataclasses.asdict(run.Config()), "top_p": 0.9}
+        config.parse_args(["--top_p", "0.9"])
+    older = {**dataclasses.asdict(config.Config()), "top_p": 0.9}
     (tmp_path / "config.json").write_text(json.dumps(older))
     with pytest.raises(SystemExit, match="nucleus .*top_p < 1.* Start a new run without it"):
-        run.parse_args(["--config", str(tmp_path / "config.json")])
+        config.parse_args(["--config", str(tmp_path / "config.json")])
     older["top_p"] = 1.0  # the value every earlier run had: nothing to honour
     (tmp_path / "config.json").write_text(json.dumps(older))
-    assert run.parse_args(["--config", str(tmp_path / "config.json")]).temperature == 1.0
+    assert config.parse_args(["--config", str(tmp_path / "config.json")]).temperature == 1.0
     import evaluate
     assert evaluate.parse_args(["--top_p", "0.9"]).top_p == 0.9
     with pytest.raises(SystemExit, match=r"--top_p=1.5: must lie in \(0, 1\]"):
@@ -389,26 +390,26 @@ def test_an_option_given_beside_the_single_agents_recipe_overrides_only_itself(c
     silently switching the estimator to critic + GAE); a recipe value the given options leave
     without effect (the batch baseline under --advantage gae) steps aside in one line; a --config
     file's options are what its run used; other organisations and tasks keep the global defaults."""
-    single = run.parse_args(["--agents", "single"])
+    single = config.parse_args(["--agents", "single"])
     assert {option: getattr(single, option) for option in SINGLE_RECIPE} == SINGLE_RECIPE
     assert set(single.chosen) == set(SINGLE_RECIPE)
     assert single.chosen["group_baseline"] == "batch: the math task's default for --agents single"
     assert single.batch_size == 16 and single.credit == "last"  # one agent: last and shared put R on the same action
     for given, changed in ((["--minibatch_size", "8"], {"minibatch_size": 8}), (["--group_size", "4"], {"group_size": 4})):
-        cfg = run.parse_args(["--agents", "single", *given])
+        cfg = config.parse_args(["--agents", "single", *given])
         assert {option: getattr(cfg, option) for option in SINGLE_RECIPE} == SINGLE_RECIPE | changed
         assert set(cfg.chosen) == set(SINGLE_RECIPE) - set(changed)
     capsys.readouterr()
-    critic = run.parse_args(["--agents", "single", "--advantage", "gae"])
+    critic = config.parse_args(["--agents", "single", "--advantage", "gae"])
     assert (critic.advantage, critic.group_baseline, critic.minibatch_size) == ("gae", "group", 16)
     assert ("--group_baseline batch (the math task's default for --agents single) steps aside: --advantage gae has no groups"
             in capsys.readouterr().err)
-    run.Run(run.parse_args(["--agents", "single", "--advantage", "gae", "--minibatch_size", "8", "--output_dir", str(tmp_path),
+    run.Run(config.parse_args(["--agents", "single", "--advantage", "gae", "--minibatch_size", "8", "--output_dir", str(tmp_path),
                             "--run_name", "old"]))
-    older = run.parse_args(["--config", str(tmp_path / "old"), "--run_name", "again"])  # its file gave every option
+    older = config.parse_args(["--config", str(tmp_path / "old"), "--run_name", "again"])  # its file gave every option
     assert (older.advantage, older.minibatch_size, older.chosen) == ("gae", 8, {})
     for argv in ([], ["--agents", "chain3"], ["--task", "word", "--agents", "single"], ["--agents", "parallel"]):
-        cfg = run.parse_args(argv)
+        cfg = config.parse_args(argv)
         assert (cfg.advantage, cfg.group_baseline, cfg.minibatch_size) == ("gae", "group", 8)
 
 
@@ -423,7 +424,7 @@ def test_an_option_given_beside_the_single_agents_recipe_overrides_only_itself(c
 ])
 def test_an_option_that_has_no_effect_in_the_chosen_configuration_is_an_error_naming_why(argv, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
-        run.parse_args(argv)
+        config.parse_args(argv)
 
 
 def test_options_that_do_have_an_effect_are_accepted():
@@ -431,7 +432,7 @@ def test_options_that_do_have_an_effect_are_accepted():
     for argv in (["--advantage", "group", "--group_std"], ["--lam", "0.9", "--critic_lr", "0.01"],
                  ["--backend", "vllm", "--rollout_correction", "mis"], ["--agents", "chain3", "--happo_ratio_clip", "3"],
                  ["--backend", "vllm", "--vllm_gpu_memory_utilization", "0.5"]):
-        run.parse_args(argv)
+        config.parse_args(argv)
 
 
 def test_one_agent_gets_the_same_returns_under_last_and_shared_credit():
@@ -448,14 +449,14 @@ def test_config_reproduces_a_run_and_the_command_line_overrides_it(tiny_model_di
     options = ["--model", str(tiny_model_dir), "--lora_rank", "2", "--batch_size", "2",
                "--max_new_tokens", "4", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "2", "--lr", "1e-3",
                "--seed", "7", "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "a"]
-    marft.train(run.parse_args(options))
-    again = run.parse_args(["--config", str(tmp_path / "a" / "config.json")])
+    marft.train(config.parse_args(options))
+    again = config.parse_args(["--config", str(tmp_path / "a" / "config.json")])
     assert again.run_name == "" and again.seed == 7 and again.lr == 1e-3 and again.config.endswith("config.json")
-    marft.train(run.parse_args(["--config", str(tmp_path / "a"), "--run_name", "b"]))
+    marft.train(config.parse_args(["--config", str(tmp_path / "a"), "--run_name", "b"]))
     strip = lambda folder: [{k: v for k, v in json.loads(l).items() if not k.startswith(("time/", "perf/"))}
                             for l in (folder / "metrics.jsonl").read_text().splitlines()]
     assert len(strip(tmp_path / "a")) == 3 and strip(tmp_path / "b") == strip(tmp_path / "a")
-    changed = run.parse_args(["--config", str(tmp_path / "a"), "--seed", "8", "--no-eval_greedy"])
+    changed = config.parse_args(["--config", str(tmp_path / "a"), "--seed", "8", "--no-eval_greedy"])
     assert (changed.seed, changed.eval_greedy, changed.lr) == (8, False, 1e-3)
 
 
@@ -466,7 +467,7 @@ def test_a_config_file_that_cannot_be_read_stops_at_start(tmp_path, content, wor
     if content is not None:
         path.write_text(content)
     with pytest.raises(SystemExit) as stop:
-        run.parse_args(["--config", str(path)])
+        config.parse_args(["--config", str(path)])
     assert words in str(stop.value)
 
 
@@ -486,10 +487,10 @@ def test_a_model_that_is_not_there_stops_at_start_in_one_line(model, why, tmp_pa
     (tmp_path / "empty").mkdir()
     model = {"FILE": str(tmp_path / "weights.bin"), "EMPTY": str(tmp_path / "empty")}.get(model, model)
     with pytest.raises(SystemExit) as stop:
-        run.parse_args(["--model", model])
+        config.parse_args(["--model", model])
     assert str(stop.value).startswith(f"--model={model!r}: {why}") and MODEL_FIX in str(stop.value)
     assert "\n" not in str(stop.value)
-    assert run.parse_args(["--model", str(tiny_model_dir)]).model == str(tiny_model_dir)  # a folder with config.json
+    assert config.parse_args(["--model", str(tiny_model_dir)]).model == str(tiny_model_dir)  # a folder with config.json
 
 
 def test_a_hub_id_is_taken_from_the_cache_and_otherwise_asked_of_the_hub_in_one_request(tmp_path, monkeypatch):
@@ -511,9 +512,9 @@ def test_a_hub_id_is_taken_from_the_cache_and_otherwise_asked_of_the_hub_in_one_
     (snapshot / "config.json").write_text("{}")
     (tmp_path / "models--owner--cached" / "refs").mkdir()
     (tmp_path / "models--owner--cached" / "refs" / "main").write_text("abc123")
-    assert run.parse_args(["--model", "owner/cached"]).model == "owner/cached" and requests == []
+    assert config.parse_args(["--model", "owner/cached"]).model == "owner/cached" and requests == []
     with pytest.raises(SystemExit) as stop:
-        run.parse_args(["--model", "owner/elsewhere"])
+        config.parse_args(["--model", "owner/elsewhere"])
     assert str(stop.value).startswith(f"--model='owner/elsewhere': neither a local folder nor a hub id in the local "
                                       f"Hugging Face cache ({tmp_path}), and https://huggingface.co cannot be reached "
                                       "(OSError: [Errno -2] Name or service not known)")
@@ -521,7 +522,7 @@ def test_a_hub_id_is_taken_from_the_cache_and_otherwise_asked_of_the_hub_in_one_
     assert len(requests) == 1 and requests[0].endswith("owner/elsewhere/resolve/main/config.json")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit, match=r"^--model='owner/elsewhere': .* and HF_HUB_OFFLINE is set: download it once online"):
-        run.parse_args(["--model", "owner/elsewhere"])
+        config.parse_args(["--model", "owner/elsewhere"])
     assert len(requests) == 1
 
 
@@ -544,7 +545,7 @@ def test_a_missing_model_on_the_command_line_is_one_line_and_makes_no_run_folder
 ])
 def test_an_unknown_option_is_one_line_with_the_nearest_name_and_exit_code_2(argv, line, capsys):
     with pytest.raises(SystemExit) as stop:
-        run.parse_args(argv)
+        config.parse_args(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and f"error: {line}" in err
 
@@ -559,7 +560,7 @@ def test_an_unknown_option_is_one_line_with_the_nearest_name_and_exit_code_2(arg
 ])
 def test_an_option_of_an_earlier_version_on_the_command_line_is_one_line_saying_what_became_of_it(argv, line, capsys):
     with pytest.raises(SystemExit) as stop:
-        run.parse_args(argv)
+        config.parse_args(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and f"error: {line}" in err
 
@@ -568,57 +569,57 @@ def test_an_earlier_versions_config_json_loads_renamed_options_and_stops_only_at
     """A run's config.json from before the renames and retirements (results/**/config.json): renamed
     keys take their new names, retired keys at the value this version reproduces are ignored, and a
     retired key at any other value stops in one line naming it, its value and where its finding lives."""
-    older = {**dataclasses.asdict(run.Config()), "level": "token", "normalisation": "sum", "filter_groups": True,
+    older = {**dataclasses.asdict(config.Config()), "level": "token", "normalisation": "sum", "filter_groups": True,
              "advantage": "group", "group_size": 4, "credit": "shared", "kl_coef": 0.0, "lora_alpha": 32.0,
              "update_order": "random", "vllm_dtype": "bfloat16", "gamma_agent": 1.0, "anonymous": False}
     for new in ("decision_unit", "action_logprob", "skip_zero_signal_groups"):
         del older[new]
     (tmp_path / "config.json").write_text(json.dumps(older))
-    cfg = run.parse_args(["--config", str(tmp_path / "config.json")])
+    cfg = config.parse_args(["--config", str(tmp_path / "config.json")])
     assert (cfg.decision_unit, cfg.action_logprob, cfg.skip_zero_signal_groups) == ("token", "sum", True)
-    assert run.read_config(tmp_path, "--run").decision_unit == "token"
+    assert config.read_config(tmp_path, "--run").decision_unit == "token"
     for retired, value in (("kl_coef", 0.02), ("update_order", "topological"), ("gamma_agent", 0.9), ("credit", "step_discount")):
         (tmp_path / "config.json").write_text(json.dumps({**older, retired: value}))
         for option in ("--config", "--resume"):
             with pytest.raises(SystemExit) as stop:
-                run.parse_args([option, str(tmp_path / ("config.json" if option == "--config" else ""))])
+                config.parse_args([option, str(tmp_path / ("config.json" if option == "--config" else ""))])
             assert "was retired" in str(stop.value) and "use commit 716d5c8" in str(stop.value)
             assert len(str(stop.value).splitlines()) == 1
     (tmp_path / "config.json").write_text(json.dumps({**older, "kl_coef": 0.02}))
     with pytest.raises(SystemExit, match=re.escape(f"--config {tmp_path / 'config.json'}: kl_coef 0.02 was retired: no KL "
                                                    "penalty to the base model (its finding: docs/learning-per-minute.md); "
                                                    "this version cannot reproduce that run: use commit 716d5c8")):
-        run.parse_args(["--config", str(tmp_path / "config.json")])
-    assert run.read_config(tmp_path, "--run").decision_unit == "token"  # evaluate.py: a training-only option is no matter
+        config.parse_args(["--config", str(tmp_path / "config.json")])
+    assert config.read_config(tmp_path, "--run").decision_unit == "token"  # evaluate.py: a training-only option is no matter
     (tmp_path / "config.json").write_text(json.dumps({**older, "lora_alpha": 8.0}))  # but the adapters' scaling is
     with pytest.raises(SystemExit, match="lora_alpha 8.0 was retired"):
-        run.read_config(tmp_path, "--run")
+        config.read_config(tmp_path, "--run")
 
 
 def test_help_groups_the_options_by_the_phases_of_the_algorithm_box(capsys):
     with pytest.raises(SystemExit):
-        run.parse_args(["--help"])
+        config.parse_args(["--help"])
     out = capsys.readouterr().out
     titles = ["model & agents:", "task & data:", "1. rollout:", "3. advantages & credit:",
               "4–5. PPO update (policies and critic):", "6. evaluation:", "run, checkpoints & machine:", "speed and memory:"]
     positions = [out.index(f"\n{title}\n") for title in titles]
     assert positions == sorted(positions)
     assert out.index("\n  --decision_unit") > out.index("3. advantages & credit:") > out.index("\n  --backend")
-    groups = run.field_groups()
+    groups = config.field_groups()
     assert list(groups) == [title.removesuffix(":") for title in titles]
-    assert sorted(sum(groups.values(), [])) == sorted(f.name for f in dataclasses.fields(run.Config))
+    assert sorted(sum(groups.values(), [])) == sorted(f.name for f in dataclasses.fields(config.Config))
 
 
 def test_the_options_stay_few():
     # Every option earns its place (a default, a built-in task or a documented result uses it):
     # at most 60. The CPU-specific switch is MARFT_CPU_PATHS, not an option (speed.py).
-    assert len(dataclasses.fields(run.Config)) <= 60
+    assert len(dataclasses.fields(config.Config)) <= 60
 
 
 def test_an_unknown_name_in_a_config_file_is_named_with_the_nearest_option(tmp_path):
     (tmp_path / "config.json").write_text('{"lr_shedule": "cosine", "seed": 3}')
     with pytest.raises(SystemExit, match=r"does not know: \['lr_shedule'\] \(lr_shedule: did you mean lr_schedule\?\)"):
-        run.parse_args(["--config", str(tmp_path / "config.json")])
+        config.parse_args(["--config", str(tmp_path / "config.json")])
 
 
 @pytest.mark.parametrize("argv, left_out", [
@@ -627,15 +628,15 @@ def test_an_unknown_name_in_a_config_file_is_named_with_the_nearest_option(tmp_p
     (["--task", "word"], {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"}),
 ])
 def test_a_builtin_tasks_config_json_records_the_options_it_reads_and_reads_back(argv, left_out, tmp_path):
-    cfg = run.parse_args([*argv, "--output_dir", str(tmp_path), "--run_name", "r"])
+    cfg = config.parse_args([*argv, "--output_dir", str(tmp_path), "--run_name", "r"])
     run.Run(cfg)
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
     data_options = {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"}
     assert data_options - set(saved) == left_out and not left_out & set(saved)
-    again = run.parse_args(["--config", str(tmp_path / "r")])
-    resumed = run.parse_args(["--resume", str(tmp_path / "r")])
+    again = config.parse_args(["--config", str(tmp_path / "r")])
+    resumed = config.parse_args(["--resume", str(tmp_path / "r")])
     for option in data_options:
-        expected = getattr(run.Config(), option) if option in left_out else getattr(cfg, option)
+        expected = getattr(config.Config(), option) if option in left_out else getattr(cfg, option)
         assert getattr(again, option) == getattr(resumed, option) == expected, option
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import agents
+import config as config_lib
 import evaluate
 import generation
 import marft
@@ -36,7 +37,7 @@ def test_the_builtin_tasks_are_registered_as_a_task_of_your_own_is():
                                               "calculator_team", "orchestrated_calculator"]
     assert list(tasks.WORD.organisations) == ["calculator_team", "single", "orchestrated_calculator", "chain"]
     assert list(tasks.CODE.organisations) == ["coder", "planner_coder", "coder_reviewer"]
-    cfg = run_lib.Config(horizon=2)
+    cfg = config_lib.Config(horizon=2)
     context = tasks.EpisodeContext(graded_roles=("solver",), grader=None, role_rewards={})
     assert isinstance(tasks.MATH.make_env(Problem("1 + 1?", "2", "", ""), cfg, context), MathEnv)
     assert isinstance(tasks.CODE.make_env(make_code_problems("test", seed=1)[0], cfg, context), CodeEnv)
@@ -58,16 +59,16 @@ def test_without_task_the_data_chooses_it_and_without_agents_the_task_does(argv,
     files["MBPP_FILE"].write_text(json.dumps({"text": "Add one.", "test_list": ["assert f(1) == 2"]}) + "\n")
     files["PROFILE"].write_text(json.dumps({"agents": [{"role": "coder", "system_prompt": "Code.", "graded": True}],
                                             "dependencies": []}))
-    cfg = run_lib.parse_args([str(files.get(a, a)) for a in argv])
+    cfg = config_lib.parse_args([str(files.get(a, a)) for a in argv])
     assert (cfg.task, cfg.agents) == (task, str(files.get(organisation, organisation)))
 
 
 def test_the_default_command_line_is_the_default_config_with_its_task_recorded():
-    assert dataclasses.replace(run_lib.parse_args([]), task="") == run_lib.Config()
+    assert dataclasses.replace(config_lib.parse_args([]), task="") == config_lib.Config()
 
 
 def test_training_and_rollouts_on_a_builtin_task_go_through_the_registry(monkeypatch):
-    """marft.load_task and play_episodes ask the registry for the run's task: a math task swapped in
+    """run.load_task and play_episodes ask the registry for the run's task: a math task swapped in
     the registry is the one whose problems are loaded and whose environments play the episodes."""
     from transformers import AutoTokenizer
 
@@ -82,8 +83,8 @@ def test_training_and_rollouts_on_a_builtin_task_go_through_the_registry(monkeyp
         return tasks.MATH.make_env(problem, cfg, context)
 
     monkeypatch.setitem(tasks.TASKS, "math", dataclasses.replace(tasks.MATH, load=load, make_env=make_env))
-    cfg = run_lib.parse_args(["--agents", "single", "--eval_problems", "3", "--arithmetic_levels", "1"])
-    train, held_out = marft.load_task(cfg)
+    cfg = config_lib.parse_args(["--agents", "single", "--eval_problems", "3", "--arithmetic_levels", "1"])
+    train, held_out = run_lib.load_task(cfg)
     assert loaded == [cfg] and len(held_out) == 3 and train == make_arithmetic_problems("train", seed=1, levels=(1,))
     tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
     answers = [re.search(r"What is (\d) \+ (\d)\?", p.problem).groups() for p in held_out]
@@ -129,7 +130,7 @@ def test_task_mistakes_stop_the_run_naming_the_fix(spec, message, tmp_path):
     source, colon, name = spec.partition(":")
     path = tmp_path / source if source.endswith(".py") else source
     with pytest.raises(SystemExit) as err:
-        run_lib.parse_args(["--task", f"{path}{colon}{name}"])
+        config_lib.parse_args(["--task", f"{path}{colon}{name}"])
     assert str(err.value).startswith("--task=") and message in str(err.value)
 
 
@@ -141,20 +142,20 @@ def test_a_misspelt_option_in_a_task_recipe_is_named_even_where_the_recipe_steps
         "organisation_options={'solo': {'minibatch_size': 4, 'minbatch_size': 4}})\n")
     for given in ([], ["--minibatch_size", "8"]):
         with pytest.raises(SystemExit, match="task typo_recipe: its options name 'minbatch_size', which is no option"):
-            run_lib.parse_args(["--task", str(tmp_path / "typo.py"), "--agents", "solo", *given])
+            config_lib.parse_args(["--task", str(tmp_path / "typo.py"), "--agents", "solo", *given])
 
 
 def test_an_organisation_the_task_does_not_offer_is_refused_naming_those_it_does():
     with pytest.raises(SystemExit) as err:
-        run_lib.parse_args(["--task", EXAMPLE, "--agents", "chain"])
+        config_lib.parse_args(["--task", EXAMPLE, "--agents", "chain"])
     assert "'chain' is an organisation of the math task, but the run's task is units" in str(err.value)
     assert "an organisation of the units task (converter)" in str(err.value)
     with pytest.raises(SystemExit, match="neither an organisation of the units task"):
-        run_lib.parse_args(["--task", EXAMPLE, "--agents", "no_such_profile.json"])
+        config_lib.parse_args(["--task", EXAMPLE, "--agents", "no_such_profile.json"])
 
 
 def test_what_a_task_returns_is_checked():
-    cfg = run_lib.Config()
+    cfg = config_lib.Config()
     hollow = tasks.Task("hollow", load=lambda cfg: [Problem("1?", "1", "", "")], make_env=lambda problem, cfg, context: 42)
     with pytest.raises(SystemExit, match=r"task hollow: load\(cfg\) must return \(train, held_out\)"):
         tasks.task_problems(hollow, cfg)
@@ -181,10 +182,10 @@ def test_the_example_fits_one_screen_and_holds_out_amounts_it_never_trains_on():
     assert len((ROOT / "examples" / "units.py").read_text().splitlines()) <= 80
     units = tasks.find_task(EXAMPLE)
     amount = lambda p: re.search(r"are in ([\d.]+) ", p.problem).group(1)
-    train, held_out = units.load(run_lib.Config(seed=1))
+    train, held_out = units.load(config_lib.Config(seed=1))
     assert (len(train), len(held_out)) == (180, 60)
     assert not {amount(p) for p in train} & {amount(p) for p in held_out}
-    assert units.load(run_lib.Config(seed=1)) == (train, held_out) and units.load(run_lib.Config(seed=2))[1] != held_out
+    assert units.load(config_lib.Config(seed=1)) == (train, held_out) and units.load(config_lib.Config(seed=2))[1] != held_out
     assert Problem("How many centimetres are in 35 metres? One metre is 100 centimetres.", "3500", "metres to centimetres",
                    "units") in train + held_out
 
@@ -193,7 +194,7 @@ def test_the_example_environment_rewards_the_right_amount_and_feeds_back_a_wrong
     units = tasks.find_task(EXAMPLE)
     problem = Problem("How many centimetres are in 35 metres? One metre is 100 centimetres.", "3500", "", "")
     context = tasks.EpisodeContext(graded_roles=("converter",), grader=None, role_rewards={})
-    env = tasks.make_env(units, problem, run_lib.Config(horizon=2), context)
+    env = tasks.make_env(units, problem, config_lib.Config(horizon=2), context)
     assert env.reset() == problem.problem
     observation, reward, done, info = env.step({"converter": "35 × 100 = \\boxed{35}"})
     assert (reward, done, info["correct"], info["outcomes"]) == (0.0, False, False, {"converter": "wrong"})
@@ -239,16 +240,16 @@ def test_the_example_trains_with_task_resumes_and_evaluate_reuses_its_task(tiny_
     argv = ["--task", EXAMPLE, "--model", str(tiny_model_dir), "--lora_rank", "2",
             "--batch_size", "6", "--iterations", "2", "--eval_problems", "4", "--eval_samples", "1", "--eval_interval", "1",
             "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "units"]
-    marft.train(run_lib.parse_args(argv))
+    marft.train(config_lib.parse_args(argv))
     run_dir = tmp_path / "units"
     config = json.loads((run_dir / "config.json").read_text())
     assert (config["task"], config["agents"]) == (EXAMPLE, "converter")
-    marft.train(run_lib.parse_args(["--resume", str(run_dir), "--iterations", "3", "--threads", "1"]))
+    marft.train(config_lib.parse_args(["--resume", str(run_dir), "--iterations", "3", "--threads", "1"]))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
-    train, held_out = tasks.find_task(EXAMPLE).load(run_lib.Config(seed=1))
+    train, held_out = tasks.find_task(EXAMPLE).load(config_lib.Config(seed=1))
     for iteration in (1, 2, 3):
-        answers = [scripted_answer(p.problem) for p in marft.iteration_batch(train, 6, 1, iteration - 1)]
+        answers = [scripted_answer(p.problem) for p in run_lib.iteration_batch(train, 6, 1, iteration - 1)]
         assert rows[iteration]["charts/reward"] == pytest.approx(sum(error == 0 for _, error in answers) / 6)
         assert rows[iteration]["charts/relative_error"] == pytest.approx(sum(error for _, error in answers) / 6)
     expected = [scripted_answer(p.problem) for p in held_out[:4]]
@@ -299,10 +300,10 @@ def test_held_out_problems_that_are_training_problems_stop_the_run_naming_both(m
     held_out = [Problem("What is 5 + 5?", "10", "", ""), Problem("  What is 3 +\n3?", "6", "", "")]
     monkeypatch.setitem(tasks.TASKS, "twice", own_task("twice", train, held_out))
     with pytest.raises(SystemExit) as stop:
-        marft.load_task(run_lib.parse_args(["--task", "twice"]))
+        run_lib.load_task(config_lib.parse_args(["--task", "twice"]))
     assert str(stop.value) == ("task twice: held-out problem 1 is training problem 1 ('What is 3 + 3?'); held-out problems "
                                "must be none of the training problems: make its load(cfg) return two disjoint lists")
-    assert marft.load_task(run_lib.parse_args(["--task", "twice", "--eval_problems", "1"])) == (train, held_out[:1])
+    assert run_lib.load_task(config_lib.parse_args(["--task", "twice", "--eval_problems", "1"])) == (train, held_out[:1])
 
 
 DATA = str(ROOT.parent / "shared" / "data") + "/"
@@ -315,7 +316,7 @@ DATA = str(ROOT.parent / "shared" / "data") + "/"
 def test_the_builtin_tasks_hold_out_problems_they_do_not_train_on(argv):
     if any(DATA in a for a in argv) and not (ROOT.parent / "shared" / "data").is_dir():
         pytest.skip("no ../shared/data here")
-    train, held_out = marft.load_task(run_lib.parse_args(argv))
+    train, held_out = run_lib.load_task(config_lib.parse_args(argv))
     text = lambda p: " ".join(p.problem.split())
     assert held_out and not {text(p) for p in train} & {text(p) for p in held_out}
 
@@ -327,7 +328,7 @@ def test_math_test_row_4886_is_math_train_row_3322_and_a_run_evaluating_it_stops
     problems leave it out, all 5000 do not."""
     argv = ["--data", DATA + "math_train.jsonl", "--eval_data", DATA + "math_test.jsonl", "--skip_malformed_rows"]
     with pytest.raises(SystemExit) as stop:
-        marft.load_task(run_lib.parse_args([*argv, "--eval_problems", "5000"]))
+        run_lib.load_task(config_lib.parse_args([*argv, "--eval_problems", "5000"]))
     assert str(stop.value).startswith("task math: held-out problem 4885 is training problem 3321 ('The points $(0,0)\\\\,$")
     assert "leave it out of --data or --eval_data" in str(stop.value)
 
@@ -337,7 +338,7 @@ def test_an_environment_that_raises_is_named_by_task_problem_step_and_roles(monk
 
     problems = [Problem("What is 1 + 1?", "2", "", ""), Problem("What is 1/0?", "inf", "", "")]
     monkeypatch.setitem(tasks.TASKS, "strict", own_task("strict", problems, [Problem("What is 2 + 2?", "4", "", "")]))
-    cfg = run_lib.parse_args(["--task", "strict"])
+    cfg = config_lib.parse_args(["--task", "strict"])
     tokenizer = AutoTokenizer.from_pretrained(agents.embedded_tokenizer_folder())
     with Grader() as grader, pytest.raises(RuntimeError) as error:
         play_episodes(lambda ids, adapter, sampling: scripted_actions(tokenizer, ["\\boxed{2}"] * len(ids)), tokenizer,
@@ -348,11 +349,11 @@ def test_an_environment_that_raises_is_named_by_task_problem_step_and_roles(monk
 
 
 def test_an_environment_that_cannot_step_stops_the_run_before_its_folder(monkeypatch, tiny_model_dir, tmp_path):
-    """marft.set_up steps the first training and held-out problems once with empty actions before it
+    """run.set_up steps the first training and held-out problems once with empty actions before it
     writes the run folder: an environment that raises stops the run there, leaving nothing."""
     train, held_out = [Problem("What is 1 + 1?", "2", "", "")], [Problem("What is 2 + 2?", "4", "", "")]
     monkeypatch.setitem(tasks.TASKS, "broken", own_task("broken", train, held_out, always_raises=True))
-    cfg = run_lib.parse_args(["--task", "broken", "--model", str(tiny_model_dir), "--output_dir", str(tmp_path / "runs")])
+    cfg = config_lib.parse_args(["--task", "broken", "--model", str(tiny_model_dir), "--output_dir", str(tmp_path / "runs")])
     with pytest.raises(RuntimeError) as error:
         marft.train(cfg)
     assert str(error.value).startswith("task broken: its environment's step() raised ZeroDivisionError (division by zero) on "
@@ -364,18 +365,18 @@ def test_a_misspelt_task_option_is_named_with_the_nearest_option(monkeypatch):
     monkeypatch.setitem(tasks.TASKS, "typo_options", own_task("typo_options", [], [], options={"temprature": 0.7}))
     with pytest.raises(SystemExit, match=r"^task typo_options: its options name 'temprature', which is no option of "
                                          r"marft.py \(did you mean temperature\?\)"):
-        run_lib.parse_args(["--task", "typo_options"])
+        config_lib.parse_args(["--task", "typo_options"])
 
 
 def test_a_task_of_your_own_records_none_of_the_builtin_tasks_data_options(tmp_path):
     """config.json of a run of the example leaves out --data, --arithmetic_levels, … (it reads none of
     them); --config and --resume read it back with their defaults."""
-    run_lib.Run(run_lib.parse_args(["--task", EXAMPLE, "--output_dir", str(tmp_path), "--run_name", "u"]))
+    run_lib.Run(config_lib.parse_args(["--task", EXAMPLE, "--output_dir", str(tmp_path), "--run_name", "u"]))
     saved = json.loads((tmp_path / "u" / "config.json").read_text())
     assert saved["task"] == EXAMPLE and not set(tasks.DATA_OPTIONS) & set(saved)
-    for again in (run_lib.parse_args(["--config", str(tmp_path / "u")]), run_lib.parse_args(["--resume", str(tmp_path / "u")])):
-        assert again.task == EXAMPLE and all(getattr(again, o) == getattr(run_lib.Config(), o) for o in tasks.DATA_OPTIONS)
+    for again in (config_lib.parse_args(["--config", str(tmp_path / "u")]), config_lib.parse_args(["--resume", str(tmp_path / "u")])):
+        assert again.task == EXAMPLE and all(getattr(again, o) == getattr(config_lib.Config(), o) for o in tasks.DATA_OPTIONS)
     # its own load may read any option: one given a value is kept
     units = tasks.find_task(EXAMPLE)
-    assert tasks.unread_options(units, run_lib.Config(data="mine.jsonl")) == set(tasks.DATA_OPTIONS) - {"data"}
-    assert tasks.unread_options(tasks.MATH, run_lib.Config()) == set()
+    assert tasks.unread_options(units, config_lib.Config(data="mine.jsonl")) == set(tasks.DATA_OPTIONS) - {"data"}
+    assert tasks.unread_options(tasks.MATH, config_lib.Config()) == set()

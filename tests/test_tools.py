@@ -92,6 +92,7 @@ def test_random_text_in_a_call_always_gives_text():
 
 import json  # noqa: E402
 
+import config as config_lib  # noqa: E402
 import marft  # noqa: E402
 import run as run_lib  # noqa: E402
 from envs import Grader, Problem  # noqa: E402
@@ -131,7 +132,7 @@ def test_a_tool_acts_in_sigma_order_and_takes_no_sample_position_or_adapter(tmp_
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     profile = tmp_path / "calc.json"
     profile.write_text(json.dumps(CALLER_CALCULATOR_ANSWERER))
-    org, cfg = load_organisation(str(profile)), run_lib.Config(agents=str(profile))
+    org, cfg = load_organisation(str(profile)), config_lib.Config(agents=str(profile))
     assert org.order == ("caller", "calculator", "answerer") and org.learners == ("caller", "answerer")
     problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 361 + 25 * 12?", "661", "", "")]
     team = ScriptedCallerAndAnswerer(tokenizer)
@@ -147,10 +148,10 @@ def test_a_tool_acts_in_sigma_order_and_takes_no_sample_position_or_adapter(tmp_
 def test_a_team_with_a_tool_trains_without_an_adapter_for_the_tool(tmp_path, tiny_model_dir):
     profile = tmp_path / "calc.json"
     profile.write_text(json.dumps(CALLER_CALCULATOR_ANSWERER))
-    cfg = run_lib.parse_args(["--model", str(tiny_model_dir), "--agents", str(profile), "--lora_rank", "2", "--batch_size", "2",
+    cfg = config_lib.parse_args(["--model", str(tiny_model_dir), "--agents", str(profile), "--lora_rank", "2", "--batch_size", "2",
                               "--max_new_tokens", "4", "--eval_problems", "2", "--eval_samples", "1", "--iterations", "1",
                               "--threads", "1", "--output_dir", str(tmp_path), "--run_name", "tool"])
-    org, model, _, heads, optimisers = marft.build(cfg)
+    org, model, _, heads, optimisers = run_lib.build(cfg)
     assert set(optimisers) == {"policy_caller", "policy_answerer", "critic"}
     assert not any(".policy_calculator." in name for name, _ in model.named_parameters())
     summary = marft.train(cfg)
@@ -188,7 +189,7 @@ def test_an_unknown_tool_and_a_tool_as_orchestrator_are_refused_at_start(tmp_pat
     profile = tmp_path / "abacus.json"
     profile.write_text(json.dumps(spec))
     with pytest.raises(SystemExit) as stop:
-        run_lib.parse_args(["--agents", str(profile)])
+        config_lib.parse_args(["--agents", str(profile)])
     assert "names the tool 'abacus'; the tools are calculator" in str(stop.value)
 
 
@@ -227,7 +228,7 @@ def test_an_orchestrator_calls_the_calculator_as_it_calls_an_executor(tmp_path, 
                    {"role": "solver", "system_prompt": "Answer with \\boxed{N}.", "graded": True, "description": "answers"},
                    {"role": "calculator", "tool": "calculator", "description": "evaluates every \\calc{EXPR} exactly"}],
         "orchestrator": "boss", "max_calls": 3}))
-    org, cfg = load_organisation(str(profile)), run_lib.Config(agents=str(profile))
+    org, cfg = load_organisation(str(profile)), config_lib.Config(agents=str(profile))
     assert org.learners == ("boss", "solver")
     with Grader() as grader:
         rollout = play_episodes(ScriptedOrchestratorWithCalculator(tokenizer).generate, tokenizer, org,
@@ -264,7 +265,7 @@ def test_gae_over_caller_calculator_answerer_is_the_two_agent_chain_and_charges_
     problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 361 + 25 * 12?", "660", "", "")]
     values = torch.tensor([0.3, 0.5, 0.6, 0.2]).unsqueeze(-1)  # samples: caller ep0, caller ep1, answerer ep0, answerer ep1
     for cost, expected in ((0.0, [0.5, -0.4, 0.4, -0.2]), (0.1, [0.45, -0.45, 0.3, -0.3])):
-        cfg = run_lib.Config(agents=str(profile), credit="last", lam=0.5, tool_call_cost=cost)
+        cfg = config_lib.Config(agents=str(profile), credit="last", lam=0.5, tool_call_cost=cost)
         team = ScriptedCallerAndAnswerer(tokenizer)
         with Grader() as grader:
             rollout = play_episodes(team.generate, tokenizer, org, problems, grader, Sampling(1.0, 1.0, 16), cfg)
@@ -323,18 +324,18 @@ def test_the_python_runner_never_hangs_and_needs_a_block():
 
 def test_the_word_tasks_hold_out_operands_and_templates_and_take_no_data_option():
     import tasks
-    cfg = run_lib.parse_args(["--task", "word"])
+    cfg = config_lib.parse_args(["--task", "word"])
     assert cfg.agents == "calculator_team"
     train, held_out = tasks.task_problems(tasks.task_of(cfg), cfg)
     assert {p.level for p in train} == {"boxes", "floors", "stamps", "tickets", "stamps_packs", "stamps_given", "stamps_spelled"}
     assert {p.level for p in held_out} == {"boxes", "rows", "floors", "stamps", "tickets", "crates"}
     assert not {p.problem for p in train} & {p.problem for p in held_out}
-    mixed = run_lib.parse_args(["--task", "word_mixed"])
+    mixed = config_lib.parse_args(["--task", "word_mixed"])
     assert mixed.agents == "orchestrated_calculator"
     train, held_out = tasks.task_problems(tasks.task_of(mixed), mixed)
     assert [tasks.problem_kind(p.level).startswith("small") for p in held_out[:4]] == [False, True, False, True]
     with pytest.raises(SystemExit, match="reads no --data"):
-        tasks.task_problems(tasks.task_of(cfg), run_lib.parse_args(["--task", "word", "--data", "code"]))
+        tasks.task_problems(tasks.task_of(cfg), config_lib.parse_args(["--task", "word", "--data", "code"]))
 
 
 def test_word_metrics_by_kind_worked_by_hand():
@@ -360,15 +361,15 @@ def test_the_calculator_organisations():
 
 
 def test_the_word_tasks_own_defaults_yield_to_the_command_line_and_to_a_config_file(tmp_path):
-    cfg = run_lib.parse_args(["--task", "word"])
+    cfg = config_lib.parse_args(["--task", "word"])
     assert (cfg.temperature, cfg.max_new_tokens, cfg.eval_problems) == (0.7, 32, 48)
     assert cfg.chosen["temperature"] == "0.7: the word task's default"
-    given = run_lib.parse_args(["--task", "word", "--temperature", "1.0"])
+    given = config_lib.parse_args(["--task", "word", "--temperature", "1.0"])
     assert given.temperature == 1.0 and "temperature" not in given.chosen
     saved = tmp_path / "config.json"
     saved.write_text(json.dumps({"task": "word", "agents": "calculator_team", "temperature": 0.9, "max_new_tokens": 32,
                                  "eval_problems": 20}))
-    from_file = run_lib.parse_args(["--config", str(saved)])
+    from_file = config_lib.parse_args(["--config", str(saved)])
     assert (from_file.temperature, from_file.eval_problems) == (0.9, 20) and from_file.chosen == {}
 
 
@@ -394,7 +395,7 @@ def test_the_example_python_team_runs_its_programs_in_the_sandbox(tiny_model_dir
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     profile = Path(__file__).resolve().parents[1] / "examples" / "python_team.json"
-    cfg = run_lib.parse_args(["--task", "word", "--agents", str(profile)])
+    cfg = config_lib.parse_args(["--task", "word", "--agents", str(profile)])
     org = load_organisation(cfg.agents)
     assert org.learners == ("programmer", "answerer")
     problems = [Problem("What is 964 * 59?", "56876", "", ""), Problem("What is 7 // 0?", "0", "", "")]

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import agents
+import config
 import generation
 import marft
-import run
 from conftest import save_tiny_llama
 from flex_pomdp import load_organisation, unrolled_messages
 
@@ -124,7 +124,7 @@ def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path
     argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
             "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
             "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
-    summary = marft.train(run.parse_args(argv))
+    summary = marft.train(config.parse_args(argv))
     run_dir = tmp_path / "run"
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["iteration"] for l in lines] == [0, 1]
@@ -132,7 +132,7 @@ def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path
     assert lines[-1]["charts/calls_per_episode"] > 0 and "eval/orchestration_errors" in lines[-1]  # an executor acted
     assert summary["final_iteration"] == 1
 
-    resumed = run.parse_args(["--resume", str(run_dir), "--backend", "hf", "--iterations", "2"])
+    resumed = config.parse_args(["--resume", str(run_dir), "--backend", "hf", "--iterations", "2"])
     assert resumed.backend == "hf" and resumed.agents == "orchestrated"
     summary = marft.train(resumed)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
