@@ -315,6 +315,34 @@ def run_job(model: str, backend: str, ranks: int, task: str, args: argparse.Name
     return out
 
 
+def print_decoding(probes: list[dict]) -> None:
+    """One line per model and decoding path: its milliseconds a step against its memory-bandwidth floor."""
+    for probe in probes:
+        for path, step in probe.get("paths", {}).items():
+            print(f"gpu_check: decoding {probe['model']} {path}, {probe['rows']} rows: {step.get('step_ms')} ms a step; "
+                  f"floor {step.get('floor_ms')} ms ({step.get('weight_bytes', 0) / 1e9:.2f} GB weights + "
+                  f"{step.get('kv_bytes_mean', 0) / 1e9:.3f} GB cache at "
+                  f"{(probe['bandwidth_bytes_per_s'] or 0) / 1e12:.2f} TB/s): {step.get('times_floor')}× the floor", flush=True)
+        if "paths" not in probe:
+            print(f"gpu_check: decoding {probe['model']} FAILED (exit {probe.get('returncode')})", flush=True)
+
+
+def job_plan(args, report: dict) -> list[tuple]:
+    """The runs, each (model, backend, ranks, task, extra options): the corrected vLLM run first (never
+    run on a GPU), then every model on every backend, both GPUs when there are two, then --tasks."""
+    backends = ["hf"] + (["vllm"] if report["versions"]["vllm"] and not report["versions"]["vllm"].startswith("does not") else [])
+    first = args.models.split(",")[0]
+    corrected = tuple(shlex.split(args.corrected_run))
+    plan = [(first, "vllm", 1, "math", corrected)] if corrected and "vllm" in backends else []
+    if corrected and "vllm" not in backends:
+        print("gpu_check: no corrected run: vLLM is not installed, and the hf backend samples from the training model "
+              "itself (μ = π_old)", flush=True)
+    plan += [(model, backend, 1, "math", ()) for model in args.models.split(",") for backend in backends]
+    if report["device"]["count"] >= 2:
+        plan.append((first, "hf", report["device"]["count"], "math", ()))
+    return plan + [(first, "hf", 1, task, ()) for task in filter(None, args.tasks.split(","))]
+
+
 def main() -> None:
     args = parse_args()
     if args.decoding_probe:  # the child process of one model's probe: its result as the last line
@@ -344,27 +372,9 @@ def main() -> None:
     if not args.skip_decoding:
         report["decoding"] = run_decoding_probes(args)
         write()
-        for probe in report["decoding"]:
-            for path, step in probe.get("paths", {}).items():
-                print(f"gpu_check: decoding {probe['model']} {path}, {probe['rows']} rows: {step.get('step_ms')} ms a step; "
-                      f"floor {step.get('floor_ms')} ms ({step.get('weight_bytes', 0) / 1e9:.2f} GB weights + "
-                      f"{step.get('kv_bytes_mean', 0) / 1e9:.3f} GB cache at "
-                      f"{(probe['bandwidth_bytes_per_s'] or 0) / 1e12:.2f} TB/s): {step.get('times_floor')}× the floor", flush=True)
-            if "paths" not in probe:
-                print(f"gpu_check: decoding {probe['model']} FAILED (exit {probe.get('returncode')})", flush=True)
-    backends = ["hf"] + (["vllm"] if report["versions"]["vllm"] and not report["versions"]["vllm"].startswith("does not") else [])
-    first = args.models.split(",")[0]
-    corrected = tuple(shlex.split(args.corrected_run))
-    plan = [(first, "vllm", 1, "math", corrected)] if corrected and "vllm" in backends else []  # never run on a GPU: first
-    if corrected and "vllm" not in backends:
-        print("gpu_check: no corrected run: vLLM is not installed, and the hf backend samples from the training model "
-              "itself (μ = π_old)", flush=True)
-    plan += [(model, backend, 1, "math", ()) for model in args.models.split(",") for backend in backends]
-    if report["device"]["count"] >= 2:
-        plan.append((first, "hf", report["device"]["count"], "math", ()))
-    plan += [(first, "hf", 1, task, ()) for task in filter(None, args.tasks.split(","))]
+        print_decoding(report["decoding"])
     with tempfile.TemporaryDirectory(prefix="marft-gpu-check-") as folder:
-        for model, backend, ranks, task, extra in plan:
+        for model, backend, ranks, task, extra in job_plan(args, report):
             result = run_job(model, backend, ranks, task, args, Path(folder), extra)
             report["runs"].append(result)
             write()
