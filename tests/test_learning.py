@@ -14,8 +14,6 @@ import marft
 
 @pytest.mark.slow
 def test_a_shortened_default_run_raises_the_held_out_greedy_accuracy(tmp_path):
-    # In this process the CPU has no bf16 instructions (conftest), so the rollout takes the adapter
-    # path on every machine; the bf16 copy's learning is compared in docs/speed-and-memory.md.
     cfg = config.parse_args(["--iterations", "2", "--batch_size", "16", "--eval_problems", "12", "--eval_samples", "1",
                           "--output_dir", str(tmp_path), "--run_name", "short", "--threads", "1"])
     defaults = config.Config()

@@ -469,7 +469,7 @@ def test_the_orchestrator_learns_whom_to_call(tmp_path):
     the share of sampled training episodes whose orchestrator calls alice, measured on iteration 1's
     rollout (before any update) and on iteration 2's (after one update of every agent), must rise
     by at least 0.3. Calibrated on 2 threads: 0.375 → 1.0 (bob 0.31 → 0, errors 0.31 → 0); on one
-thread (the suite runs two test files at once on 2 cores) alice's share goes 0.375 → 1.0 too."""
+    thread (the suite runs two test files at once on 2 cores) alice's share goes 0.375 → 1.0 too."""
     profile = tmp_path / "whom_to_call.json"
     profile.write_text(json.dumps(WHOM_TO_CALL))
     cfg = config_lib.parse_args(["--agents", str(profile), "--arithmetic_levels", "1", "--advantage", "group",
