@@ -222,7 +222,7 @@ def run_program(job, settings, folder, output):
 def guard_for(folder, limits):
     # The Python guard of the program's process: clear errors for an honest program that reaches for a
     # process, a socket, C or a file outside its folder. A convenience: the kernel and the judge decide,
-    # and nothing of value is in this process. What it calls is bound here, before the program runs.
+    # and nothing of value is in this process. Most of what it calls is bound here, before the program runs.
     _realpath, _fsdecode, _sep, _isabs, _str, _bytes = os.path.realpath, os.fsdecode, os.sep, os.path.isabs, str, bytes
     _isinstance, _len, _int, _PermissionError, _as_str, _join = isinstance, len, int, PermissionError, str.__str__, bytes.join
     _PathTypes = (str, bytes, os.PathLike)

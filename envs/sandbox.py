@@ -197,7 +197,7 @@ def syscall_filter() -> str:
 # The namespace modes' setup, run by `sh` as (namespace-)root in fresh namespaces: a new root on a small
 # tmpfs with /usr (and /bin, /lib links) and the interpreter read-only, installed packages hidden, tmpfs
 # for /sandbox, /tmp, /dev/shm, four devices; `pivot_root`, the old root detached (no host file
-# reachable), the new root read-only; then `exec` the runner as PID 1. Arguments: disk MiB, files per
+# reachable beyond the read-only folders named), the new root read-only; then `exec` the runner as PID 1. Arguments: disk MiB, files per
 # tmpfs, the read-only folders, "--", the hidden folders, "--", the command.
 NAMESPACE_SETUP = r"""set -eu
 disk=$1; files=$2; shift 2
