@@ -413,6 +413,12 @@ class PolicyLogProbs(NamedTuple):
     token_mask: torch.Tensor  # 1 on real tokens
 
 
+def response_mask(response_ids: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """[n, K] float, K the longest response: 1 on each response's tokens, 0 on the padding after them."""
+    lengths = torch.tensor([len(r) for r in response_ids], device=device)
+    return (torch.arange(int(lengths.max()), device=device).unsqueeze(0) < lengths.unsqueeze(1)).float()
+
+
 def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], adapter: str | None,
                     pad_id: int, level: str, normalisation: str, temperature: float, share_prefix: bool = True,
                     prefix: SharedPrefix | None = None) -> PolicyLogProbs:
@@ -423,8 +429,7 @@ def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
         logits = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix,
                                    prefix)[:, :longest]  # [n, K, V]
         device = logits.device
-        lengths = torch.tensor([len(r) for r in response_ids], device=device)
-        token_mask = (torch.arange(longest, device=device).unsqueeze(0) < lengths.unsqueeze(1)).float()  # [n, K]
+        token_mask = response_mask(response_ids, device)  # [n, K]
         # an op over [n, K, V] costs as much as a layer's product: none that changes no number (z / 1 is z)
         scaled = logits.float() / temperature if temperature > 0 and temperature != 1 else logits.float()  # z / T
         log_probs = torch.log_softmax(scaled, dim=-1)  # [n, K, V]

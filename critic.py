@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from peft import PeftModel
 
-from agents import SharedPrefix, active_adapter, adapter_parameters, forward_responses
+from agents import SharedPrefix, active_adapter, adapter_parameters, forward_responses, response_mask
 
 SHARED_CRITIC = "critic"
 
@@ -65,9 +65,7 @@ def token_values(model: PeftModel, value_heads: torch.nn.ModuleDict, adapter: st
         longest = max(len(r) for r in response_ids)
         gathered = forward_responses(model, prompt_ids, response_ids, pad_id, "hidden", share_prefix,
                                      prefix)[:, :longest]  # [n, L, H]
-    device = gathered.device
-    lengths = torch.tensor([len(r) for r in response_ids], device=device)
-    mask = (torch.arange(longest, device=device).unsqueeze(0) < lengths.unsqueeze(1)).float()  # [n, L]
+    mask = response_mask(response_ids, gathered.device)  # [n, L]
     return (value_heads[adapter](gathered.float()).squeeze(-1) * mask).cpu()  # the head in float32
 
 
