@@ -54,7 +54,9 @@ Deviations from the paper and choices it leaves open (each a named option of con
 - `shared_adapter`: every role moves one θ, so one joint PPO update over all samples (M = 1).
 - `lr_schedule` cosine decays the rates to `lr_final_ratio` over `lr_decay_iterations` (ppo.scheduled_lr).
 - The math task's single agent learns without a critic by default (tasks.MATH.organisation_options).
-- No entropy bonus, no KL penalty to a reference policy.
+- No entropy bonus, no KL penalty to a reference policy. GAE advantages are normalised per agent
+  over its real samples only (ppo.normalize_advantages); `target_kl` ends an agent's epochs at the
+  first minibatch whose approximate KL to π_old exceeds it, before that minibatch's step.
 - A step whose loss or gradient is not finite is skipped; MAX_NONFINITE_STEPS of them in one
   update stop the run before its checkpoint.
 - `backend vllm`: the adapters are re-registered under fresh lora_int_ids after each update; the

@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict:
                                            text=True).stdout.strip()}
     out.mkdir(parents=True, exist_ok=True)
     if args.ceiling_only:
-        run_lib.set_up_process(cfg)  # threads, the allocator's and oneDNN's settings: the pass's time depends on them
+        run_lib.set_up_process(cfg)  # threads and freed memory handed back: the pass's time depends on them
         org, model, tokenizer, _, _ = run_lib.build(cfg)
         rates = [model_gemm_rate(model, args.gemm_repeats)]
         ceiling = pass_ceiling(model, first_policy_adapter(org, cfg), tokenizer.pad_token_id, args.ceiling_repeats)
