@@ -43,7 +43,7 @@ def engine_and_model(tmp_path_factory):
     stop_ids = generation.stop_token_ids(tokenizer.eos_token_id, base.generation_config.eos_token_id)
     engine = generation.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0, max_model_len=256,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
-                                  enforce_eager=True, sync_root=shared_folder, threads=2,
+                                  enforce_eager=True, sync_root=shared_folder, threads=1,
                                   max_num_batched_tokens=256)  # a small step budget: several engine steps per call
     engine.sync(model)
     yield engine, model, tokenizer
@@ -123,7 +123,7 @@ def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path
     # model's never does): the orchestrator's and the executors' adapters all go through the engine.
     argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
             "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
-            "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "2"]
+            "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "1"]
     summary = marft.train(config.parse_args(argv))
     run_dir = tmp_path / "run"
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -160,7 +160,7 @@ def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(
 def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backend(tmp_path):
     import evaluate
 
-    common = ["--limit", "2", "--samples", "1", "--transcripts", "0", "--threads", "2", "--max_new_tokens", "16"]
+    common = ["--limit", "2", "--samples", "1", "--transcripts", "0", "--threads", "1", "--max_new_tokens", "16"]
     hf = evaluate.main(common + ["--out", str(tmp_path / "hf.json")])
     vllm = evaluate.main(common + ["--backend", "vllm", "--out", str(tmp_path / "vllm.json")])
     assert vllm["evaluated"]["backend"] == "vllm" and json.loads((tmp_path / "vllm.json").read_text())["metrics"]
