@@ -254,11 +254,10 @@ def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float
         G^i_{b,t} = r^i_{b,t} + Σ_{t' > t} γ^(t'−t) R_{b,t'} = r^i_{b,t} + γ · F_{b,t+1},
         F_{b,t} = R_{b,t} + γ · F_{b,t+1},  F_{b,T} = 0                   (the team's return from step t)
 
-    The credit option decides how much of R_t is the doing of each action of step t; what follows
-    belongs to the team. An action is thus judged by what follows it for the team, not by whether
-    agent i acts again later (with an orchestrator, a step-0 action gets the same return whether or
-    not the planner is called again). This equals the sum of agent i's own discounted rewards with
-    H = 1, or when agent i acts and is paid R at every later step (credit `shared`, a fixed D).
+    Credit assignment splits R_t among the actions of step t; what follows belongs to the team, so an
+    action is judged by what follows it, not by whether agent i acts again (an orchestrator's step-0
+    action gets one return whether or not the planner is called again). With H = 1, or credit
+    `shared` and a fixed D, this is the sum of agent i's own discounted rewards.
     """
     B, T, N = rewards.shape
     returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]
