@@ -22,11 +22,9 @@ The training model recomputes π_old here whatever backend sampled (generation.p
 prompt ids (`tokenize_prompts`), under the sampling temperature (logits / T) and from float32 logits
 whatever --base_dtype (`float32_head`): the distribution the actions were drawn from.
 
-Prefix sharing (`forward_responses`, generation.generate; --prefix_sharing): the prefix every prompt
-of a batch shares (an agent's instructions and worked example) is run once ([1, P] tokens) and its
-keys/values repeated over the rows, which run only their own tokens. Causal attention makes them
-independent of what follows: the plain pass's numbers up to float rounding (tests/test_prefix_sharing.py),
-and the gradient reaches the LoRA weights through the prefix.
+Prefix sharing (`forward_responses`, generation.generate; --prefix_sharing): the prefix every prompt of a
+batch shares (an agent's instructions and worked example) is run once and its keys/values repeated over the
+rows, which run only their own tokens: under causal attention, the plain pass's numbers up to rounding.
 """
 from __future__ import annotations
 
@@ -392,7 +390,6 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     attention_mask = torch.tensor([[1] * (shared + len(row)) + [0] * (width - len(row)) for row in rows])  # [n, P + W]
     prompt_lengths = torch.tensor([len(p) - shared for p in prompt_ids])
     longest = max(1, max(len(r) for r in response_ids))
-
     # the column of each row's own tokens that predicts response token k: its last prompt token + k
     positions = (prompt_lengths - 1).unsqueeze(1) + torch.arange(longest)
     positions = positions.clamp(max=input_ids.shape[1] - 1).to(device)  # [n, L]

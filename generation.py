@@ -12,11 +12,10 @@ token ids and each sampled token's log-prob under logits / T), `sync(model)` and
 Both stop at every end-of-turn id the model declares (`stop_token_ids`). The PPO old log-probs are
 never taken from here (the training model recomputes them); a backend that is not the training
 model (`exact` False) has its log-probs μ weigh each decision (marft.rollout_correction), and after
-each sync `check_sampler_is_current` makes sure it serves the updated adapters.
+each sync ppo.check_sampler_is_current makes sure it serves the updated adapters.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -29,10 +28,8 @@ from tqdm import tqdm
 from transformers import DynamicCache, TopPLogitsWarper
 
 import config
-import distributed
-import ppo
-from agents import (RANDOM_MODEL, SHARED_ADAPTER, active_adapter, adapter_parameters, backbone, model_source,
-                    prefix_cache, shared_prefix_length)
+from agents import (RANDOM_MODEL, active_adapter, backbone, float32_head, model_source, prefix_cache,
+                    shared_prefix_length)
 
 
 @dataclass(frozen=True)
@@ -85,8 +82,6 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: 
     and records the token's log-prob under that distribution, the logits in float32 as training's.
     A row that drew a stop id is fed the pad id from then on; positions count no padding. Returns
     (tokens [n, steps], log-probs [n, steps]); the caller cuts each row after its first stop id."""
-    from agents import float32_head  # the log-probs' float32 head, shared with training's passes
-
     n, width = input_ids.shape
     device = input_ids.device
     done = cache.get_seq_length()  # positions already in the cache: the shared prefix
@@ -196,7 +191,7 @@ def describe_sampler(cfg) -> str:
     """The sampler a config.Config names, in words (messages, config.json)."""
     if cfg.backend == "vllm":
         return f"vLLM engine ({config.vllm_dtype(cfg)} weights)"
-    return "hf backend (the training model itself)"
+    return HFGenerator.description
 
 
 GENERATION_BATCH_SIZE = 64  # prompts per hf `generate` call (32 lowers an orchestrated evaluation's peak, same time)
@@ -229,13 +224,8 @@ def cpu_binding(threads: int) -> str:
 
 class VLLMGenerator:
     """The vLLM backend: one engine in the training process, serving every agent's adapter through
-    its own `LoRARequest` (adapter None: the base model).
-
-    `sync(model)` saves the policy adapters into a private folder inside `sync_root` and makes new
-    requests with fresh `lora_int_id`s: vLLM keeps loaded adapters by id, so a reused id would keep
-    serving the weights from before the update. `close()` deletes the private folder. Under
-    torchrun (`external_launcher`) every rank builds its own independent engine inside its process,
-    joining the trainer's process group (data parallel: each rank generates its own episodes).
+    its own `LoRARequest` (adapter None: the base model). Under torchrun (`external_launcher`) every
+    rank builds its own engine, joining the trainer's process group (each rank generates its own episodes).
     """
 
     exact = False  # another implementation of π (its own kernels, maybe bf16): the rollout is corrected
@@ -278,9 +268,9 @@ class VLLMGenerator:
         self.requests: dict = {}
 
     def sync(self, model: PeftModel) -> None:
-        """Publish the current adapter weights to the engine (call after every update)."""
+        """Publish the current adapter weights (call after every update) from a private folder in `sync_root`, under
+        fresh `lora_int_id`s: vLLM keeps loaded adapters by id, so a reused id would serve the old weights."""
         from vllm.lora.request import LoRARequest
-
         self.version += 1
         folder = self.sync_root / f"v{self.version:06d}"
         model.save_pretrained(folder, selected_adapters=self.adapter_names)  # one sub-folder per adapter
@@ -298,7 +288,6 @@ class VLLMGenerator:
     def generate(self, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling) -> Actions:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-
         if adapter is not None and adapter not in self.requests:
             raise RuntimeError(f"adapter {adapter!r} was never synced to vLLM; call sync(model) first")
         # One seed per request, drawn from torch's generator: the per-iteration reseeding of the
@@ -318,82 +307,3 @@ class VLLMGenerator:
             out.token_ids.append(tokens[:keep])
             out.logprobs.append([step[token].logprob for step, token in zip(completion.logprobs[:keep], tokens)])
         return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The stale-sampler check: after a sync, μ must serve every updated adapter
-# ---------------------------------------------------------------------------------------------
-
-STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
-STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
-
-
-def adapter_label(adapter: str) -> str:
-    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
-    return "shared" if adapter == SHARED_ADAPTER else adapter.removeprefix("policy_")
-
-
-def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
-    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
-    missed the next sync would still serve."""
-    return {adapter: [p.detach().clone() for p in adapter_parameters(model, adapter)]
-            for adapter in optimisers if adapter.startswith("policy")}
-
-
-def adapters_that_moved(model, snapshot: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
-    """The entries of an `adapter_snapshot` whose adapter's weights have changed since."""
-    return {adapter: weights for adapter, weights in snapshot.items()
-            if any(not torch.equal(p, w) for p, w in zip(adapter_parameters(model, adapter), weights))}
-
-
-@contextlib.contextmanager
-def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
-    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
-    params = adapter_parameters(model, adapter)
-    current = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p, w in zip(params, weights):
-            p.copy_(w)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, w in zip(params, current):
-                p.copy_(w)
-
-
-@torch.no_grad()
-def check_sampler_is_current(model, previous: dict[str, list[torch.Tensor]], samples: dict[str, list[int]],
-                             token_logprobs, sampler_logprob: torch.Tensor, token_mask: torch.Tensor, iteration: int,
-                             sampler: str) -> dict:
-    """After a sync, the sampler μ must serve each updated agent's new adapter. On up to
-    STALE_CHECK_SAMPLES of the agent's `samples` (this rank's), `token_logprobs(samples, adapter)`
-    [n, K'] under the adapter now (π_new) and as `previous` held it (π_prev), batched alike so that
-    their rounding cancels, give per sample the update U = Σ_k log π_prev − log π_new and μ's error
-    X = Σ_k log μ − log π_new (`sampler_logprob` [S, K]); ppo.stale_share's slope β of X on U is ≈ 1
-    for a sampler that kept the old adapter, ≈ 0 for a current one. β > 0.5 + 3 errors (error below
-    STALE_CHECK_POWER) on any rank stops the run. Logs rollout/stale_share/<agent>, the largest over
-    ranks."""
-    stats = {}
-    for adapter, weights in previous.items():
-        label, chosen, mine = adapter_label(adapter), samples[adapter][:STALE_CHECK_SAMPLES], None
-        if chosen:
-            chosen = torch.tensor(chosen)
-            now = token_logprobs(chosen, adapter)  # [n, K']
-            with adapter_weights(model, adapter, weights):
-                before = token_logprobs(chosen, adapter)
-            width = now.shape[1]
-            mine = ppo.stale_share(sampler_logprob[chosen, :width], now, before, token_mask[chosen, :width])
-        found = [x for x in (distributed.all_gather_objects(mine) if distributed.world_size() > 1 else [mine])
-                 if x is not None]
-        if not found:
-            continue
-        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
-        stats[f"rollout/stale_share/{label}"] = beta
-        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
-            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
-                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
-                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
-                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
-                             "(generation.py) did not reach it.")
-    return stats

@@ -85,7 +85,6 @@ from tqdm import tqdm
 import agents as agents_lib
 import critic as critic_lib
 import distributed
-import generation
 import ppo
 from config import Config, frozen_roles, parse_args, role_temperatures
 from envs import Grader
@@ -132,10 +131,10 @@ def train(cfg: Config) -> dict:
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates.
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
-            previous = {} if backend.exact else generation.adapter_snapshot(model, optimisers)  # checked after sync
+            previous = {} if backend.exact else ppo.adapter_snapshot(model, optimisers)  # checked after sync
             with timer("policy_update"):
                 metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, rng)
-            previous = generation.adapters_that_moved(model, previous)
+            previous = ppo.adapters_that_moved(model, previous)
             # 5. Critic: clipped value loss toward the GAE returns.
             if cfg.advantage == "gae":
                 with timer("critic_update"):
@@ -241,7 +240,7 @@ def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cf
 
 def check_sampler(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
                   previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int, sampler: str) -> dict:
-    """generation.check_sampler_is_current on the samples of each updated agent that this rank drew
+    """ppo.check_sampler_is_current on the samples of each updated agent that this rank drew
     (rank r played episodes r, r + G, …): the sampler μ serves the adapters of the last update."""
     tokens, _ = ppo.sampler_logprobs(rollout.generation_logprobs, old.token_mask, cfg.decision_unit, cfg.action_logprob)
     ranks, rank = distributed.world_size(), distributed.rank()
@@ -249,8 +248,8 @@ def check_sampler(model, pad: int, org: Organisation, rollout: Rollout, old: Old
                          if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter
                          and rollout.episode[s] % ranks == rank] for adapter in previous}
     token_logprobs = lambda batch, adapter: decision_logprobs(model, pad, rollout, batch, adapter, cfg).token_logprob
-    return generation.check_sampler_is_current(model, previous, samples, token_logprobs, tokens, old.token_mask,
-                                               iteration, sampler)
+    return ppo.check_sampler_is_current(model, previous, samples, token_logprobs, tokens, old.token_mask,
+                                        iteration, sampler)
 
 
 # ---------------------------------------------------------------------------------------------

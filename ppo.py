@@ -1,8 +1,8 @@
 """Multi-agent PPO math: credit assignment, advantages, losses, and the agent-by-agent schedule.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (action-level and token-level
-advantages, trust-region agent-by-agent update); README: "Paper ↔ code". Pure tensor math: this module
-imports nothing of ours, so every function can be checked against a hand-worked table.
+advantages, trust-region agent-by-agent update); README: "Paper ↔ code". Pure tensor math, each function
+checked against a hand-worked table, but for the stale-sampler check, which reads adapters and ranks.
 
 Symbols and shapes
 
@@ -47,11 +47,11 @@ recomputed with its new weights), so agent i_{m+1} optimises M · Â.
 Rollout correction (not in the paper): when the rollout's sampler μ is not the training model
 (vLLM), every decision's surrogate term is weighted by w = min(π_old / μ, C) (truncated importance
 sampling, `rollout_correction_weights`; the masked mode drops the decisions with π_old / μ > C
-instead; C = ROLLOUT_CORRECTION_CAP); M stays π_new / π_old.
+instead; C = ROLLOUT_CORRECTION_CAP); M stays π_new / π_old. After each sync,
+`check_sampler_is_current` stops a run whose μ still serves an adapter from before the update.
 
-Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): Â^i_t = (G^i_t − mean)
-/ (std + ε) of agent i's return G^i_t (`group_returns`) over the episodes of its problem in which it
-acted at step t, given to every token of the action; the update is unchanged.
+Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): each action's return
+against those of its problem's group; the update is unchanged.
 
 Choices the paper leaves open (marft.py's docstring lists every deviation): GAE advantages are
 normalised per agent over its real samples only (explicit masks: an exact zero advantage is data,
@@ -59,9 +59,13 @@ never padding); the approximate-KL early stop is checked before the step that wo
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
+
+import distributed
+from agents import SHARED_ADAPTER, adapter_parameters
 
 CREDIT_OPTIONS = ("last", "equal", "shared")
 ADVANTAGE_OPTIONS = ("gae", "group")
@@ -250,11 +254,10 @@ def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float
         G^i_{b,t} = r^i_{b,t} + Σ_{t' > t} γ^(t'−t) R_{b,t'} = r^i_{b,t} + γ · F_{b,t+1},
         F_{b,t} = R_{b,t} + γ · F_{b,t+1},  F_{b,T} = 0                   (the team's return from step t)
 
-    The credit option decides how much of R_t is the doing of each action of step t; what follows
-    belongs to the team. An action is thus judged by what follows it for the team, not by whether
-    agent i acts again later (with an orchestrator, a step-0 action gets the same return whether or
-    not the planner is called again). This equals the sum of agent i's own discounted rewards with
-    H = 1, or when agent i acts and is paid R at every later step (credit `shared`, a fixed D).
+    Credit assignment splits R_t among the actions of step t; what follows belongs to the team, so an
+    action is judged by what follows it, not by whether agent i acts again (an orchestrator's step-0
+    action gets one return whether or not the planner is called again). With H = 1, or credit
+    `shared` and a fixed D, this is the sum of agent i's own discounted rewards.
     """
     B, T, N = rewards.shape
     returns = torch.zeros_like(rewards)  # G^i_{b,t}, [B, T, N]
@@ -381,6 +384,22 @@ def clipped_surrogate_loss(
     return loss, {"clip_fraction": clip_fraction, "approx_kl": kl}
 
 
+def clipped_value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None,
+) -> torch.Tensor:
+    """½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]; clip_eps None: plain ½ E[(V − R)²]."""
+    unclipped = (new_values - returns) ** 2
+    if clip_eps is None:
+        return 0.5 * masked_mean(unclipped, mask)
+    clipped_values = old_values + torch.clamp(new_values - old_values, -clip_eps, clip_eps)
+    clipped = (clipped_values - returns) ** 2
+    return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Rollout correction: samples drawn by a sampler μ that is not the training model's π_old
 # ---------------------------------------------------------------------------------------------
@@ -458,20 +477,76 @@ def stale_share(sampler_logprob: torch.Tensor, new_logprob: torch.Tensor, previo
     return beta.item(), (residual / moved).sqrt().item()
 
 
-def clipped_value_loss(
-    new_values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None,
-) -> torch.Tensor:
-    """½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]; clip_eps None: plain ½ E[(V − R)²]."""
-    unclipped = (new_values - returns) ** 2
-    if clip_eps is None:
-        return 0.5 * masked_mean(unclipped, mask)
-    clipped_values = old_values + torch.clamp(new_values - old_values, -clip_eps, clip_eps)
-    clipped = (clipped_values - returns) ** 2
-    return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
+STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
+
+
+def adapter_label(adapter: str) -> str:
+    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
+    return "shared" if adapter == SHARED_ADAPTER else adapter.removeprefix("policy_")
+
+
+def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
+    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
+    missed the next sync would still serve."""
+    return {adapter: [p.detach().clone() for p in adapter_parameters(model, adapter)]
+            for adapter in optimisers if adapter.startswith("policy")}
+
+
+def adapters_that_moved(model, snapshot: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+    """The entries of an `adapter_snapshot` whose adapter's weights have changed since."""
+    return {adapter: weights for adapter, weights in snapshot.items()
+            if any(not torch.equal(p, w) for p, w in zip(adapter_parameters(model, adapter), weights))}
+
+
+@contextlib.contextmanager
+def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
+    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
+    params = adapter_parameters(model, adapter)
+    current = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, current):
+                p.copy_(w)
+
+
+@torch.no_grad()
+def check_sampler_is_current(model, previous: dict[str, list[torch.Tensor]], samples: dict[str, list[int]],
+                             token_logprobs, sampler_logprob: torch.Tensor, token_mask: torch.Tensor, iteration: int,
+                             sampler: str) -> dict:
+    """After a sync, the sampler μ must serve each updated agent's new adapter. On up to
+    STALE_CHECK_SAMPLES of the agent's `samples` (this rank's), `token_logprobs(samples, adapter)`
+    [n, K'] under the adapter now (π_new) and as `previous` held it (π_prev), batched alike so that
+    their rounding cancels, and μ's (`sampler_logprob` [S, K]) give `stale_share`'s slope β: ≈ 1 for
+    a sampler that kept the old adapter, ≈ 0 for a current one. β > 0.5 + 3 errors (error below
+    STALE_CHECK_POWER) on any rank stops the run. Logs rollout/stale_share/<agent>, the largest over ranks."""
+    stats = {}
+    for adapter, weights in previous.items():
+        label, chosen, mine = adapter_label(adapter), samples[adapter][:STALE_CHECK_SAMPLES], None
+        if chosen:
+            chosen = torch.tensor(chosen)
+            now = token_logprobs(chosen, adapter)  # [n, K']
+            with adapter_weights(model, adapter, weights):
+                before = token_logprobs(chosen, adapter)
+            width = now.shape[1]
+            mine = stale_share(sampler_logprob[chosen, :width], now, before, token_mask[chosen, :width])
+        found = [x for x in distributed.all_gather_objects(mine) if x is not None]  # every rank's (β, error)
+        if not found:
+            continue
+        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
+        stats[f"rollout/stale_share/{label}"] = beta
+        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
+            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
+                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
+                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
+                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
+                             "(generation.py) did not reach it.")
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------
