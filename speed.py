@@ -1,16 +1,12 @@
 """Speed and memory: the CPU paths behind one switch, and freed memory handed back to the OS.
 
 Not in the paper: nothing here changes what is sampled or learned (the same tokens, bit for bit:
-tests/test_agents.py). The algorithm's own speed work stays with its concept: prefix sharing
-(agents.py), micro-batches (marft.micro_batches).
+tests/test_agents.py). Prefix sharing (agents.py) and micro-batches (marft.py) stay with their concept.
 
-    MARFT_CPU_PATHS=off    the one switch: the CPU path below is off (model(...) is plain
-                           transformers + peft), and scripts/setup_env.sh caps torch's, oneDNN's and
-                           MKL's kernels at AVX2 before torch loads, so a run computes as on a CPU
-                           without AVX-512 or bf16 instructions; config.json records it
+    MARFT_CPU_PATHS=off    the one switch: the CPU path below off, and scripts/setup_env.sh caps torch's,
+                           oneDNN's and MKL's kernels at AVX2 before torch loads; config.json records it
     sdpa_grouped_kv        attention reads grouped key/value heads as they are (no copy per query head)
-    return_freed_memory    malloc_trim after each phase, so the resident memory follows the memory
-                           in use (on every machine)
+    return_freed_memory    malloc_trim after each phase: the resident memory follows the memory in use
 
 docs/speed-and-memory.md has the measurements, and the CPU paths tried and deleted.
 """
@@ -36,8 +32,7 @@ def cpu_paths_on() -> bool:
 
 
 def cpu_paths_record() -> str | None:
-    """config.json's machine/cpu_paths: None with the paths on (the default), else what is off and
-    whether the kernel caps took effect (they must be in the environment before torch loads)."""
+    """config.json's machine/cpu_paths: None with the paths on (the default), else whether the caps took effect."""
     if cpu_paths_on():
         return None
     capped = all(os.environ.get(name) == value for name, value in AVX2_CAPS.items())
@@ -56,10 +51,8 @@ def _glibc():
 
 
 def return_freed_memory() -> None:
-    """Give the free pages of glibc's heap back to the OS (malloc_trim; called at start and after every
-    phase; no-op without glibc), so that the resident memory follows the memory in use. glibc's own
-    mmap threshold is kept: fixing it at 1 MiB saved 2% of the peak and doubled the system time
-    (every large tensor mapped and page-faulted afresh; docs/speed-and-memory.md)."""
+    """Give the free pages of glibc's heap back to the OS (malloc_trim; no-op without glibc). glibc's own mmap
+    threshold is kept: a fixed 1 MiB one doubled the system time (docs/speed-and-memory.md)."""
     if (libc := _glibc()) is not None:
         libc.malloc_trim(0)
 
@@ -69,11 +62,9 @@ def return_freed_memory() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def sdpa_grouped_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention (SmolLM2:
-    9 query heads read 3 key/value heads) hands torch's kernel the key/value heads as they are
-    (`enable_gqa`) instead of a copy per query head: the same numbers without copying the whole cache
-    at every decoding step. Elsewhere (no mask; CUDA, where a mask with grouped heads takes the slow
-    kernel) the library's function unchanged.
+    """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention (SmolLM2: 9
+    query heads read 3 key/value heads) hands torch's kernel the key/value heads as they are (`enable_gqa`),
+    not a copy per query head: the same numbers. Elsewhere (no mask; CUDA) the library's function.
     query [n, heads, q, d], key/value [n, kv_heads, k, d] → ([n, q, heads, d], None)."""
     if attention_mask is None or query.device.type != "cpu" or query.shape[1] == key.shape[1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
