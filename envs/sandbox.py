@@ -41,6 +41,8 @@ from pathlib import Path
 
 PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM = "passed", "failed", "syntax_error", "timeout", "crash", "no_program"
 OUTCOMES = (PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM)
+EVENT_KINDS = ("started", "program", "test", "done", "syntax_error", "sandbox_error")  # the judge's (`parse_event`)
+END_EVENTS = ("done", "syntax_error", "sandbox_error", "program_end")  # after which the judge has nothing more to say
 NAMESPACES, USER_NAMESPACES, GUARD = "namespaces", "user-namespaces", "guard"
 NOBODY = 65534  # uid and gid of `nobody` on Debian and most Linux systems
 DETAIL_CHARS = 300  # a test's detail (the first failure's message), as it may reach an observation
@@ -455,11 +457,6 @@ def read_events(read_end: int, child: subprocess.Popen, deadline: float, num_tes
     return events
 
 
-# Events after which the judge has nothing more to say.
-END_EVENTS = ("done", "syntax_error", "sandbox_error", "program_end")
-EVENT_KINDS = ("started", "program", "test", "done", "syntax_error", "sandbox_error")
-
-
 def parse_event(line: bytes, caps: ResultCaps = ResultCaps()) -> dict | None:
     """One event line `('kind', index, 'result', 'detail', 'output')` → a dict of those five, or
     None (too long, garbled). Never raises."""
@@ -550,12 +547,11 @@ def make_report(events: list[dict], num_tests: int, returncode: int | None, seco
                 details[index] = event["detail"]
         if kind == "done":
             report.output = event["output"][: limits.output_chars]
-    finished = any(e["kind"] == "done" for e in events)
     ordered = [details[k] for k in sorted(details)]
     if any(t == "timeout" for t in tests) or any(e["kind"] == "killed" for e in events):
         report.outcome = TIMEOUT
         ordered.append(f"the program and its tests ran out of time ({limits.seconds_per_program:g} s)")
-    elif not finished:
+    elif not any(e["kind"] == "done" for e in events):
         report.outcome = CRASH  # killed by the OS: out of memory, CPU limit, a signal
         ordered.append(f"the program died (exit status {returncode})")
     else:
