@@ -1,7 +1,6 @@
 """The code environment: one episode of writing a program that must pass a problem's unit tests.
 
-The Flex-POMDP of the math task (envs/math_env.py) with another grader: the team reward comes from the
-graded agents' programs, run against the problem's tests in the sandbox (envs/sandbox.py). Each step:
+The Flex-POMDP of the math task (envs/math_env.py) graded by the sandbox (envs/sandbox.py). Each step:
 
 * every graded role's program is the last fenced python block of its response (`extract_program`),
   run after the problem's `prelude` if it has one; none: outcome "no_program", reward 0;
@@ -61,8 +60,7 @@ def program_feedback(subject: str, report: TestReport | None, tests: tuple[str, 
 
 
 class CodeEnv:
-    """One episode of writing a program for `problem` (whose `tests` are Python statements run by
-    the sandbox's judge, calling the program's functions), graded on the responses of `graded_roles`.
+    """One episode of writing a program for `problem`, graded on the responses of `graded_roles`.
     step(joint_action) -> (observation, reward, done, info), info = {"outcomes", "correct", "step",
     "program_outcomes": {role: passed | failed | syntax_error | timeout | crash | no_program}}."""
 

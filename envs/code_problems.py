@@ -1,6 +1,6 @@
 """Code problems: tasks whose answer is a program, graded by unit tests (envs/code_env.py).
 
-A code task is an `envs.Problem` with `tests`, Python statements run in the program's namespace (`assert f(4) == 7`):
+A code task is an `envs.Problem` with `tests`, Python statements the sandbox's judge runs (`assert f(4) == 7`):
 
 * `make_code_problems(split, seed)` -- the generated offline default ("code"): functions of one
   argument from templates and a constant k (`add_k`, `repeat_k`, …), 4 tests each; a quarter of each
@@ -52,8 +52,7 @@ def _code_problem(template: str, statement: str, reference: str, inputs, k: int)
 
 
 def make_code_problems(split: str, seed: int = 0) -> list[Problem]:
-    """The generated code task's `split` ("train" or "test"): every template's constants are
-    shuffled with `seed` and the last quarter held out; the templates take turns in the list."""
+    """The generated code task's `split` ("train" or "test"); the templates take turns in the list."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     per_template = []

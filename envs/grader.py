@@ -8,17 +8,15 @@ The outcome of one response is one of four strings:
 * "ungraded"    -- not judged (the check timed out or the worker crashed): never cached, and counted.
 
 Only the content of the response's last `\\boxed{}` is graded, against the gold as the data gives it
-(no last-number fallback, README: "Pitfalls avoided"); grading_worker.py parses and verifies the pair.
-Why a worker process: some inputs make sympy run for minutes (the power tower `9^{9^{9^{9}}}` against
-`1`), and math-verify's own time limits use SIGALRM, which works only on the main thread, while a
-trainer may grade from another thread. So parse + verify run in a separate process (started as a
-plain script: it does not re-run the user's main module or import torch), one line per request and
-reply. A late reply gets the worker killed (a new one starts at the next call) and the item "ungraded".
-Results are cached by (gold, predicted answer): RL grades the same pairs again and again.
+(no last-number fallback, README: "Pitfalls avoided"). Why a worker process (grading_worker.py, a plain
+script: no torch, no re-run of the main module): some inputs make sympy run for minutes (`9^{9^{9^{9}}}`
+against `1`), and math-verify's own time limits use SIGALRM, which works only on the main thread. A late
+reply gets the worker killed (a new one starts at the next call) and the item "ungraded". Results are
+cached by (gold, predicted answer): RL grades the same pairs again and again.
 """
-
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import subprocess
@@ -36,14 +34,6 @@ _GOLD_UNPARSEABLE = "gold-unparseable"  # the worker's reply when the *gold* doe
 _WORKER_SCRIPT = Path(__file__).with_name("grading_worker.py")
 _WORKER_STARTUP_SECONDS = 120.0  # importing sympy on a slow, busy machine
 _MAX_CACHE_ENTRIES = 200_000  # the cache is emptied when it grows past this
-
-
-def _forward_lines(stream, lines: queue.Queue) -> None:
-    """Copy each line the worker writes into `lines`; None marks the end (the worker died)."""
-    with stream:
-        for line in stream:
-            lines.put(line.strip())
-    lines.put(None)
 
 
 class Grader:
@@ -121,16 +111,21 @@ class Grader:
         worker = subprocess.Popen([sys.executable, str(_WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, encoding="utf-8")
         replies: queue.Queue = queue.Queue()
-        threading.Thread(target=_forward_lines, args=(worker.stdout, replies), daemon=True).start()
+
+        def forward_lines(stream) -> None:  # each line the worker writes into `replies`; None: it died
+            with stream:
+                for line in stream:
+                    replies.put(line.strip())
+            replies.put(None)
+        threading.Thread(target=forward_lines, args=(worker.stdout,), daemon=True).start()
         self._worker, self._replies = worker, replies
         # Killed even when the Grader is dropped without close(): it may be deep in a computation, not reading input.
         self._kill_at_exit = weakref.finalize(self, worker.kill)
         # Wait until math-verify is imported so that start-up never counts against a check.
-        try:
-            ready = replies.get(timeout=_WORKER_STARTUP_SECONDS) == "ready"
-        except queue.Empty:
-            ready = False
-        if not ready:
+        ready = None
+        with contextlib.suppress(queue.Empty):
+            ready = replies.get(timeout=_WORKER_STARTUP_SECONDS)
+        if ready != "ready":
             self._stop_worker()
             raise RuntimeError("the math-verify grading worker did not start (see its error above); check "
                                "that math-verify is installed: pip install math-verify")
@@ -142,9 +137,7 @@ class Grader:
         self._kill_at_exit.detach()
         self._worker.kill()
         self._worker.wait()
-        try:
+        with contextlib.suppress(OSError):  # unsent bytes to a dead process
             self._worker.stdin.close()
-        except OSError:  # unsent bytes to a dead process
-            pass
-        # Its stdout is closed by the `_forward_lines` thread when it reads the end.
+        # Its stdout is closed by the `forward_lines` thread when it reads the end.
         self._worker, self._replies = None, None

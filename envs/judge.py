@@ -1,19 +1,19 @@
 """The code sandbox's two processes: the judge, and the program's process it forks (envs/sandbox.py
 starts this file as `python -I -S -B -c <this file's text> fd`; it imports nothing of marft).
 
-The judge reads its job from stdin in two parts, (limits, prelude, program), then it forks the
-program's process, then the tests (so never in the program's memory). It limits itself, drops
-privileges if root, runs every test itself and writes one event per line on the pipe `fd`, which only
-it holds: ('kind', index, 'result', 'detail', 'output').
+The judge reads its job on stdin in two parts: (limits, prelude, program), then it forks the program's
+process, then the tests (never in the program's memory). It limits itself, drops privileges if root,
+and runs every test itself, with its own builtins, standard modules and the problem's prelude; a test
+calls the program's functions through proxies (`Judge.call`). Only the judge holds the pipe `fd`: one
+event a line, ('kind', index, 'result', 'detail', 'output').
 
-Between the two processes, one line per message, the repr of a tuple of plain data: ('call', number,
-name, args, kwargs) and ('output', number) from the judge; ('running',) or ('sandbox_error', detail),
-then ('ready', names), ('crash', detail, output) or ('syntax_error', detail), then ('value', number,
-value), ('raised', number, kind, message) and ('output', number, text) from the program. The judge
-rebuilds them with `from_repr`, which evaluates nothing: nothing the program says is believed beyond
-plain values the judge asked for.
+Between the two processes, one line a message, the repr of a tuple of plain data: ('call', number,
+name, args, kwargs), ('output', number) from the judge; ('running',) or ('sandbox_error', detail), then
+('ready', names), ('crash', detail, output) or ('syntax_error', detail), then ('value', number, value),
+('raised', number, kind, message), ('output', number, text) from the program. `from_repr` rebuilds them
+evaluating nothing: nothing the program says is believed beyond plain values the judge asked for.
 """
-import ast, builtins, ctypes, io, json, os, resource, signal, sys
+import ast, builtins, contextlib, ctypes, io, json, os, resource, signal, sys
 
 def from_repr(text, most_nodes):
     # Plain data from its repr, built node by node (never evaluated): None, bool, int, float (inf
@@ -301,7 +301,6 @@ def read_exactly(fd, size):
 
 class Judge:
     """The judge's side: its limits, the program's process it forks, the proxies the tests call."""
-
     def __init__(self, part, results):
         self.part, self.limits, self.results = part, part["limits"], results
         self.program = {"pid": 0, "to": -1, "answers": None, "names": set(), "in_call": 0, "calls": 0}
@@ -336,10 +335,8 @@ class Judge:
                 resource.setrlimit(kind, (value, value))
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit raises OSError instead of killing
             for name in limits["preload"] + [n for n in sys.builtin_module_names if n not in limits["refused_modules"]]:
-                try:
+                with contextlib.suppress(ImportError):
                     __import__(name)
-                except ImportError:
-                    pass
             ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process of its user reads its /proc
         except Exception as err:
             self.leave("sandbox_error", detail=last_line(err))  # no program's process yet
@@ -502,7 +499,7 @@ class Judge:
 
     def start(self):
         # Fork the program, read the tests, and wait for the program's top level; returns the tests
-        # and its first message (ready, crash or syntax_error), or says why not and leaves.
+        # once it is ready (its function names kept), or says why not (crash, syntax_error, …) and leaves.
         signal.setitimer(signal.ITIMER_REAL, self.limits["seconds_per_test"])
         try:
             self.start_program()
@@ -523,10 +520,6 @@ class Judge:
         except Exception as err:
             signal.setitimer(signal.ITIMER_REAL, 0)
             self.leave("sandbox_error", detail=last_line(err))
-        return tests, first
-
-    def take_first(self, first):
-        # The program's top level: its function names when ready, else one event and leave.
         strings = all(type(f) is str for f in first[1:])
         if first[0] == "ready" and len(first) == 2 and type(first[1]) is list:
             self.program["names"] = {n for n in first[1] if type(n) is str}
@@ -537,6 +530,7 @@ class Judge:
         else:
             self.leave("program", result="crash", detail="the program's process answered garbage")
         self.say("program", result="ok")
+        return tests
 
     def run_tests(self, tests):
         for index, test in enumerate(tests):
@@ -552,12 +546,9 @@ class Judge:
             except OutOfTime:
                 self.interrupt_program()
                 self.say("test", index, "timeout", "test " + str(index) + " ran out of time")
-            except AssertionError as err:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                self.say("test", index, "failed", last_line(err))
             except BaseException as err:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                self.say("test", index, "error", last_line(err))
+                self.say("test", index, "failed" if issubclass(type(err), AssertionError) else "error", last_line(err))
 
     def printed(self):
         # What the program printed, asked for last (nothing once its process was ended).
@@ -589,9 +580,7 @@ def main():
     judge.settings = {"filter": bytes.fromhex(judge.limits["filter"]), "guard": judge.limits["python_guard"]}
     signal.signal(signal.SIGALRM, alarm)
     judge.say("started", detail=judge.limits["filter_status"])
-    tests, first = judge.start()
-    judge.take_first(first)
-    judge.run_tests(tests)
+    judge.run_tests(judge.start())
     judge.leave("done", output=judge.printed()[: judge.limits["output_chars"]])
 
 

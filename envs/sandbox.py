@@ -4,18 +4,14 @@ run. A policy under RL pressure finds every unearned reward, so the design assum
 its whole process (any frame, module, syscall the kernel lets through) and keeps the verdict out of
 it (docs/code-tasks.md, "The code sandbox"):
 
-    judge       the run's first process (envs/judge.py). It forks the program's process before it
-                reads the tests, then runs every test itself, with its own builtins, standard modules
-                and the problem's prelude; a test calls the program's functions through proxies whose
-                arguments and answers cross a pipe as plain data, rebuilt without evaluating. Only the
-                judge writes to the trainer.
+    judge       the run's first process (envs/judge.py): it forks the program's process before it
+                reads the tests, runs every test itself, and alone writes to the trainer.
     program     the forked process: only its two pipe ends open; a seccomp filter (`DENIED_SYSCALLS`);
                 no C module loadable once it runs; the Python guard (a convenience); then the prelude,
                 the program's top level, and the calls.
-    isolation   `isolation()`, once per process: "namespaces" (root: `unshare` into own PID, network,
-                mount, IPC and UTS namespaces, a root with /usr and the interpreter read-only and
-                size-capped tmpfs for /sandbox, /tmp, /dev/shm, then `nobody`), "user-namespaces" (not
-                root: the same without capabilities), or "guard" (a fresh host folder as `nobody`).
+    isolation   `isolation()`, once per process: "namespaces" (root: own PID, network, mount, IPC and
+                UTS namespaces, a read-only root (`NAMESPACE_SETUP`), then `nobody`), "user-namespaces"
+                (not root: the same without capabilities), or "guard" (a fresh host folder as `nobody`).
     limits      per process (`Limits`; no cgroup); the program's process can start no other.
     time        the judge's alarm per test; after `seconds_per_program` the trainer kills and reaps the run.
     parsing     the trainer reads only the judge's short events, with caps, under a catch-all.
@@ -27,6 +23,7 @@ process died), "no_program" (no fenced python block; the environment's). Per tes
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,6 +41,8 @@ from pathlib import Path
 
 PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM = "passed", "failed", "syntax_error", "timeout", "crash", "no_program"
 OUTCOMES = (PASSED, FAILED, SYNTAX_ERROR, TIMEOUT, CRASH, NO_PROGRAM)
+EVENT_KINDS = ("started", "program", "test", "done", "syntax_error", "sandbox_error")  # the judge's (`parse_event`)
+END_EVENTS = ("done", "syntax_error", "sandbox_error", "program_end")  # after which the judge has nothing more to say
 NAMESPACES, USER_NAMESPACES, GUARD = "namespaces", "user-namespaces", "guard"
 NOBODY = 65534  # uid and gid of `nobody` on Debian and most Linux systems
 DETAIL_CHARS = 300  # a test's detail (the first failure's message), as it may reach an observation
@@ -194,11 +193,11 @@ def syscall_filter() -> str:
     return "seccomp"
 
 
-# The namespace modes' setup, run by `sh` as (namespace-)root in fresh namespaces: a new root on a small
-# tmpfs with /usr (and /bin, /lib links) and the interpreter read-only, installed packages hidden, tmpfs
-# for /sandbox, /tmp, /dev/shm, four devices; `pivot_root`, the old root detached (no host file
-# reachable beyond the read-only folders named), the new root read-only; then `exec` the runner as PID 1. Arguments: disk MiB, files per
-# tmpfs, the read-only folders, "--", the hidden folders, "--", the command.
+# The namespace modes' setup, run by `sh` as (namespace-)root in fresh namespaces: a new root on a small tmpfs
+# with /usr (and /bin, /lib links) and the interpreter read-only, installed packages hidden, tmpfs for /sandbox,
+# /tmp, /dev/shm, four devices; `pivot_root`, the old root detached (no host file reachable beyond the read-only
+# folders named), the new root read-only; then `exec` the runner as PID 1. Arguments: disk MiB, files per tmpfs,
+# the read-only folders, "--", the hidden folders, "--", the command.
 NAMESPACE_SETUP = r"""set -eu
 disk=$1; files=$2; shift 2
 new=/tmp
@@ -236,8 +235,6 @@ unset OLDPWD PWD
 exec "$@"
 """
 TMPFS_FILES = 2048  # files and folders per tmpfs
-
-
 JUDGE = (Path(__file__).parent / "judge.py").read_text()  # the judge's and the program's process's code
 
 
@@ -288,7 +285,6 @@ def child_environment(folder: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------ which isolation this machine allows
-
 _ISOLATION: str | None = None
 
 
@@ -303,11 +299,7 @@ def isolation() -> str:
                                   + (("setpriv",) if candidate == USER_NAMESPACES else ())):
             reason = "util-linux's unshare, mount, pivot_root or setpriv is missing"
         if not reason:
-            try:
-                works = run_tests("def x():\n    return 1\n", ["assert x() == 1"], Limits(), mode=candidate).outcome == PASSED
-                reason = "" if works else "a one-line program did not pass"
-            except SandboxError as err:
-                reason = str(err)
+            reason = why_it_cannot_run(candidate)
         _ISOLATION = candidate if not reason else GUARD
         if _ISOLATION == GUARD:
             print(f"[sandbox] programs run with the Python guard only, without OS isolation ({candidate}: {reason}). "
@@ -333,11 +325,11 @@ class SandboxError(RuntimeError):
 
 
 # ------------------------------------------------------------ the trainer: start the judge, read its events
-
-def why_it_cannot_run() -> str:
-    """"" when the sandbox runs a one-line program and its test here, else why not (a start-of-run check)."""
+def why_it_cannot_run(mode: str | None = None) -> str:
+    """"" when the sandbox (in `mode`, else `isolation()`'s) runs a one-line program and its test here,
+    else why not (a start-of-run check, and `isolation()`'s test of each mode)."""
     try:
-        works = run_tests("def x():\n    return 1\n", ["assert x() == 1"]).outcome == PASSED
+        works = run_tests("def x():\n    return 1\n", ["assert x() == 1"], mode=mode).outcome == PASSED
     except SandboxError as err:
         return str(err)
     return "" if works else "the code sandbox could not run a one-line program here"
@@ -426,11 +418,10 @@ def run_tests(program: str, tests: list[str], limits: Limits = Limits(), mode: s
             end_run(child, mode)
         if folder is not None:
             remove_folder(folder)
-    before_start = events[: next((k for k, e in enumerate(events) if e["kind"] == "started"), len(events))]
     errors = [e for e in events if e["kind"] == "sandbox_error"]
     if errors:
         raise SandboxError(f"the code sandbox ({mode}) could not start a program here: {errors[0]['detail']}")
-    if before_start == events and not any(e["kind"] == "killed" for e in events):  # the judge never started
+    if not any(e["kind"] in ("started", "killed") for e in events):  # the judge never started
         raise SandboxError(f"the code sandbox ({mode}) could not start a program here "
                            f"(its child exited with status {child.returncode})")
     return make_report(events, len(tests), child.returncode, time.monotonic() - started, limits)
@@ -466,11 +457,6 @@ def read_events(read_end: int, child: subprocess.Popen, deadline: float, num_tes
     return events
 
 
-# Events after which the judge has nothing more to say.
-END_EVENTS = ("done", "syntax_error", "sandbox_error", "program_end")
-EVENT_KINDS = ("started", "program", "test", "done", "syntax_error", "sandbox_error")
-
-
 def parse_event(line: bytes, caps: ResultCaps = ResultCaps()) -> dict | None:
     """One event line `('kind', index, 'result', 'detail', 'output')` → a dict of those five, or
     None (too long, garbled). Never raises."""
@@ -489,6 +475,13 @@ def parse_event(line: bytes, caps: ResultCaps = ResultCaps()) -> dict | None:
     return {"kind": kind, "index": index, "result": result, "detail": detail[:DETAIL_CHARS], "output": output}
 
 
+def pids_in(path: str) -> list[int]:
+    """The pids a /proc `children` file lists, or [] when it cannot be read."""
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        return [int(p) for p in f.read().split()]
+    return []
+
+
 def children_in_group(group: int) -> list[int]:
     """This process's children (of any thread) in process group `group`: what a run leaves to the
     trainer as a child subreaper (or PID 1) when the run's parent died first."""
@@ -498,19 +491,11 @@ def children_in_group(group: int) -> list[int]:
     except OSError:
         return found
     for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids = [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
-            continue
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rpartition(")")[2].split()
+        for pid in pids_in(f"/proc/self/task/{task}/children"):
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
                 if int(fields[2]) == group:  # state, ppid, pgrp
                     found.append(pid)
-            except (OSError, ValueError, IndexError):
-                continue
     return found
 
 
@@ -519,33 +504,20 @@ def end_run(child: subprocess.Popen, mode: str) -> None:
     is killed first and `unshare` reaps it (the kernel then ends the whole namespace); guard mode: the
     run's process group goes (setsid and setpgid are denied, so nothing leaves it). Whatever the
     trainer inherits as a child subreaper is reaped too: no zombie is left."""
-    try:
-        with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
-            inner = [int(pid) for pid in f.read().split()]
-    except (OSError, ValueError):
-        inner = []
-    for pid in inner:
-        try:
+    for pid in pids_in(f"/proc/{child.pid}/task/{child.pid}/children"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     if mode != GUARD:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=2.0)  # unshare reaps the judge and exits with it
-        except subprocess.TimeoutExpired:
-            pass
-    for kill, target in ((os.killpg, child.pid), (os.kill, child.pid)):
-        try:
-            kill(target, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(child.pid, signal.SIGKILL)
     child.wait()
     for pid in children_in_group(child.pid):
-        try:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        except (ChildProcessError, ProcessLookupError, PermissionError):
-            pass
 
 
 def remove_folder(folder: str) -> None:
@@ -575,12 +547,11 @@ def make_report(events: list[dict], num_tests: int, returncode: int | None, seco
                 details[index] = event["detail"]
         if kind == "done":
             report.output = event["output"][: limits.output_chars]
-    finished = any(e["kind"] == "done" for e in events)
     ordered = [details[k] for k in sorted(details)]
     if any(t == "timeout" for t in tests) or any(e["kind"] == "killed" for e in events):
         report.outcome = TIMEOUT
         ordered.append(f"the program and its tests ran out of time ({limits.seconds_per_program:g} s)")
-    elif not finished:
+    elif not any(e["kind"] == "done" for e in events):
         report.outcome = CRASH  # killed by the OS: out of memory, CPU limit, a signal
         ordered.append(f"the program died (exit status {returncode})")
     else:
