@@ -30,18 +30,14 @@ Examples of D:
              is exactly the policy's prompt (`Organisation.reads_every_earlier_action`);
   parallel   D ≡ 0, a Dec-POMDP of independent agents: the critic of solver_b reads solver_a's
              action, which solver_b's policy never sees;
-  dynamic    (the paper lets D change with t) an orchestrator reads the problem and the step's
-             transcript and ends each response with one decision (`parse_decision`): `\\call{role}`
-             (that executor acts next, reading every earlier action of the step) or `\\call{finish}`.
-             A step is a sequence of varying length, orchestrator, executor, …, orchestrator (finish),
-             whose realised D_t is "each action reads all earlier actions of the step". After
-             `max_calls` executor calls the step ends as if finished; a missing, doubled or unknown
-             decision ends it as it stands. The team's answer is the last graded executor's answer.
-             A fixed D is the special case where every step's sequence is σ.
+  dynamic    (the paper lets D change with t) an orchestrator ends each response with one decision
+             (`parse_decision`): `\\call{role}` (that executor acts next) or `\\call{finish}`. A step
+             is a sequence of varying length, orchestrator, executor, …, orchestrator, whose realised D_t
+             is "each action reads all earlier actions of the step"; a fixed D is the case where it is σ.
 
-`load_organisation` reads a built-in organisation or a profile JSON file: {"agents": [{"role",
-"system_prompt", "graded", "examples", "rewards"}, …], "dependencies": [[i, j], …]} lists the pairs
-with D(a^i, a^j) = 1 ("j reads i"; [] is D ≡ 0); a dynamic D gives "orchestrator" and "max_calls"
+`load_organisation` reads a profile JSON file; the built-in organisations are the files organisations/<name>.json.
+A file is {"agents": [{"role", "system_prompt", "graded", "examples", "rewards"}, …], "dependencies": [[i, j], …]},
+the pairs with D(a^i, a^j) = 1 ("j reads i"; [] is D ≡ 0); a dynamic D gives "orchestrator" and "max_calls"
 instead (every rule: docs/organisations.md). This file imports nothing of ours and no torch.
 """
 from __future__ import annotations
@@ -56,7 +52,6 @@ from pathlib import Path
 @dataclass(frozen=True)
 class AgentProfile:
     """One agent i ∈ N: what it is told, and whether the environment grades its answer."""
-
     role: str
     system_prompt: str
     graded: bool = False
@@ -74,7 +69,6 @@ class AgentProfile:
 class Organisation:
     """The agents N and the dependency function D, with σ precomputed and validated. With an
     orchestrator there is no fixed D: `order` is the orchestrator, then the executors as listed."""
-
     agents: tuple[AgentProfile, ...]
     dependencies: frozenset[tuple[str, str]]  # {(i, j) : D(a^i, a^j) = 1}
     order: tuple[str, ...]  # σ, a topological order of D
@@ -206,7 +200,6 @@ DECISION = re.compile(r"\\call\{([^{}]*)\}")
 @dataclass(frozen=True)
 class Decision:
     """What an orchestrator's action decides: call `role`, finish, or an error (`error` says why)."""
-
     kind: str  # "call" | "finish" | "error"
     role: str | None = None
     error: str | None = None
@@ -336,11 +329,6 @@ def load_organisation(name_or_path: str) -> Organisation:
     if not path.is_file():
         raise ValueError(f"agents={name_or_path!r} is neither a built-in organisation "
                          f"({', '.join(BUILTIN_ORGANISATIONS)}) nor an existing profile JSON file")
-    return load_profile(path)
-
-
-def load_profile(path: Path) -> Organisation:
-    """The organisation of a profile JSON file."""
     try:
         spec = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -348,4 +336,4 @@ def load_profile(path: Path) -> Organisation:
     return organisation_from_dict(spec, str(path))
 
 
-BUILTIN_ORGANISATIONS = {name: partial(load_profile, ORGANISATIONS_DIR / f"{name}.json") for name in BUILTIN_NAMES}
+BUILTIN_ORGANISATIONS = {name: partial(load_organisation, str(ORGANISATIONS_DIR / f"{name}.json")) for name in BUILTIN_NAMES}
