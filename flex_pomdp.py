@@ -30,18 +30,14 @@ Examples of D:
              is exactly the policy's prompt (`Organisation.reads_every_earlier_action`);
   parallel   D ≡ 0, a Dec-POMDP of independent agents: the critic of solver_b reads solver_a's
              action, which solver_b's policy never sees;
-  dynamic    (the paper lets D change with t) an orchestrator reads the problem and the step's
-             transcript and ends each response with one decision (`parse_decision`): `\\call{role}`
-             (that executor acts next, reading every earlier action of the step) or `\\call{finish}`.
-             A step is a sequence of varying length, orchestrator, executor, …, orchestrator (finish),
-             whose realised D_t is "each action reads all earlier actions of the step". After
-             `max_calls` executor calls the step ends as if finished; a missing, doubled or unknown
-             decision ends it as it stands. The team's answer is the last graded executor's answer.
-             A fixed D is the special case where every step's sequence is σ.
+  dynamic    (the paper lets D change with t) an orchestrator ends each response with one decision
+             (`parse_decision`): `\\call{role}` (that executor acts next) or `\\call{finish}`. A step
+             is a sequence of varying length, orchestrator, executor, …, orchestrator, whose realised D_t
+             is "each action reads all earlier actions of the step"; a fixed D is the case where it is σ.
 
-`load_organisation` reads a built-in organisation or a profile JSON file: {"agents": [{"role",
-"system_prompt", "graded", "examples", "rewards"}, …], "dependencies": [[i, j], …]} lists the pairs
-with D(a^i, a^j) = 1 ("j reads i"; [] is D ≡ 0); a dynamic D gives "orchestrator" and "max_calls"
+`load_organisation` reads a profile JSON file; the built-in organisations are the files organisations/<name>.json.
+A file is {"agents": [{"role", "system_prompt", "graded", "examples", "rewards"}, …], "dependencies": [[i, j], …]},
+the pairs with D(a^i, a^j) = 1 ("j reads i"; [] is D ≡ 0); a dynamic D gives "orchestrator" and "max_calls"
 instead (every rule: docs/organisations.md). This file imports nothing of ours and no torch.
 """
 from __future__ import annotations
@@ -49,13 +45,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 
 @dataclass(frozen=True)
 class AgentProfile:
     """One agent i ∈ N: what it is told, and whether the environment grades its answer."""
-
     role: str
     system_prompt: str
     graded: bool = False
@@ -73,7 +69,6 @@ class AgentProfile:
 class Organisation:
     """The agents N and the dependency function D, with σ precomputed and validated. With an
     orchestrator there is no fixed D: `order` is the orchestrator, then the executors as listed."""
-
     agents: tuple[AgentProfile, ...]
     dependencies: frozenset[tuple[str, str]]  # {(i, j) : D(a^i, a^j) = 1}
     order: tuple[str, ...]  # σ, a topological order of D
@@ -205,7 +200,6 @@ DECISION = re.compile(r"\\call\{([^{}]*)\}")
 @dataclass(frozen=True)
 class Decision:
     """What an orchestrator's action decides: call `role`, finish, or an error (`error` says why)."""
-
     kind: str  # "call" | "finish" | "error"
     role: str | None = None
     error: str | None = None
@@ -271,173 +265,13 @@ def chat_messages(org: Organisation, role: str, user_text: str) -> list[dict]:
     return messages
 
 
-# --- Built-in organisations and the profile file ---
+# --- The profile file, and the built-in organisations: the profile files in organisations/ ---
 
-# Every built-in agent sees one worked example, laid out exactly like its real prompt: the example
-# problem followed by the example lines of the agents it depends on under D.
-_EXAMPLE_PROBLEM = "What is 2 + 3?"
-_EXAMPLE_ACTIONS = {"analyst": "We need the sum of 2 and 3.", "planner": "Add the two numbers 2 and 3.",
-                    "solver": "2 + 3 = 5. The answer is \\boxed{5}.",
-                    "verifier": "The solver is right: 2 + 3 = 5. The answer is \\boxed{5}."}
-_SYSTEM_PROMPTS = {
-    "analyst": "You are the analyst of a team. Restate the problem in one short sentence, naming its numbers.",
-    "planner": ("You are the planner of a team. Read the problem and write one short sentence that says "
-                "which operation to do on which numbers. Do not compute the result."),
-    "solver": ("You are the solver of a team. Follow the planner's note, compute the result, and end with "
-               "the final answer as \\boxed{N}."),
-    "verifier": ("You are the verifier of a team. Check the solver's computation. If it is right, repeat its "
-                 "answer; if it is wrong, correct it. End with the final answer as \\boxed{N}."),
-    "lone_solver": "You are a math solver. Compute the result and end with the final answer as \\boxed{N}.",
-}
-# The code task's agents (envs/code_env.py grades the last ```python block of a graded agent). The
-# example task is no task of the generated set (whose functions all carry a constant in their name).
-_CODE_EXAMPLE_PROBLEM = "Write a Python function `square(x)` that returns x multiplied by itself. " \
-                        "Answer with the function in one ```python block."
-_CODE_EXAMPLE_PROGRAM = "```python\ndef square(x):\n    return x * x\n```"
-_CODE_EXAMPLE_ACTIONS = {"code_planner": "Multiply x by itself and return the product.", "coder": _CODE_EXAMPLE_PROGRAM,
-                         "reviewer": "The coder's function is right.\n" + _CODE_EXAMPLE_PROGRAM}
-_CODE_SYSTEM_PROMPTS = {
-    "code_planner": ("You are the planner of a programming team. Read the task and say in one short sentence how "
-                     "the function computes its result. Write no code."),
-    "coder": ("You are the coder of a team. Follow the planner's note if there is one, and answer with the "
-              "function in one ```python block."),
-    "lone_coder": "You are a Python programmer. Answer with the function the task asks for in one ```python block.",
-    "reviewer": ("You are the reviewer of a team. Check the coder's function against the task, and answer with the "
-                 "corrected function (the same one if it is right) in one ```python block."),
-}
-_TASK_TEXTS = {  # task → (example problem, example action of each kind, system prompt of each kind)
-    "math": (_EXAMPLE_PROBLEM, {**_EXAMPLE_ACTIONS, "lone_solver": _EXAMPLE_ACTIONS["solver"]}, _SYSTEM_PROMPTS),
-    "code": (_CODE_EXAMPLE_PROBLEM, {**_CODE_EXAMPLE_ACTIONS, "lone_coder": _CODE_EXAMPLE_PROGRAM}, _CODE_SYSTEM_PROMPTS),
-}
-
-
-def _builtin(agents: list[tuple[str, str, bool]], dependencies: list[tuple[str, str]], task: str = "math") -> Organisation:
-    """Build an organisation from (role, kind, graded) triples; `kind` picks prompt and example line."""
-    example_problem, example_actions, system_prompts = _TASK_TEXTS[task]
-    profiles = []
-    for role, kind, graded in agents:
-        parents = [(other, example_actions[other_kind]) for other, other_kind, _ in agents if (other, role) in dependencies]
-        example = (unrolled_user_text(example_problem, parents), example_actions[kind])
-        profiles.append(AgentProfile(role, system_prompts[kind], graded, (example,)))
-    return make_organisation(profiles, dependencies)
-
-
-def _chain(kinds: list[str], graded: str) -> Organisation:
-    """The chain: D(a^i, a^j) = 1 for every i < j (each agent reads all earlier ones)."""
-    edges = [(kinds[i], kinds[j]) for i in range(len(kinds)) for j in range(i + 1, len(kinds))]
-    return _builtin([(k, k, k == graded) for k in kinds], edges)
-
-
-# The orchestrated team: an orchestrator over a planner, a solver and a verifier. Each executor's
-# worked example is the orchestrator calling it on the example problem; the orchestrator's two
-# examples show a call and a finish (short: its prompt is read at every one of its decisions).
-_DESCRIPTIONS = {
-    "planner": "says in one sentence which operation to do on which numbers; gives no answer",
-    "solver": "computes the result and gives the answer as \\boxed{N}",
-    "verifier": "checks the latest answer and gives the corrected final answer as \\boxed{N}",
-}
-_ORCHESTRATOR_PROMPT = ("You are the orchestrator of a team that solves math problems. Read the problem and what the "
-                        "team has written so far, and say in one short sentence who should act next.")
-_EXAMPLE_CALLS = {role: f"\\call{{{role}}}" for role in ("planner", "solver", "verifier", "finish")}
-
-
-def _orchestrated(executors: tuple[str, ...] = ("planner", "solver", "verifier"), max_calls: int = 3) -> Organisation:
-    call = lambda role: ("orchestrator", _EXAMPLE_CALLS[role])
-    solved = [call("solver"), ("solver", _EXAMPLE_ACTIONS["solver"])]  # the example step after the solver answered
-    transcripts = {"planner": [call("planner")], "solver": [call("solver")], "verifier": solved + [call("verifier")]}
-    profiles = [AgentProfile("orchestrator", _ORCHESTRATOR_PROMPT, False, (
-        (unrolled_user_text(_EXAMPLE_PROBLEM, []), _EXAMPLE_CALLS["solver"]),
-        (unrolled_user_text(_EXAMPLE_PROBLEM, solved), _EXAMPLE_CALLS["finish"])))]
-    for role in executors:
-        example = (unrolled_user_text(_EXAMPLE_PROBLEM, transcripts[role]), _EXAMPLE_ACTIONS[role])
-        profiles.append(AgentProfile(role, _SYSTEM_PROMPTS[role], role != "planner", (example,), description=_DESCRIPTIONS[role]))
-    return make_orchestrated(profiles, "orchestrator", max_calls)
-
-
-# Teams with the calculator (tools.py), for word problems whose arithmetic is beyond the model
-# (the word task, tasks.py). The caller's worked examples are two one-step stories (a product, a sum);
-# none of the task's stories, and no two-step one: writing those is left to learn.
-_TOOL_EXAMPLE_PROBLEM = "A bag holds 12 marbles. How many marbles are in 34 bags?"
-_TOOL_SUM_EXAMPLE = ("A school has 215 boys and 198 girls. How many children does it have?", "\\calc{215+198}")
-_TOOL_EXAMPLE_ACTIONS = {"caller": "\\calc{12*34}", "calculator": "12*34 = 408",
-                         "answerer": "The calculator gives 408. The answer is \\boxed{408}."}
-_TOOL_EXAMPLE_STEP = [(role, _TOOL_EXAMPLE_ACTIONS[role]) for role in ("caller", "calculator")]  # what the answerer reads
-_TOOL_PROMPTS = {
-    "caller": ("You are the caller of a team with a calculator. Read the problem and write the arithmetic that "
-               "answers it as one expression in \\calc{...}, for example \\calc{12*34}. Do not compute it yourself."),
-    "answerer": ("You are the answerer of a team. The calculator has evaluated the caller's expression. Give its "
-                 "result as the final answer \\boxed{N}."),
-    "solver": ("You are the solver of a team. Compute the result (if the calculator has evaluated it, use its "
-               "result) and end with the final answer as \\boxed{N}."),
-}
-TOOL_DESCRIPTIONS = {  # what an orchestrator is told about each member of its calculator team
-    "caller": "writes the arithmetic of the problem as one \\calc{...} expression; gives no answer",
-    "calculator": "evaluates the \\calc{...} expression written before it, exactly",
-    "solver": "computes the result (reading the calculator's, if there is one) and gives the answer as \\boxed{N}",
-}
-
-
-def _calculator_team() -> Organisation:
-    """caller → calculator → answerer: the caller writes \\calc{EXPR}, the calculator (a tool: a fixed
-    π^j, tools.py) evaluates it, the answerer reads both and gives \\boxed{N}. With --shared_adapter
-    it is one agent that uses a tool: one policy taking the caller's turn, then the answerer's."""
-    profiles = [
-        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, []), _TOOL_EXAMPLE_ACTIONS["caller"]),
-                                                                  (unrolled_user_text(_TOOL_SUM_EXAMPLE[0], []), _TOOL_SUM_EXAMPLE[1]))),
-        AgentProfile("calculator", "", tool="calculator"),
-        AgentProfile("answerer", _TOOL_PROMPTS["answerer"], True,
-                     ((unrolled_user_text(_TOOL_EXAMPLE_PROBLEM, _TOOL_EXAMPLE_STEP), _TOOL_EXAMPLE_ACTIONS["answerer"]),)),
-    ]
-    return make_organisation(profiles, [("caller", "calculator"), ("caller", "answerer"), ("calculator", "answerer")])
-
-
-def _orchestrated_calculator(max_calls: int = 3) -> Organisation:
-    """An orchestrator over a caller, the calculator and a solver: on a small problem it can call the
-    solver alone, then finish; on a big one the caller, the calculator, then the solver (every call
-    of the calculator is charged --tool_call_cost). Its worked examples show both."""
-    small, big = _EXAMPLE_PROBLEM, _TOOL_EXAMPLE_PROBLEM
-    call = lambda role: ("orchestrator", f"\\call{{{role}}}")
-    orchestrator_examples = ((unrolled_user_text(small, []), call("solver")[1]),
-                             (unrolled_user_text(small, [call("solver"), ("solver", _EXAMPLE_ACTIONS["solver"])]), call(FINISH)[1]),
-                             (unrolled_user_text(big, []), call("caller")[1]),
-                             (unrolled_user_text(big, [call("caller"), _TOOL_EXAMPLE_STEP[0]]), call("calculator")[1]),
-                             (unrolled_user_text(big, [call("caller"), _TOOL_EXAMPLE_STEP[0], call("calculator"), _TOOL_EXAMPLE_STEP[1]]), call("solver")[1]))
-    solver_example = (unrolled_user_text(big, [call("caller"), _TOOL_EXAMPLE_STEP[0], call("calculator"), _TOOL_EXAMPLE_STEP[1], call("solver")]),
-                      _TOOL_EXAMPLE_ACTIONS["answerer"])
-    small_example = (unrolled_user_text(small, [call("solver")]), _EXAMPLE_ACTIONS["solver"])
-    profiles = [
-        AgentProfile("orchestrator", _ORCHESTRATOR_PROMPT, examples=orchestrator_examples),
-        AgentProfile("caller", _TOOL_PROMPTS["caller"], examples=((unrolled_user_text(big, [call("caller")]), _TOOL_EXAMPLE_ACTIONS["caller"]),
-                                                                  (unrolled_user_text(_TOOL_SUM_EXAMPLE[0], [call("caller")]),
-                                                                   _TOOL_SUM_EXAMPLE[1])),
-                     description=TOOL_DESCRIPTIONS["caller"]),
-        AgentProfile("calculator", "", tool="calculator", description=TOOL_DESCRIPTIONS["calculator"]),
-        AgentProfile("solver", _TOOL_PROMPTS["solver"], True, (solver_example, small_example), description=TOOL_DESCRIPTIONS["solver"]),
-    ]
-    return make_orchestrated(profiles, "orchestrator", max_calls)
-
-
-BUILTIN_ORGANISATIONS = {
-    "single": lambda: _builtin([("solver", "lone_solver", True)], []),
-    "chain": lambda: _chain(["planner", "solver"], graded="solver"),
-    # In a trio or quartet the verifier gives the team's answer; the solver is not graded itself.
-    "chain3": lambda: _chain(["planner", "solver", "verifier"], graded="verifier"),
-    "chain4": lambda: _chain(["analyst", "planner", "solver", "verifier"], graded="verifier"),
-    # D ≡ 0: two independent solvers, both graded (the reward is their mean).
-    "parallel": lambda: _builtin([("solver_a", "lone_solver", True), ("solver_b", "lone_solver", True)], []),
-    # A dynamic D: the orchestrator calls the planner, the solver or the verifier, up to 3 calls a step.
-    "orchestrated": _orchestrated,
-    # With the calculator (tools.py): caller → calculator → answerer, and an orchestrator that may call it.
-    "calculator_team": _calculator_team,
-    "orchestrated_calculator": _orchestrated_calculator,
-    # Code tasks (--data code | humaneval | an MBPP file): the graded agent's last ```python block is run.
-    "coder": lambda: _builtin([("coder", "lone_coder", True)], [], task="code"),
-    "planner_coder": lambda: _builtin([("planner", "code_planner", False), ("coder", "coder", True)], [("planner", "coder")],
-                                      task="code"),
-    "coder_reviewer": lambda: _builtin([("coder", "coder", False), ("reviewer", "reviewer", True)], [("coder", "reviewer")],
-                                       task="code"),
-}
-CODE_ORGANISATIONS = ("coder", "planner_coder", "coder_reviewer")  # the built-ins whose prompts ask for programs
+ORGANISATIONS_DIR = Path(__file__).resolve().parent / "organisations"
+# In the order error messages list them; the last three are the code task's (their prompts ask for programs).
+BUILTIN_NAMES = ("single", "chain", "chain3", "chain4", "parallel", "orchestrated", "calculator_team",
+                 "orchestrated_calculator", "coder", "planner_coder", "coder_reviewer")
+CODE_ORGANISATIONS = ("coder", "planner_coder", "coder_reviewer")
 
 
 def organisation_from_dict(spec: dict, where: str) -> Organisation:
@@ -488,7 +322,7 @@ def organisation_from_dict(spec: dict, where: str) -> Organisation:
 
 
 def load_organisation(name_or_path: str) -> Organisation:
-    """A built-in organisation by name, or a profile JSON file."""
+    """A built-in organisation by name (organisations/<name>.json), or a profile JSON file."""
     if name_or_path in BUILTIN_ORGANISATIONS:
         return BUILTIN_ORGANISATIONS[name_or_path]()
     path = Path(name_or_path)
@@ -500,3 +334,6 @@ def load_organisation(name_or_path: str) -> Organisation:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     return organisation_from_dict(spec, str(path))
+
+
+BUILTIN_ORGANISATIONS = {name: partial(load_organisation, str(ORGANISATIONS_DIR / f"{name}.json")) for name in BUILTIN_NAMES}

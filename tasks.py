@@ -1,37 +1,28 @@
 """Tasks as plug-ins: what the agents are trained on, and how one episode of it is scored.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP": a task fixes the states (its
-problems), the transitions and the team reward R (the environment of one episode); the
-organisation (N agents, dependency function D) is chosen for it. README: "Adding a task".
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP": a task fixes the states (its problems),
+the transitions and the team reward R; the organisation (N, D) is chosen for it. README: "Adding a task".
 
-A `Task` is a name, `load(cfg)` → (train, held-out problems), `make_env(problem, cfg, context)` →
-an envs.Environment playing one episode (`context`: EpisodeContext), and optionally organisations,
-metrics and default options (the fields of `Task`). The registry `TASKS` maps names to Tasks; the
-built-in ones are registered below through `register`, as a task of your own is when --task loads it:
+A `Task` is a name, `load(cfg)` → (train, held-out problems), `make_env(problem, cfg, context)` → an
+envs.Environment playing one episode, and optionally organisations, metrics and default options. The registry
+`TASKS` maps names to Tasks; the built-in ones are registered through `register`, as --task's plug-ins are:
 
-    math        --data arithmetic (generated), a MATH/GSM8K .jsonl/.json file or an HF dataset id;
-                MathEnv grades the graded agents' \\boxed{} answers
-    code        --data code (generated), humaneval or an MBPP-format file; CodeEnv runs the graded
-                agents' programs against the unit tests in the sandbox
-    word        word problems whose arithmetic is beyond the 135M model (envs/word_problems.py), held
-                out by operands and by template; default organisation calculator_team
-    word_mixed  the word problems alternating with small arithmetic; default orchestrated_calculator,
-                whose calculator calls (--tool_call_cost) should go to the big problems only
+    math        --data arithmetic (generated), a MATH/GSM8K .jsonl/.json file or an HF dataset id
+    code        --data code (generated), humaneval or an MBPP-format file: the sandbox runs the programs
+    word        word problems whose arithmetic is beyond the 135M model (envs/word_problems.py)
+    word_mixed  the word problems alternating with small arithmetic (calculator calls cost --tool_call_cost)
 
 --task takes a registered name, `package.module:name`, or `path/to/file.py[:name]`; left out, --data
-chooses math or code (`default_task_name`). This module imports envs, flex_pomdp and distributed,
-none of which imports it.
+chooses math or code (`default_task_name`). Imports envs, flex_pomdp and distributed, none of which imports it.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import importlib
 import importlib.util
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -46,7 +37,6 @@ from flex_pomdp import BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, 
 @dataclass(frozen=True)
 class EpisodeContext:
     """What every environment of a rollout is built with, besides its problem and the Config."""
-
     graded_roles: tuple[str, ...]  # whose answers the environment scores (with an orchestrator: "answer", the team's)
     grader: Grader  # math-verify grading of \boxed{} answers with timeouts, one for the whole run
     role_rewards: dict  # role → ((term, weight), ...): the per-role reward terms of the agents' profiles
@@ -54,9 +44,7 @@ class EpisodeContext:
 
 @dataclass(frozen=True)
 class Task:
-    """A task (module docstring): its problems, the environment of one episode, and optionally its
-    organisations (--agents names one), metrics (logged as charts/<name>, eval/<name>) and options."""
-
+    """A task (module docstring): --agents names one of its organisations; metrics log as charts/<name>, eval/<name>."""
     name: str
     load: Callable  # (cfg) → (train, held_out)
     make_env: Callable  # (problem, cfg, context) → envs.Environment
@@ -64,19 +52,14 @@ class Task:
     default_organisation: str = ""  # "": the first of `organisations`
     metrics: Callable | None = None  # (infos of every step played: list[dict]) → {name: value}
     options: Mapping = field(default_factory=dict)  # option → value: defaults for options the command line leaves out
-    # organisation → {option → value}: one organisation's recipe on top of `options`, applied as a whole and not at
-    # all when the command line gives any of its options
-    organisation_options: Mapping = field(default_factory=dict)
+    organisation_options: Mapping = field(default_factory=dict)  # organisation → {option → value} on top of `options`
 
 
 TASKS: dict[str, Task] = {}
 
 
 def register(task: Task) -> Task:
-    """Add a task to the registry under its name and return it. A task that is not well formed, or
-    whose name another task holds, raises ValueError naming what to fix."""
-    if not isinstance(task, Task):
-        raise ValueError(f"a {type(task).__name__} is not a tasks.Task: build one with Task(name=..., load=..., make_env=...)")
+    """Add a task to the registry and return it; a malformed task, or a taken name, raises ValueError naming the fix."""
     if not isinstance(task.name, str) or not task.name or not task.name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"task name {task.name!r}: give a non-empty name of letters, digits, _ and -")
     for part in ("load", "make_env"):
@@ -104,13 +87,11 @@ def register(task: Task) -> Task:
 
 
 def default_organisation(task: Task) -> str:
-    """The organisation of a command line without --agents: the task's default, else its first
-    ("" when it offers none: --agents must then name a profile file)."""
+    """The organisation without --agents: the task's default, else its first ("" if none: give a profile file)."""
     return task.default_organisation or next(iter(task.organisations), "")
 
 
 # --- Finding the run's task: a registered name, or a plug-in loaded from a module or a file ---
-
 def find_task(spec: str) -> Task:
     """The task --task names (module docstring); one loaded from a module or a file is registered."""
     return TASKS[spec] if spec in TASKS else load_plugin(spec)
@@ -161,27 +142,21 @@ def load_plugin(spec: str) -> Task:
 
 
 def default_task_name(data: str, agents: str) -> str:
-    """The task of a command line without --task: code for --data code or humaneval, for a .jsonl/.json
-    file whose first row is an MBPP-format code task, and for an HF dataset id with a code
-    organisation (--agents); math otherwise."""
+    """The task without --task: code for --data code or humaneval, a .jsonl/.json file whose first row is an
+    MBPP-format code task, or an HF dataset id with a code organisation (--agents); math otherwise."""
     if data in ("code", "humaneval"):
         return "code"
     if data.endswith((".jsonl", ".json")):
-        return "code" if first_row_is_code(Path(data)) else "math"
+        try:  # unreadable: math, whose load says why
+            if data.endswith(".jsonl"):
+                with open(data, encoding="utf-8") as lines:
+                    return "code" if is_mbpp_row(json.loads(next(line for line in lines if line.strip()))) else "math"
+            return "code" if is_mbpp_row(json.loads(Path(data).read_text(encoding="utf-8"))[0]) else "math"
+        except (OSError, ValueError, StopIteration, LookupError, TypeError):
+            return "math"
     if data == "arithmetic" or data.startswith("arithmetic:"):
         return "math"
     return "code" if agents in CODE_ORGANISATIONS else "math"
-
-
-def first_row_is_code(path: Path) -> bool:
-    """Whether a data file's first row is an MBPP-format code task (False if unreadable: load says why)."""
-    try:
-        if path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as lines:
-                return is_mbpp_row(json.loads(next(line for line in lines if line.strip())))
-        return is_mbpp_row(json.loads(path.read_text(encoding="utf-8"))[0])
-    except (OSError, ValueError, StopIteration, LookupError, TypeError):
-        return False
 
 
 def task_of(cfg) -> Task:
@@ -203,17 +178,14 @@ def organisation_of(cfg) -> Organisation:
                              f"{task.name} task ({offered}), or a profile JSON file")
         raise SystemExit(f"--agents={name!r} is neither an organisation of the {task.name} task ({offered}) "
                          "nor an existing profile JSON file")
+    spec = task.organisations.get(name, lambda: load_organisation(name))  # not the task's: a profile file
     try:
-        if name not in task.organisations:
-            return load_organisation(name)
-        spec = task.organisations[name]
         return spec() if callable(spec) else organisation_from_dict(spec, f"task {task.name}, organisation {name!r}")
     except ValueError as err:
         raise SystemExit(f"--agents={name!r}: {err}") from None
 
 
 # --- What the trainer asks of a task, checked: problems, environments, step infos ---
-
 def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out problems) of `task.load(cfg)`, both non-empty lists of envs.Problem."""
     loaded = task.load(cfg)
@@ -229,13 +201,10 @@ def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
 
 
 def check_disjoint(task: Task, train: list[Problem], held_out: list[Problem], cfg) -> None:
-    """The held-out problems are none of the training problems, else held-out accuracy would count
-    problems the agents were trained on. Two problems are the same when their question texts are,
-    whitespace aside. Stops at the first one, naming its index in each list and its text."""
-    same_problem_key = lambda problem: " ".join(problem.problem.split())
-    first_in_train: dict[str, int] = {}
-    for index, problem in enumerate(train):
-        first_in_train.setdefault(same_problem_key(problem), index)
+    """The held-out problems are none of the training problems (else held-out accuracy would count problems
+    trained on); stops at the first one, naming its index in each list and its text."""
+    same_problem_key = lambda problem: " ".join(problem.problem.split())  # the same text, whitespace aside
+    first_in_train = {same_problem_key(problem): index for index, problem in reversed(list(enumerate(train)))}
     for index, problem in enumerate(held_out):
         if (key := same_problem_key(problem)) in first_in_train:
             text = key if len(key) <= 60 else key[:60] + "…"
@@ -263,23 +232,25 @@ def check_step_info(task: Task, info) -> None:
 
 
 # --- The built-in tasks: math and code, read from --data (and --eval_data) ---
-
 def read_data(cfg, code: bool) -> tuple[list[Problem], list[Problem]]:
-    """(train, held-out) of --data: the generated tasks ("arithmetic", "code") split by seed, any
-    other source held out at its last eval_problems rows, unless --eval_data gives the held-out
-    problems; checked to be math problems, or code tasks if `code` (`check_data`)."""
-    generated = cfg.data in ("arithmetic", "code")  # the project's own tasks, split by seed
+    """(train, held-out) of --data: generated ones split by seed, others at their last eval_problems rows; or --eval_data."""
+    def read_problems(option: str, source: str, split: str) -> list[Problem]:
+        try:
+            return load_problems(source, split=split, seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            fix = ("" if cfg.skip_malformed_rows else
+                   " (--skip_malformed_rows leaves malformed rows out with a warning naming each)")
+            raise SystemExit(f"--{option}={source!r}: {err}{fix}") from None
     if cfg.data == "arithmetic":
         levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
-        train = make_arithmetic_problems("train", seed=cfg.seed, levels=levels)
-        held_out = make_arithmetic_problems("test", seed=cfg.seed, levels=levels)
+        train, held_out = (make_arithmetic_problems(split, seed=cfg.seed, levels=levels) for split in ("train", "test"))
     elif cfg.data == "code":
         train, held_out = make_code_problems("train", seed=cfg.seed), make_code_problems("test", seed=cfg.seed)
     else:
-        train, held_out = read_problems("data", cfg.data, "train", cfg), []
+        train, held_out = read_problems("data", cfg.data, "train"), []
     if cfg.eval_data:
-        held_out = read_problems("eval_data", cfg.eval_data, "test", cfg)
-    elif not generated:
+        held_out = read_problems("eval_data", cfg.eval_data, "test")
+    elif cfg.data not in ("arithmetic", "code"):  # not generated: hold out the last rows
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
         train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
@@ -287,17 +258,9 @@ def read_data(cfg, code: bool) -> tuple[list[Problem], list[Problem]]:
     return train, held_out
 
 
-def read_problems(option: str, source: str, split: str, cfg) -> list[Problem]:
-    try:
-        return load_problems(source, split=split, seed=cfg.seed, skip_malformed=cfg.skip_malformed_rows)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        fix = "" if cfg.skip_malformed_rows else " (--skip_malformed_rows leaves malformed rows out with a warning naming each)"
-        raise SystemExit(f"--{option}={source!r}: {err}{fix}") from None
-
-
 def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
-    """The built-in tasks' data: math takes problems without tests, code only tasks with tests (and
-    no per-role reward terms, which score \\boxed{} answers, and a sandbox that runs here)."""
+    """The built-in tasks' data: math takes problems without tests, code only tasks with tests (and no per-role
+    reward terms, which score \\boxed{} answers, and a sandbox that runs here)."""
     kinds = {bool(p.tests) for p in problems}
     if len(kinds) > 1:
         raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
@@ -320,12 +283,10 @@ def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
 
 
 def load_math(cfg) -> tuple[list[Problem], list[Problem]]:
-    """The math task's problems (`read_data`): generated arithmetic, MATH or GSM8K rows."""
     return read_data(cfg, code=False)
 
 
 def load_code(cfg) -> tuple[list[Problem], list[Problem]]:
-    """The code task's problems (`read_data`): the generated code task, HumanEval or MBPP rows."""
     return read_data(cfg, code=True)
 
 
@@ -345,7 +306,6 @@ def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
 
 
 # --- The word task: arithmetic beyond the model, where calling the calculator must be learned ---
-
 WORD_TRAIN_PER_TEMPLATE, WORD_TEST_PER_TEMPLATE = 200, 50
 SMALL_LEVELS = (2, 3)  # the mixed task's small problems: one-digit products, two-digit + one-digit sums
 
@@ -358,8 +318,7 @@ def load_word(cfg) -> tuple[list[Problem], list[Problem]]:
 
 
 def load_word_mixed(cfg) -> tuple[list[Problem], list[Problem]]:
-    """The word problems and small arithmetic (SMALL_LEVELS) alternating, so that any first N rows
-    (a batch, the held-out cut) hold both kinds alike."""
+    """The word problems and small arithmetic (SMALL_LEVELS) alternating: any first N rows hold both kinds alike."""
     refuse_data(cfg, "word_mixed")
     alternate = lambda big, small: [row for pair in zip(big, small) for row in pair]
     return tuple(alternate(make_word_problems(split, cfg.seed, count), make_arithmetic_problems(split, cfg.seed, SMALL_LEVELS))
@@ -368,7 +327,7 @@ def load_word_mixed(cfg) -> tuple[list[Problem], list[Problem]]:
 
 def refuse_data(cfg, task: str) -> None:
     given = [f"--{name}" for name in ("data", "eval_data", "arithmetic_levels")
-             if getattr(cfg, name) != next(f.default for f in dataclasses.fields(cfg) if f.name == name)]
+             if getattr(cfg, name) != next(f.default for f in fields(cfg) if f.name == name)]
     if given:
         raise SystemExit(f"the {task} task makes its own problems and reads no {' or '.join(given)}: leave it out "
                          "(or use --task math to train on a file)")
@@ -378,8 +337,7 @@ SMALL_KINDS = {"Level 2": "small_products", "Level 3": "small_sums"}  # the gene
 
 
 def problem_kind(level: str) -> str:
-    """A word problem's template name; small_products or small_sums for the mixed task's small
-    arithmetic (grouped as "small"); any other level as it is."""
+    """A word problem's template name, small_products or small_sums (the mixed task's "small"), or the level."""
     return level if level in TEMPLATE_NAMES else SMALL_KINDS.get(level, level)
 
 
@@ -389,12 +347,9 @@ def word_metrics(infos: list[dict]) -> dict[str, float]:
     groups: dict[str, list[dict]] = {}
     for info in infos:
         kind = problem_kind(info["level"])
-        if kind in TEMPLATE_NAMES:
-            group = "new_templates" if kind in HELD_OUT_TEMPLATES else "stepping_stones" if kind in STONE_NAMES else "trained_templates"
-            names = [kind, "word", group]
-        else:
-            names = [kind, "small"]
-        for name in names:
+        group = ("new_templates" if kind in HELD_OUT_TEMPLATES else "stepping_stones" if kind in STONE_NAMES
+                 else "trained_templates")
+        for name in ([kind, "word", group] if kind in TEMPLATE_NAMES else [kind, "small"]):
             groups.setdefault(name, []).append(info)
     metrics = {}
     for name, members in sorted(groups.items()):
@@ -403,8 +358,7 @@ def word_metrics(infos: list[dict]) -> dict[str, float]:
     return metrics
 
 
-# One agent learns fastest and holds its accuracy with no critic: its 16 episodes an iteration against their
-# mean (REINFORCE++'s batch baseline) in one optimiser step (docs/learning-per-minute.md).
+# One agent learns fastest with no critic: its episodes against their mean (REINFORCE++; docs/learning-per-minute.md).
 _SINGLE_AGENT_OPTIONS = {"advantage": "group", "group_baseline": "batch", "group_size": 1, "minibatch_size": 16}
 MATH = register(Task("math", load_math, math_env, default_organisation="chain",
                      organisations={n: build for n, build in BUILTIN_ORGANISATIONS.items() if n not in CODE_ORGANISATIONS},
@@ -412,8 +366,7 @@ MATH = register(Task("math", load_math, math_env, default_organisation="chain",
 CODE = register(Task("code", load_code, code_env, default_organisation="coder", metrics=program_outcome_rates,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in CODE_ORGANISATIONS}))
 _WORD_ORGANISATIONS = ("calculator_team", "single", "orchestrated_calculator", "chain")
-# At T = 1 the untrained calculator team solves too few sampled episodes to learn from (held-out pass@1
-# 0.04 against 0.18 at T = 0.7: results/tools/eval-base-word-T*.json); a caller's turn is short.
+# At T = 1 the untrained calculator team solves too few sampled episodes to learn from; a caller's turn is short.
 _WORD_OPTIONS = {"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48}
 WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
@@ -422,20 +375,16 @@ WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word
                            organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
 
 
-# --- Which task reads which of the built-in tasks' options: a run's config.json records those it reads ---
-
-# The options of the built-in tasks' data, and which of them each built-in load reads (the word
-# tasks refuse them all); the built-in environments read none.
+# --- The built-in tasks' data options, and those each built-in load reads: a run's config.json records those ---
 DATA_OPTIONS = ("data", "eval_data", "arithmetic_levels", "skip_malformed_rows")
 _LOADS_READ = {load_math: {"data", "eval_data", "arithmetic_levels", "skip_malformed_rows"},
                load_code: {"data", "eval_data", "skip_malformed_rows"}, load_word: set(), load_word_mixed: set()}
-_BUILTIN_ENVS = (math_env, code_env)
 
 
 def unread_options(task: Task, cfg) -> set[str]:
-    """The DATA_OPTIONS that `task` does not read (left out of config.json). Where its load or make_env
-    is its own function, which may read any option, only those at their defaults."""
+    """The DATA_OPTIONS that `task` does not read (left out of config.json); where its load or make_env is its
+    own (it may read any option), only those at their defaults. The built-in environments read none."""
     read = _LOADS_READ.get(task.load, set())
-    own = task.load not in _LOADS_READ or task.make_env not in _BUILTIN_ENVS
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    own = task.load not in _LOADS_READ or task.make_env not in (math_env, code_env)
+    defaults = {f.name: f.default for f in fields(cfg)}
     return {option for option in DATA_OPTIONS if option not in read and not (own and getattr(cfg, option) != defaults[option])}

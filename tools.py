@@ -1,17 +1,13 @@
 """Tools: agents with a fixed policy. This file holds two: the calculator and the python runner.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129), the Flex-POMDP: every agent j acts on what D gives it,
-a^j_t ~ π^j(· | ô^j_t). A tool is an agent whose π^j is fixed and deterministic: no adapter, no update,
-no PPO sample, no place in the step's tables (advantages, GAE chain, credit and M run over the learning
-agents alone); what it says reaches the learners and the critic only through their observations. A
-profile names it as an agent, `{"role": "calculator", "tool": "calculator"}`, acting in σ order on the
-actions D gives it (rollout.py; under an orchestrator, on every earlier action of the step).
+Paper: MARFT (Liao et al., arXiv 2504.16129), the Flex-POMDP: a tool is an agent whose π^j in a^j_t ~ π^j(· | ô^j_t)
+is fixed and deterministic: no adapter, no update, no PPO sample, no place in the step's tables (advantages, GAE
+chain, credit and M run over the learning agents alone); its action reaches the learners and the critic only through
+their observations. A profile names it: `{"role": "calculator", "tool": "calculator"}` (rollout.play_tool plays it).
 
-The calculator (`calculator_action`) parses with `ast` and evaluates the few node types of arithmetic
-itself: no `eval`, names, calls or attributes; bounded input length, expression size, exponent and
-result size, so a policy under RL pressure cannot make it hang or exhaust memory. The python runner
-(`python_action`) runs a program in the code sandbox (envs/sandbox.py). Neither raises on what a
-policy writes: an error text is then the tool's action.
+The calculator (`calculator_action`) evaluates an `ast` parse of arithmetic itself (no `eval`, names, calls or
+attributes) within the MAX_* bounds, so a policy under RL pressure cannot make it hang or exhaust memory; the python
+runner (`python_action`) runs a program in envs/sandbox.py. Neither raises on what a policy writes: an error is its action.
 """
 from __future__ import annotations
 
@@ -27,8 +23,14 @@ MAX_NODES = 100  # parse-tree nodes of one expression
 MAX_EXPONENT = 64  # |b| in a ** b
 MAX_DIGITS = 200  # numerator and denominator of every intermediate value
 MAX_CALLS = 4  # expressions evaluated per action (the rest are reported as not evaluated)
-LATEX_OPERATOR_SIGNS = {"times": "*", "cdot": "*", "div": "/"}  # \calc{613\times47}: a model trained on LaTeX writes it
-LATEX_OPERATORS = re.compile(r"\\(times|cdot|div)(?![a-zA-Z])")
+SIGNS = {"\\times": "*", "\\cdot": "*", "\\div": "/", "×": "*", "÷": "/", "^": "**"}  # as Python writes them
+SIGN = re.compile(r"\\(?:times|cdot|div)(?![a-zA-Z])|[×÷^]")  # \calc{613\times47}: a model trained on LaTeX writes it
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+              ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: Fraction(a // b), ast.Mod: lambda a, b: a % b}
+PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+PYTHON_LIMITS = sandbox.Limits(seconds_per_test=2.0, seconds_per_program=5.0)
+MAX_OUTPUT_CHARS = 1000  # printed output kept in the action (what later agents read)
+NO_OUTPUT = "(the program printed nothing)"
 
 
 class CalculatorError(ValueError):
@@ -38,8 +40,7 @@ class CalculatorError(ValueError):
 def calculate(expression: str) -> Fraction:
     """The exact value of an arithmetic expression: integers, decimals, + − × ÷ (also LaTeX's \\times,
     \\cdot, \\div), //, %, ** with an integer exponent, parentheses, unary ±; else CalculatorError."""
-    text = LATEX_OPERATORS.sub(lambda m: LATEX_OPERATOR_SIGNS[m.group(1)], expression).strip()
-    text = text.replace("×", "*").replace("÷", "/").replace("^", "**")
+    text = SIGN.sub(lambda m: SIGNS[m.group(0)], expression).strip()
     if not text:
         raise CalculatorError("empty expression")
     if len(text) > MAX_EXPRESSION_CHARS:
@@ -51,10 +52,6 @@ def calculate(expression: str) -> Fraction:
     if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
         raise CalculatorError(f"expression of more than {MAX_NODES} parts")
     return _value(tree.body, text)
-
-
-_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-              ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: Fraction(a // b), ast.Mod: lambda a, b: a % b}
 
 
 def _value(node: ast.AST, source: str) -> Fraction:
@@ -73,8 +70,7 @@ def _value(node: ast.AST, source: str) -> Fraction:
             raise CalculatorError(f"not a number: {written!r}") from None
         return _bounded(value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-        operand = _value(node.operand, source)
-        return operand if isinstance(node.op, ast.UAdd) else -operand
+        return _value(node.operand, source) * (1 if isinstance(node.op, ast.UAdd) else -1)
     if isinstance(node, ast.BinOp):
         left, right = _value(node.left, source), _value(node.right, source)
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
@@ -121,16 +117,9 @@ def calculator_action(text: str) -> str:
     return "\n".join(lines)
 
 
-PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
-PYTHON_LIMITS = sandbox.Limits(seconds_per_test=2.0, seconds_per_program=5.0)
-MAX_OUTPUT_CHARS = 1000  # printed output kept in the action (what later agents read)
-NO_OUTPUT = "(the program printed nothing)"
-
-
 def python_action(text: str) -> str:
-    """The python runner's action on what it reads: what the last ```python block prints in the code
-    sandbox (no network, no files outside its own, bounded time and memory), cut at MAX_OUTPUT_CHARS, and
-    "error: <outcome>: <why>" if it fails. Raises only sandbox.SandboxError (no sandbox on this machine)."""
+    """The python runner's action on what it reads: what its last ```python block prints in the code sandbox, cut at
+    MAX_OUTPUT_CHARS, and "error: <outcome>: <why>" if it fails. Raises only sandbox.SandboxError (no sandbox here)."""
     blocks = PYTHON_BLOCK.findall(text)
     if not blocks:
         return "error: no ```python block to run"
@@ -151,13 +140,11 @@ def tool_value(tool: str, action: str) -> str | None:
     calculator's last "EXPR = VALUE"; the last line a program printed that ran without error."""
     lines = [line.strip() for line in action.splitlines() if line.strip() and "error:" not in line]
     if tool == "calculator":
-        values = [line.rpartition(" = ")[2] for line in lines if " = " in line]
-        return values[-1] if values else None
-    if "error:" in action or action == NO_OUTPUT or not lines:
+        lines = [line.rpartition(" = ")[2] for line in lines if " = " in line]
+    elif "error:" in action or action == NO_OUTPUT:
         return None
-    return lines[-1]
+    return lines[-1] if lines else None
 
 
 def tool_action(tool: str, text: str) -> str:
-    """The action of the tool named `tool` (a key of TOOLS) on the text it reads."""
     return TOOLS[tool](text)
