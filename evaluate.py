@@ -1,20 +1,14 @@
 """Evaluate the base model or a checkpoint of a MARFT run on a math or code data set, or on a task of your own.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129); README: "Evaluating". The agents play exactly the episodes of
-training (`rollout.run_episodes`), for any organisation, D and horizon; only the policy adapters are built.
-`--run RUN_DIR` evaluates a checkpoint (default: checkpoints/latest's) with RUN_DIR/config.json's task,
-organisation, LoRA shapes, horizon, sampling and seed; without it, the base model (`--model`, `--task`, `--agents`,
-the rest at `config.Config`'s defaults: LoRA B = 0). The built-in tasks (math, code) evaluate `--data`/`--split`;
-a task of your own its held-out problems (`Task.load`).
+Paper: MARFT (Liao et al., arXiv 2504.16129); docs/evaluating.md. The agents play exactly the episodes of training
+(`rollout.run_episodes`); only the policy adapters are built. `--run RUN_DIR` evaluates a checkpoint (default:
+checkpoints/latest's) with RUN_DIR/config.json's task, organisation, LoRA shapes, horizon, sampling and seed;
+without it, the base model (`--model`, `--task`, `--agents`, the rest at `config.Config`'s defaults, LoRA B = 0).
 
-Metrics over P problems, k = `--samples` episodes each: `rollout.heldout_metrics`'s (eval/accuracy = pass@1,
-eval/accuracy_greedy, eval/unparseable_rate, …) with eval/pass@k' and eval/maj@k' for k' = 1, 2, 4, … ≤ k, and k
-(maj@k' averaged over the k // k' disjoint blocks of a problem's samples; none for code, whose report counts how
-its programs ended); pass@1, greedy accuracy and unparseable rate per level and subject (`Problem.level`, `.type`).
-
-Output: a table, the first `--transcripts` sampled episodes, a JSON file (`--out`). The noise is seeded as in
-training: `--run R --limit <eval_problems> --samples <eval_samples>` (arithmetic) replays the run's own held-out
-evaluation. `--backend vllm` samples differently from hf; greedy decodes agree in float32 (test_vllm.py).
+Metrics over P problems, k = `--samples` episodes each: `rollout.heldout_metrics`'s (eval/accuracy = pass@1, …)
+with eval/pass@k' and eval/maj@k' for k' = 1, 2, 4, … ≤ k, and k; pass@1, greedy accuracy and unparseable rate
+per level and subject (`Problem.level`, `.type`). The noise is seeded as in training: `--run R --limit
+<eval_problems> --samples <eval_samples>` (arithmetic) replays the run's own held-out evaluation.
 
 Usage:
     python evaluate.py                                                # base model, chain, generated held-out task
@@ -148,12 +142,9 @@ def maj_at_k_table(sampled: Rollout, num_problems: int, samples: int, same) -> d
 
 def unparseable_tallies(rollout: Rollout, num_problems: int) -> list[tuple[int, int]]:
     """(unparseable graded answers, graded answers) of each problem p, over its episodes b ≡ p mod P."""
-    tallies = [[0, 0] for _ in range(num_problems)]
-    for b, steps in enumerate(rollout.outcomes):
-        for outcomes in steps:
-            tallies[b % num_problems][0] += sum(o == "unparseable" for o in outcomes.values())
-            tallies[b % num_problems][1] += len(outcomes)
-    return [tuple(t) for t in tallies]
+    graded = [[o for steps in rollout.outcomes[p::num_problems] for outcomes in steps for o in outcomes.values()]
+              for p in range(num_problems)]  # [P][graded answers of problem p]
+    return [(answers.count("unparseable"), len(answers)) for answers in graded]
 
 
 def breakdown(problems: list[Problem], field: str, counts: list[int], samples: int,
