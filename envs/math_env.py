@@ -1,28 +1,19 @@
-"""The math environment: one episode on one problem.
+"""The math environment: one episode on one problem (the `envs.Environment` protocol).
 
-In the Flex-POMDP (paper Sec. "Flex-POMDP") the state is the problem plus the feedback so far; a joint
-action is one response per agent (role -> text); the team reward comes from the agents whose answers are
-graded (e.g. only the final solver of a planner -> solver chain). `MathEnv` follows the
-`envs.Environment` protocol; one object runs one episode. Each step:
+In the Flex-POMDP (paper Sec. "Flex-POMDP") the state is the problem plus the feedback so far; a joint action is
+one response per agent (role -> text). Each step:
 
-* every graded role's response is graded against the gold answer (`Grader`);
-* reward = mean over graded roles of 1.0 (correct) or 0.0 (wrong, unparseable or ungraded);
-* per-role reward terms (`ROLE_REWARD_TERMS`, weighted in an agent's profile) score each agent's own
-  response, graded or not, and come back apart in info["role_rewards"]: the trainer adds them to that
-  agent's placed team reward, never to the team reward;
+* every graded role's response is graded against the gold answer (`Grader`; e.g. only the final solver of a
+  planner -> solver chain); team reward R_t = mean over graded roles of 1.0 (correct) or 0.0 (otherwise);
+* per-role reward terms (`ROLE_REWARD_TERMS`, weighted in an agent's profile) score each agent's own response,
+  graded or not, apart in info["role_rewards"]: the trainer adds them to that agent's placed team reward only;
 * the episode ends when every graded answer is correct or after `horizon` steps; otherwise the next
   observation is the problem and feedback on the answers ("Your previous answer 12 was incorrect. Try again.").
 """
-
 from __future__ import annotations
 
 from .grader import CORRECT, UNGRADED, UNPARSEABLE, Grader
 from .problems import Problem, extract_boxed
-
-
-def step_reward(outcomes: list[str]) -> float:
-    """Mean correctness of the graded answers."""
-    return sum(outcome == CORRECT for outcome in outcomes) / len(outcomes)
 
 
 # Per-role reward terms: (response, outcome of its own \boxed{} answer or None) → value. Only
@@ -71,18 +62,10 @@ def check_step_call(env, joint_action: dict[str, str]) -> None:
 
 
 class MathEnv:
-    """One episode of answering `problem`, graded on the responses of `graded_roles`.
-
-    reset(seed=None) -> the problem text.
-    step(joint_action) -> (observation, reward, done, info) with
-        info = {"outcomes": {role: "correct" | "wrong" | "unparseable" | "ungraded"},
-                "correct": every graded answer correct,
-                "role_rewards": {role: Σ weight · term} for the roles of `role_rewards` in joint_action,
-                "step": index of the step just taken (0 for the first),
-                "level": the problem's level (a task's metrics may group by it)}.
-    `role_rewards`: role → ((term, weight), ...), the per-role terms of the agents' profiles.
-    When done, the observation is the bare problem text (there is no next turn).
-    """
+    """One episode of answering `problem`, graded on the responses of `graded_roles`; `role_rewards`: role →
+    ((term, weight), ...), the per-role terms of the agents' profiles. reset() gives the problem text; step()'s
+    info: "outcomes", "correct", "answers" (envs/__init__.py), "role_rewards" ({role: Σ weight · term} of the
+    roles of `role_rewards` that acted), "step" (0 for the first) and "level" (a task's metrics may group by it)."""
 
     def __init__(self, problem: Problem, grader: Grader, graded_roles: list[str], horizon: int = 1,
                  role_rewards: dict[str, tuple[tuple[str, float], ...]] | None = None):
@@ -111,7 +94,7 @@ class MathEnv:
         step_index, self.steps_taken = self.steps_taken, self.steps_taken + 1
         all_correct = all(outcome == CORRECT for outcome in grades)
         self.done = all_correct or self.steps_taken >= self.horizon
-        reward = step_reward(grades)
+        reward = sum(outcome == CORRECT for outcome in grades) / len(grades)  # R_t: the graded answers' mean correctness
         observation = (self.problem.problem if self.done  # no next turn: the bare problem
                        else feedback_observation(self.problem.problem, outcomes, joint_action))
         # What each graded role answered, as the grader read it (its last \boxed{}), for a majority

@@ -1,15 +1,10 @@
-"""Math problems: the data rows the environment poses.
+"""Math problems: `Problem` (a question and its gold answer), `extract_boxed` (the last `\\boxed{...}` of a
+text: gold answers of MATH solutions, final answers of responses), `row_to_problem` (one MATH or GSM8K row) and
+`make_arithmetic_problems` (the generated offline default task). Reading a data set is envs/data.py's.
 
-A `Problem` is one question with its gold answer. `extract_boxed` reads the last `\\boxed{...}` of a text
-(gold answers out of MATH solutions, final answers out of agent responses); `row_to_problem` turns one MATH
-or GSM8K row into a `Problem`; `make_arithmetic_problems` is the generated offline default task. Reading a
-data set is envs/data.py's.
-
-The gold answer is kept exactly as the data gives it (a LaTeX string), never passed through a "last number
-in the text" extraction (README, "Pitfalls avoided": `\\frac{1}{2}` would become `2`). Malformed rows raise a
-`ValueError` naming the file and line.
+The gold answer is kept as the data gives it (a LaTeX string), never cut to the "last number in the text"
+(README, "Pitfalls avoided": `\\frac{1}{2}` would become `2`). Malformed rows raise a ValueError naming them.
 """
-
 from __future__ import annotations
 
 import itertools
@@ -21,7 +16,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Problem:
     """One question; level ("Level 3") and type ("Algebra") are "" when the data has none."""
-
     problem: str  # the question text shown to the agents
     answer: str  # the gold answer as a LaTeX string (e.g. `\\frac{1}{2}`), as the data gives it
     level: str
@@ -32,8 +26,8 @@ class Problem:
 
 
 # --- \boxed{...} extraction ---------------------------------------------------------------
-# `\boxed` or `\fbox`, but not a longer command such as `\boxedfoo`.
-_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")  # not a longer command such as `\boxedfoo`
+_BRACELESS_ARGUMENT = re.compile(r"[^\s$]*")  # the argument of `\boxed 5`: up to whitespace or `$`
 
 
 def _matching_brace_end(text: str, open_index: int) -> int | None:
@@ -53,14 +47,6 @@ def _matching_brace_end(text: str, open_index: int) -> int | None:
                 return index + 1
         index += 1
     return None
-
-
-def _braceless_argument_end(text: str, start: int) -> int:
-    """End of the argument of the brace-less form `\\boxed 5`: up to whitespace or `$`."""
-    end = start
-    while end < len(text) and not text[end].isspace() and text[end] != "$":
-        end += 1
-    return end
 
 
 def extract_boxed(text: str) -> str | None:
@@ -83,7 +69,7 @@ def extract_boxed(text: str) -> str | None:
             last_content = text[argument_start + 1 : closing_end - 1]
             search_from = closing_end
         elif argument_start > match.end():  # `\boxed 5`: needs whitespace after the command
-            argument_end = _braceless_argument_end(text, argument_start)
+            argument_end = _BRACELESS_ARGUMENT.match(text, argument_start).end()
             if argument_end > argument_start:
                 last_content = text[argument_start:argument_end]
             search_from = max(argument_end, match.end())
@@ -97,12 +83,6 @@ _GSM8K_ANSWER_MARK = "####"
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d)")  # a comma between digits: 1,000 -> 1000
 
 
-def _split_gsm8k_answer(answer_text: str) -> tuple[str, str]:
-    """(worked solution, gold answer) from a GSM8K `answer` field "...\\n#### 1,000"."""
-    solution, _, gold = answer_text.rpartition(_GSM8K_ANSWER_MARK)
-    return solution.strip(), _THOUSANDS_COMMA.sub("", gold.strip())
-
-
 def _text_field(row: dict, key: str, where: str) -> str | None:
     """The string value of `row[key]`, None if absent; numbers become strings."""
     value = row.get(key)
@@ -112,13 +92,6 @@ def _text_field(row: dict, key: str, where: str) -> str | None:
         raise ValueError(f"{where}: field {key!r} should be a string, got {type(value).__name__}. "
                          f"Fix the row so {key!r} holds text.")
     return str(value)
-
-
-def _level_label(level: object) -> str:
-    """MATH writes levels as "Level 3"; some copies (MATH-500) store the bare number 3."""
-    if isinstance(level, int) and not isinstance(level, bool):
-        return f"Level {level}"
-    return "" if level is None else str(level)
 
 
 def row_to_problem(row: dict, where: str) -> Problem:
@@ -142,21 +115,23 @@ def row_to_problem(row: dict, where: str) -> Problem:
     answer_field = _text_field(row, "answer", where)
     solution = _text_field(row, "solution", where) or ""
     if answer_field is not None and _GSM8K_ANSWER_MARK in answer_field:
-        solution, gold = _split_gsm8k_answer(answer_field)
+        solution, _, gold = answer_field.rpartition(_GSM8K_ANSWER_MARK)
+        solution, gold = solution.strip(), _THOUSANDS_COMMA.sub("", gold.strip())
     elif answer_field is not None:
         gold = answer_field.strip()
-    elif solution:
+    else:
         gold = (extract_boxed(solution) or "").strip()
-        if not gold:
+        if solution and not gold:
             raise ValueError(f"{where}: the 'solution' has no non-empty \\boxed{{...}} to take the gold "
                              f"answer from. Box the final answer in the solution, or add an 'answer' field.")
-    else:
-        gold = ""
     if not gold:
         raise ValueError(f"{where}: no gold answer found. Add an 'answer' field, or a 'solution' whose "
                          f"final answer is written as \\boxed{{...}} (MATH format), or end the 'answer' "
                          f"with '#### <number>' (GSM8K format).")
-    return Problem(problem=question, answer=gold, level=_level_label(row.get("level")),
+    level = row.get("level")
+    if isinstance(level, int) and not isinstance(level, bool):  # MATH writes "Level 3"; MATH-500 the bare number 3
+        level = f"Level {level}"
+    return Problem(problem=question, answer=gold, level="" if level is None else str(level),
                    type=str(row.get("type") or row.get("subject") or ""), solution=solution)
 
 

@@ -1,15 +1,9 @@
 """Word problems whose arithmetic is beyond the embedded 135M model: the data of the tool task.
 
-Short stories (TEMPLATES) around three-digit × two-digit products or sums of three-digit numbers, in one
-step or two; the gold answer is the exact integer, graded like any math problem (envs/math_env.py).
-Held out two ways: by operands (`held_out`) and by template (HELD_OUT_TEMPLATES appear only in "test":
-does writing the expression, learned on the other stories, carry over to a new one?).
-
-Stepping stones (STEPPING_STONES, only in "train"; docs/tools.md, "Stepping stones"): the two-step story
-`stamps`, which the untrained caller never solves (so RL has nothing to reinforce), broken into smaller
-stories it does solve now and then: its first step alone (a product, which keeps products and sums in
-about the stories' proportion) and the story with its first step written out (`25*12`), bare and after
-the story's own words. The held-out split has no stones: it measures the bare stories.
+Short stories (TEMPLATES) around three-digit × two-digit products or sums of three-digit numbers, in one step or
+two, graded like any math problem on the exact integer. Held out by operands (`held_out`) and by template
+(HELD_OUT_TEMPLATES, only in "test": does writing the expression carry over to a new story?). STEPPING_STONES, only
+in "train", break the two-step story `stamps` into smaller stories (docs/tools.md, "Stepping stones").
 """
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ TEMPLATES = (
     Template("rows", "A farmer plants {b} rows of {a} trees each. How many trees does she plant?",
              (THREE_DIGITS, TWO_DIGITS), lambda a, b: a * b, "{b}*{a}"),
     Template("floors", "A library has {a} books on its first floor, {b} on its second and {c} on its third. "
-             "How many books does it have?", (THREE_DIGITS, THREE_DIGITS, THREE_DIGITS), lambda a, b, c: a + b + c,
-             "{a}+{b}+{c}"),
+             "How many books does it have?", (THREE_DIGITS,) * 3, lambda a, b, c: a + b + c, "{a}+{b}+{c}"),
     Template("stamps", "Tom had {a} stamps and bought {b} packs of {c} stamps. How many stamps does he have now?",
              (THREE_DIGITS, TWO_DIGITS, TWO_DIGITS), lambda a, b, c: a + b * c, "{a}+{b}*{c}"),
     Template("tickets", "A theatre sold {a} tickets on Friday and {b} tickets on Saturday. How many tickets did "
@@ -71,9 +64,8 @@ def held_out(operands: tuple[int, ...]) -> bool:
 def word_problem(template: Template, operands: tuple[int, ...]) -> Problem:
     names = dict(zip("abc", operands))
     answer = template.answer(*operands)
-    expression = template.expression.format(**names)
     return Problem(problem=template.text.format(**names), answer=str(answer), level=template.name, type="Word problem",
-                   solution=f"{expression} = {answer}, so the answer is $\\boxed{{{answer}}}$.")
+                   solution=f"{template.expression.format(**names)} = {answer}, so the answer is $\\boxed{{{answer}}}$.")
 
 
 def make_word_problems(split: str, seed: int = 0, count: int = 50) -> list[Problem]:
@@ -83,8 +75,7 @@ def make_word_problems(split: str, seed: int = 0, count: int = 50) -> list[Probl
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     trained = [t for t in TEMPLATES if t.name not in HELD_OUT_TEMPLATES] + list(STEPPING_STONES)
     templates = TEMPLATES if split == "test" else trained
-    by_template = [draw(template, split, seed, count) for template in templates]
-    return [row for turn in zip(*by_template) for row in turn]
+    return [row for turn in zip(*(draw(template, split, seed, count) for template in templates)) for row in turn]
 
 
 def draw(template: Template, split: str, seed: int, count: int) -> list[Problem]:
@@ -92,9 +83,8 @@ def draw(template: Template, split: str, seed: int, count: int) -> list[Problem]
     rng, seen, rows = random.Random(f"word-seed{seed}-{template.name}"), set(), []
     while len(rows) < count:
         operands = tuple(rng.choice(where) for where in template.operands)
-        if operands in seen or held_out(operands) != (split == "test"):
-            continue
-        seen.add(operands)
-        if template.answer(*operands) >= 0:  # a story never ends with a negative count
-            rows.append(word_problem(template, operands))
+        if operands not in seen and held_out(operands) == (split == "test"):
+            seen.add(operands)
+            if template.answer(*operands) >= 0:  # a story never ends with a negative count
+                rows.append(word_problem(template, operands))
     return rows
