@@ -1,26 +1,19 @@
 """Data parallelism: one MARFT run over G processes launched by torchrun, on one node or several.
 
-Not in the paper (its algorithm box is one learner): each phase's work is spread over ranks so that
-the numbers stay those of one process (README: "More than one device"). Every rank holds the base
-model, every adapter, the critic and the optimiser states, all equal. Per iteration:
+Not in the paper (one learner there; README: "More than one device"): every rank holds equal copies of the
+model, adapters, critic and optimisers, and each phase is spread so that the numbers stay one process's:
 
-    rollout     rank r plays episodes r, r + G, … with its own sampling seed (`rank_seed`); the parts
-                are gathered and merged in one process's order (rollout.merge_rollouts)
+    rollout     rank r plays episodes r, r + G, … (`rank_seed`), merged in one process's order (rollout.merge_rollouts)
     old policy  forward batches split round-robin over ranks, the tables summed
     advantages  on every rank, from the whole batch
-    updates     every rank has the same minibatch and computes its rows r, r + G, …; its loss is its
-                share of the minibatch's masked mean,
-
+    updates     rank r computes rows r, r + G, … of the same minibatch, its loss its share of the mean:
                     L_r = Σ_{decisions d of rank r} ℓ_d / n_minibatch      (n over all ranks)
-
-                so Σ_r ∇L_r = ∇L of one process: the gradients are summed (`sum_gradients`) before
-                the clip and the step; the early stop, the non-finite check and the logged losses use
-                summed values, so every rank decides alike (collectives stay in lockstep)
+                so Σ_r ∇L_r = ∇L of one process (`sum_gradients` before the clip and the step); the early
+                stop, the non-finite check and the logged losses are summed too: every rank decides alike
     writing     rank 0 alone writes; all ranks read a checkpoint on --resume (a shared file system)
 
-Devices: `rank_device`. Reductions use SUM (and divide): ReduceOp.AVG exists only for NCCL. No DDP:
-the active adapter changes at every agent's update, which DDP's fixed set of reduced parameters does
-not allow. Without torchrun (WORLD_SIZE unset or 1) every function here is a no-op.
+Reductions are SUM (then divide): ReduceOp.AVG exists only for NCCL, never on gloo. No DDP: it reduces a fixed
+set of parameters, and the active adapter changes at every update. Without torchrun every function is a no-op.
 """
 from __future__ import annotations
 
@@ -35,42 +28,34 @@ TIMEOUT_MINUTES = 30.0  # a collective that waits longer raises an error instead
 
 
 def world_size() -> int:
-    """G: the number of ranks (1 without torchrun)."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1  # G (1 without torchrun)
 
 
 def rank() -> int:
-    """r: this process's rank (0 without torchrun)."""
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0  # r (0 without torchrun)
 
 
 def is_main() -> bool:
-    """Rank 0: the one process that prints and writes files."""
-    return rank() == 0
+    return rank() == 0  # the one process that prints and writes files
 
 
 def rank_device(requested: str, *, launched: bool, local_rank: int, local_ranks: int, gpus: int) -> str:
-    """The torch device of this rank for --device `requested` (a pure function of its arguments).
+    """This rank's torch device for --device `requested` (rank `local_rank` of `local_ranks` on this node):
 
-        requested   one process                 under torchrun (rank `local_rank` of `local_ranks` on this node)
+        requested   one process                 under torchrun
         cpu         cpu                         cpu
-        auto        cuda:0, or cpu without GPU  cuda:LOCAL_RANK, or cpu without GPU
-        cuda        cuda:0                      cuda:LOCAL_RANK
-        cuda:k      cuda:k                      an error (every rank would share GPU k): use cuda
-
-    ValueError (naming the fix) for a GPU asked of a machine without one, a cuda:k beyond the GPUs
-    seen, and more ranks on a node than GPUs (NCCL refuses two ranks on one GPU)."""
+        auto        cuda:0, or cpu without GPU  cuda:LOCAL_RANK, or cpu without GPU (more ranks than GPUs: an error)
+        cuda        cuda:0                      cuda:LOCAL_RANK (more ranks than GPUs: an error, as NCCL refuses)
+        cuda:k      cuda:k                      an error (every rank would share GPU k): use cuda"""
     if requested == "cpu" or (requested == "auto" and gpus == 0):
         return "cpu"
     if gpus == 0:
         raise ValueError(f"--device {requested}: torch sees no GPU here; use --device cpu (or auto)")
     if requested in ("auto", "cuda"):
-        if not launched:
-            return "cuda:0"
-        if local_ranks > gpus:
+        if launched and local_ranks > gpus:
             raise ValueError(f"{local_ranks} ranks on this node but torch sees {gpus} GPU(s): launch at most {gpus} "
                              f"(NPROC={gpus}), one rank per GPU, or use --device cpu")
-        return f"cuda:{local_rank}"
+        return f"cuda:{local_rank}" if launched else "cuda:0"
     index = requested.removeprefix("cuda:")
     if not requested.startswith("cuda:") or not index.isdigit():
         raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:k")
@@ -91,8 +76,7 @@ def device_of_this_rank(requested: str) -> str:
 
 
 def init(device: str) -> str:
-    """This rank's device (returned), made the current CUDA device before anything touches CUDA; then,
-    under torchrun, join the process group: NCCL on a GPU, gloo on a CPU."""
+    """This rank's device, made the current CUDA device first; under torchrun, join the group (NCCL or gloo)."""
     resolved = device_of_this_rank(device)
     if resolved.startswith("cuda"):
         torch.cuda.set_device(resolved)  # NCCL, vLLM and `cuda` without an index now mean this rank's GPU
@@ -114,16 +98,13 @@ def shard(items: list) -> list:
 
 
 def rows_of(minibatch: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """This rank's rows r, r + G, … of a minibatch, and whether they count: a rank left with none computes
-    on the first row with weight 0, so that it still joins every collective of the step."""
+    """This rank's rows r, r + G, … of a minibatch and whether they count (none left: row 0 at weight 0)."""
     mine = minibatch[rank() :: world_size()]
     return (mine, True) if len(mine) else (minibatch[:1], False)
 
 
 def rank_seed(seed: int, r: int) -> int:
-    """The torch seed of rank r's sampling noise when rank 0 samples from `seed`: rank 0 keeps it (a 1-rank
-    run draws as a plain process); rank r > 0 gets a stable hash of (seed, r) in [2^62, 2^63), above every
-    seed run.seed_iteration gives rank 0, so no rank's stream is another run's rank-0 stream."""
+    """Rank r's sampling seed: `seed` on rank 0; else a hash of (seed, r) in [2^62, 2^63), which no rank-0 seed reaches."""
     if r == 0:
         return seed
     digest = hashlib.blake2b(f"marft-rank-seed/{seed}/{r}".encode(), digest_size=8).digest()
@@ -158,8 +139,7 @@ def backend_device() -> torch.device:
 
 
 def all_reduce(tensor: torch.Tensor, op=None) -> torch.Tensor:
-    """The one door to tensor collectives: reduce `tensor` over ranks (SUM by default) in place, via
-    the backend's device, and return it (callers hold tables anywhere). A no-op without a group."""
+    """The one door to tensor collectives: `tensor` (any device) reduced over ranks in place, SUM by default; returned."""
     if not (dist.is_available() and dist.is_initialized()):
         return tensor
     on_backend = tensor.to(backend_device())  # the same tensor when it is already there
@@ -173,13 +153,11 @@ sum_ = all_reduce  # Σ over ranks, in place (and returned)
 
 
 def all_ranks(flag: bool) -> bool:
-    """True when `flag` holds on every rank (e.g. every rank's loss is finite)."""
-    return int(all_reduce(torch.tensor([0 if flag else 1], dtype=torch.long)).item()) == 0
+    return int(all_reduce(torch.tensor([0 if flag else 1], dtype=torch.long)).item()) == 0  # `flag` on every rank
 
 
 def max_int(value: int) -> int:
-    """The largest value over ranks."""
-    return int(all_reduce(torch.tensor([value], dtype=torch.long), dist.ReduceOp.MAX).item())
+    return int(all_reduce(torch.tensor([value], dtype=torch.long), dist.ReduceOp.MAX).item())  # the largest over ranks
 
 
 def sum_gradients(params: list[torch.Tensor]) -> None:
@@ -198,6 +176,5 @@ def barrier() -> None:
 
 
 def close() -> None:
-    """Leave the process group (at the end of a run)."""
-    if world_size() > 1:
+    if world_size() > 1:  # leave the process group at the end of a run
         dist.destroy_process_group()

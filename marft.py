@@ -1,20 +1,8 @@
 """MARFT: multi-agent reinforcement fine-tuning of LLM agents that share one base model.
 
 Paper: Liao, Wen, Wang, Zhang, *Multi-Agent Reinforcement Fine-Tuning*, arXiv 2504.16129. This
-file is the algorithm box (`train`) and its phases; the README's "Paper ↔ code" table maps every
-equation to the function that computes it. The other modules:
-
-    flex_pomdp.py  agents N, dependency function D, σ, unrolled observations ô
-    agents.py      base model, one LoRA adapter per agent, log π^i(a | ô)
-    generation.py  sampling a^j ~ π^j: the hf and vLLM backends; the check that μ serves the new θ
-    critic.py      shared critic V_φ(o_t ⊕ a_{t,<k}) (LoRA adapter + value head)
-    ppo.py         credit assignment, GAE, losses, rollout correction, agent-by-agent schedule (pure tensor math)
-    rollout.py     agents playing episodes in σ order; held-out metrics
-    config.py      the Config (--help), the command line, the checks at start
-    run.py         setting a run up, seeds, timers, metrics, the run folder, checkpoints
-    distributed.py torchrun ranks: each rank's share of the work, summed gradients
-    tasks.py       the task: problems, the environment of one episode, organisations, metrics
-    envs/          the environments (math, code), data, grading, the code sandbox
+file is the algorithm box (`train`) and its phases; the README's "Module map" places the other
+modules and its "Paper ↔ code" table maps every equation to the function that computes it.
 
 One iteration (the paper's algorithm box):
 
@@ -40,34 +28,32 @@ Deviations from the paper and choices it leaves open (each a named option of con
 - The critic's input for the k-th action of a step is o_t ⊕ every earlier action of the step,
   whatever D lets the policy read (rollout.py records it): δ of an action is informative only if
   the next value has seen it (the multi-agent advantage decomposition).
-- `advantage group` (GRPO-style, no critic): Â of each action is its agent's return against the
-  other episodes of its problem (`group_size` G; ppo.group_advantages), `group_baseline batch`
-  against every episode of the iteration (REINFORCE++).
+- `advantage group` (GRPO-style, no critic): Â of an action is its agent's return against the other
+  episodes of its problem (`group_size` G; ppo.group_advantages); `group_baseline batch`: against
+  every episode of the iteration (REINFORCE++).
 - A D that changes with t (`agents orchestrated`): tables are indexed by (episode, step, k-th action);
   an agent acting several times in a step enters M with the product of its ratios.
+- The HAPPO factor of an agent is its whole action's ratio π_new(a) / π_old(a), bounded to [1/c, c]
+  (`happo_ratio_clip` c = 2); `shared_adapter`: every role moves one θ, one joint PPO update (M = 1).
+- No entropy bonus, no KL penalty to a reference policy. GAE advantages are normalised per agent
+  over its real samples only (ppo.normalize_advantages); `target_kl` ends an agent's epochs at the
+  first minibatch whose approximate KL to π_old exceeds it, before that minibatch's step.
+- `lr_schedule` cosine decays the rates to `lr_final_ratio` over `lr_decay_iterations` (ppo.scheduled_lr).
+- The math task's single agent learns without a critic by default (tasks.MATH.organisation_options).
+- A step whose loss or gradient is not finite is skipped; MAX_NONFINITE_STEPS of them in one update
+  stop the run before its checkpoint.
+- Training samples the full softmax at T (no top-p/top-k: π_old would not be the policy that drew).
+  `backend vllm`: the adapters are re-registered under fresh lora_int_ids after each update; the PPO
+  old log-probs always come from the training model, on the rollout's token ids.
+- `rollout_correction` (verl's TIS/MIS): a sampler μ other than π_old (vLLM) weighs each decision's
+  surrogate term by w = min(π_old/μ, C) (`tis`) or drops it where π_old/μ > C (`mis`); M stays
+  π_new/π_old; after every sync a sampler still serving an old adapter stops the run.
 - `eval/accuracy` is pass@1 over `eval_samples` samples at the training temperature and
   `eval/accuracy_greedy` decodes greedily; every `eval_interval` iterations, greedy only.
 - All randomness of iteration k is seeded from (seed, k) (run.seed_iteration): a resumed run
   replays an uninterrupted one, and a checkpoint stores no generator state.
-- The HAPPO factor of an agent is its whole action's ratio π_new(a) / π_old(a), bounded to
-  [1/c, c] (`happo_ratio_clip` c = 2).
-- `shared_adapter`: every role moves one θ, so one joint PPO update over all samples (M = 1).
-- `lr_schedule` cosine decays the rates to `lr_final_ratio` over `lr_decay_iterations` (ppo.scheduled_lr).
-- The math task's single agent learns without a critic by default (tasks.MATH.organisation_options).
-- No entropy bonus, no KL penalty to a reference policy. GAE advantages are normalised per agent
-  over its real samples only (ppo.normalize_advantages); `target_kl` ends an agent's epochs at the
-  first minibatch whose approximate KL to π_old exceeds it, before that minibatch's step.
-- A step whose loss or gradient is not finite is skipped; MAX_NONFINITE_STEPS of them in one
-  update stop the run before its checkpoint.
-- `backend vllm`: the adapters are re-registered under fresh lora_int_ids after each update; the
-  PPO old log-probs always come from the training model, on the rollout's token ids.
-- `rollout_correction` (verl's TIS/MIS): a sampler μ other than π_old (vLLM) weighs each decision's
-  surrogate term by w = min(π_old/μ, C) (`tis`) or drops it where π_old/μ > C (`mis`); M stays
-  π_new/π_old; after every sync a sampler still serving an old adapter stops the run.
-- Training samples the full softmax at T (no top-p/top-k: π_old would not be the policy that drew).
-- `time_limit_minutes` ends a run early at equal wall time.
-- Under torchrun the work of every phase is split over ranks so that the numbers stay one
-  process's (distributed.py).
+- `time_limit_minutes` ends a run early at equal wall time; under torchrun every phase's work is
+  split over ranks so that the numbers stay one process's (distributed.py).
 
 Usage: python marft.py --help
 """
@@ -101,9 +87,8 @@ def train(cfg: Config) -> dict:
     org, model, value_heads, optimisers, backend, pad = (job.org, job.model, job.value_heads, job.optimisers, job.backend,
                                                           job.tokenizer.pad_token_id)
     with Grader() as grader, contextlib.closing(backend):
-        evaluate = held_out_evaluator(job, grader, cfg)
         if job.start == 0:
-            job.run.log(0, evaluate(before_training=True))
+            job.run.log(0, held_out_evaluation(job, grader, cfg, 0))
         progress = tqdm(range(job.start, cfg.iterations), initial=job.start, total=cfg.iterations, desc="MARFT",
                         dynamic_ncols=True, disable=not distributed.is_main())
         previous: dict[str, list[torch.Tensor]] = {}  # θ^i before the last update of each agent that moved
@@ -145,7 +130,7 @@ def train(cfg: Config) -> dict:
             # 6. Held-out evaluation, metrics, checkpoint.
             out_of_time = distributed.broadcast_object(cfg.time_limit_minutes > 0 and job.run.elapsed() >= 60 * cfg.time_limit_minutes)
             with timer("eval"):
-                metrics |= scheduled_evaluation(cfg, iteration + 1, out_of_time, evaluate)
+                metrics |= held_out_evaluation(job, grader, cfg, iteration + 1, out_of_time)
             metrics |= iteration_metrics(org, rollout, old, returns, cfg, timer)
             log_and_checkpoint(job, iteration + 1, metrics, progress)
             if out_of_time:
@@ -156,11 +141,9 @@ def train(cfg: Config) -> dict:
     return summary
 
 
-# ---------------------------------------------------------------------------------------------
-# 2. Old log-probs and values (no grad, batched per agent)
-# ---------------------------------------------------------------------------------------------
+# ---- 2. Old log-probs and values (no grad, batched per agent) -------------------------------
 
-FORWARD_BATCH_SIZE = 8  # sequences per no-grad pass (old log-probs, values, M); 16 measured no faster
+FORWARD_BATCH_SIZE = 8  # sequences per no-grad pass (old log-probs, values, M)
 
 
 @dataclass
@@ -176,13 +159,12 @@ class OldPolicy:
 
 
 def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config,
-                      prefix: agents_lib.SharedPrefix | None = None, temperature: float | None = None) -> agents_lib.PolicyLogProbs:
+                      prefix: agents_lib.SharedPrefix | None = None) -> agents_lib.PolicyLogProbs:
     """log π per decision, entropy, mask [n, L'] and token log-probs [n, K'] of the samples under
-    `adapter` (`prefix`: their prompts' shared prefix, run already) at `temperature` (default: the
-    temperature of the role whose policy the adapter is, --role_temperatures, else --temperature)."""
-    if temperature is None:
-        temperature = next((t for role, t in role_temperatures(cfg).items()
-                            if adapter == agents_lib.policy_adapter_name(role, cfg.shared_adapter)), cfg.temperature)
+    `adapter` (`prefix`: their prompts' shared prefix, run already) at the temperature of the role
+    whose policy the adapter is (--role_temperatures, else --temperature)."""
+    temperature = next((t for role, t in role_temperatures(cfg).items()
+                        if adapter == agents_lib.policy_adapter_name(role, cfg.shared_adapter)), cfg.temperature)
     prompts, responses = rollout.sequences(samples)
     return agents_lib.policy_logprobs(model, prompts, responses, adapter, pad, cfg.decision_unit, cfg.action_logprob,
                                       temperature, cfg.prefix_sharing, prefix=prefix)
@@ -222,9 +204,7 @@ def old_policy_and_values(model, value_heads, pad: int, org: Organisation, rollo
     return old
 
 
-# ---------------------------------------------------------------------------------------------
-# 2b. Rollout correction: the sampler μ that drew the rollout against π_old
-# ---------------------------------------------------------------------------------------------
+# ---- 2b. Rollout correction: the sampler μ that drew the rollout against π_old --------------
 
 def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cfg: Config) -> dict:
     """Set old.correction, the weight w [S, L] of every decision's surrogate term (--rollout_correction;
@@ -252,9 +232,7 @@ def check_sampler(model, pad: int, org: Organisation, rollout: Rollout, old: Old
                                         iteration, sampler)
 
 
-# ---------------------------------------------------------------------------------------------
-# 3. Advantages
-# ---------------------------------------------------------------------------------------------
+# ---- 3. Advantages --------------------------------------------------------------------------
 
 def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg: Config):
     """r_{t,k} by credit assignment plus each agent's per-role reward terms, on grids [B, T, P] of the
@@ -269,9 +247,8 @@ def compute_advantages(org: Organisation, rollout: Rollout, old: OldPolicy, cfg:
         # acts twice is not paid twice); the group compares it across the problem's episodes.
         agent_rewards, agent_acted = per_agent_mean(rollout, rewards[where], len(org.order))  # [B, T, N]
         # G^i_t = r^i_t + Σ_{t' > t} γ^(t'−t) R_t': its own reward, then the team's later rewards.
-        advantages, signal, zero_signal = ppo.group_advantages(agent_rewards, rollout.team_reward, agent_acted,
-                                                               ppo.baseline_groups(len(rollout.solved), cfg.group_size,
-                                                                                   cfg.group_baseline),
+        groups = ppo.baseline_groups(len(rollout.solved), cfg.group_size, cfg.group_baseline)
+        advantages, signal, zero_signal = ppo.group_advantages(agent_rewards, rollout.team_reward, agent_acted, groups,
                                                                cfg.gamma, cfg.group_std)  # [B, T, N]
         sample = (rollout.episode, rollout.step, rollout.agent_index)
         # Every decision of an action (each token at the token level) gets its agent's Â.
@@ -292,9 +269,7 @@ def per_agent_mean(rollout: Rollout, sample_rewards: torch.Tensor, num_agents: i
     return total / count.clamp(min=1.0), (count > 0).to(sample_rewards.dtype)
 
 
-# ---------------------------------------------------------------------------------------------
-# 4. Trust-region agent-by-agent update of the policies
-# ---------------------------------------------------------------------------------------------
+# ---- 4. Trust-region agent-by-agent update of the policies ----------------------------------
 
 def schedule_learning_rates(optimisers: dict, iteration: int, cfg: Config) -> dict:
     """Set every optimiser's learning rate for this iteration (--lr_schedule; `ppo.scheduled_lr`),
@@ -316,8 +291,7 @@ def update_agents(model, pad: int, org: Organisation, rollout: Rollout, old: Old
         plan = [("shared", agents_lib.SHARED_ADAPTER, list(range(len(rollout.prompt_ids))))]
     else:
         # --frozen_agents: a fixed π^i, its ratio 1 in every M
-        frozen = frozen_roles(cfg)
-        learners = tuple(role for role in org.learners if role not in frozen)
+        learners = tuple(role for role in org.learners if role not in frozen_roles(cfg))
         plan = [(role, agents_lib.policy_adapter_name(role, False), rollout.agent_samples(org.order.index(role)))
                 for role in ppo.agent_update_order(learners, rng)]
         plan = [entry for entry in plan if entry[2]]  # an executor no episode called has nothing to learn from
@@ -353,16 +327,15 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
     if cfg.skip_zero_signal_groups:  # DAPO's dynamic sampling without the resampling: only episodes that disagree with their group
         keep = signal[samples]  # [n]: the sample's group had returns that differ (ppo.group_advantages)
         samples, agent_adv, weight = samples[keep], agent_adv[keep], weight[keep]
-    if len(samples) == 0:  # every rank sees the same samples: none steps
-        nothing = {f"losses/{key}/{label}": float("nan") for key in ("policy_loss", "approx_kl", "clip_fraction", "entropy")}
-        return nothing | {f"losses/early_stopped/{label}": 0.0, f"losses/update_samples/{label}": 0.0,
-                          f"losses/nonfinite_steps/{label}": 0.0}
-    objective = lambda rows, new: agent_objective(new, old, samples[rows], agent_adv[rows], weight[rows], cfg)
+    def objective(rows: torch.Tensor, prefix) -> ObjectiveTerms:  # of positions `rows` of `samples`
+        new = decision_logprobs(model, pad, rollout, samples[rows], adapter, cfg, prefix)
+        return agent_objective(new, old, samples[rows], agent_adv[rows], weight[rows], cfg)
+
     history, stopped = defaultdict(list), False
-    for epoch in range(cfg.ppo_epochs):
+    for epoch in range(cfg.ppo_epochs if len(samples) else 0):  # every rank sees the same samples: none steps
         for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
             optimiser.zero_grad(set_to_none=True)
-            kl, logged, finite = minibatch_gradient(model, pad, rollout, old, samples, minibatch, adapter, cfg, objective)
+            kl, logged, finite = minibatch_gradient(model, rollout, old, samples, minibatch, adapter, cfg, objective)
             if cfg.target_kl > 0 and distributed.sum_(kl).item() > cfg.target_kl:  # the minibatch's KL, on every rank
                 optimiser.zero_grad(set_to_none=True)
                 stopped = True  # checked before the step it would waste
@@ -383,11 +356,12 @@ def update_agent(model, pad: int, rollout: Rollout, old: OldPolicy, advantages: 
 
 
 class ObjectiveTerms(NamedTuple):
-    """One micro-batch's objective as masked means (`agent_objective`), and what is logged of it."""
+    """One micro-batch's objective as masked means (`agent_objective`, update_critic's), and what is logged of it."""
 
-    per_decision: torch.Tensor  # −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)], a mean over decisions
-    kl_to_old: torch.Tensor  # approximate KL(π_old ‖ π) over decisions: the early stop's
+    per_decision: torch.Tensor  # −E[w · min(ρ M Â, clip(ρ, 1 ± ε) M Â)] (or the value loss), a mean over decisions
+    kl_to_old: torch.Tensor  # approximate KL(π_old ‖ π) over decisions: the early stop's (0 for the critic)
     decision_stats: dict  # policy_loss, approx_kl, clip_fraction, entropy (means over decisions; entropy logged only)
+    mask: torch.Tensor  # 1 on the rows' real decisions, [n, L']
 
 
 def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch.Tensor, advantage: torch.Tensor,
@@ -405,32 +379,38 @@ def agent_objective(new: agents_lib.PolicyLogProbs, old: OldPolicy, batch: torch
     loss, s = ppo.clipped_surrogate_loss(new.logprob, old_lp, advantage[:, :width], mask, cfg.clip_eps, weight)
     decision_stats = {"policy_loss": loss.item(), "approx_kl": s["approx_kl"], "clip_fraction": s["clip_fraction"],
                       "entropy": ppo.masked_mean(new.entropy, mask).item()}
-    return ObjectiveTerms(loss, ppo.approx_kl(new.logprob.detach(), old_lp, mask), decision_stats)
+    return ObjectiveTerms(loss, ppo.approx_kl(new.logprob.detach(), old_lp, mask), decision_stats, mask)
 
 
-def minibatch_gradient(model, pad: int, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, minibatch: torch.Tensor,
-                       adapter: str, cfg: Config, objective) -> tuple[torch.Tensor, dict, bool]:
+def minibatch_gradient(model, rollout: Rollout, old: OldPolicy, samples: torch.Tensor, minibatch: torch.Tensor, adapter: str,
+                       cfg: Config, objective, reader: str = "policy") -> tuple[torch.Tensor, dict, bool]:
     """Accumulate the gradient of the minibatch's objective into the adapter's .grad: this rank's rows
-    (distributed.rows_of) in micro-batches of at most micro_batch_tokens, the prompt prefix an agent's
-    rows share run once for all of them, each micro-batch's means weighted by its share of the
-    minibatch's (the sum over micro-batches and ranks is the minibatch's mean). `objective(rows, new)`:
-    the ObjectiveTerms of positions `rows` of `samples`. Returns (this rank's share of the KL to
-    π_old, the logged means, every loss finite)."""
+    (distributed.rows_of) in `micro_batches` of one agent each, the prefix its rows' prompts (those
+    `reader` reads) share run once, each micro-batch's means weighted by its share of the minibatch's
+    (summed over micro-batches and ranks: the minibatch's mean). `objective(rows, prefix)`: the
+    ObjectiveTerms of positions `rows` of `samples`. Returns (this rank's share of the KL to π_old,
+    the logged means, every loss finite)."""
     chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch (all of it in one process)
     minibatch_mask = old.mask[samples[minibatch]]
     kl, logged, finite = torch.zeros(()), defaultdict(float), True
-    for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg):
-        prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg)
+    mine = samples[chunk].tolist()
+    prompts, responses = rollout.sequences(mine, reader)
+    per_agent = micro_batches(prompts, [len(p) + len(r) for p, r in zip(prompts, responses)],
+                              [rollout.agent_index[s] for s in mine], cfg.micro_batch_tokens, cfg.prefix_sharing)
+    for agent_micro_batches in per_agent:  # positions into `chunk`
+        prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg, reader)
         for micro in agent_micro_batches:
-            rows = chunk[micro]
-            batch = samples[rows]
-            new = decision_logprobs(model, pad, rollout, batch, adapter, cfg, prefix)
-            terms = objective(rows, new)
-            share = rank_share(old.mask[batch, : new.logprob.shape[1]], minibatch_mask, counted)  # its decisions / the minibatch's
+            terms = objective(chunk[micro], prefix)
+            # the weight of its means in the minibatch's: its decisions / the minibatch's (0 on a rank not counted)
+            share = (terms.mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item() if counted else 0.0
             kl = kl + terms.kl_to_old * share
             for key, value in terms.decision_stats.items():
                 logged[key] += value * share
-            finite = accumulate_gradient(terms.per_decision * share) and finite
+            loss = terms.per_decision * share  # ∂loss/∂θ added to .grad; a loss that is not finite adds nothing
+            if torch.isfinite(loss):
+                loss.backward()
+            else:
+                finite = False
         agents_lib.backward_shared_prefix(prefix)  # the gradient through the prefix, summed over the micro-batches
     return kl, logged, finite
 
@@ -466,12 +446,11 @@ def happo_weight_after_update(rollout: Rollout, old: OldPolicy, samples: torch.T
 
 def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int], token_budget: int,
                   share_prefix: bool) -> list[list[torch.Tensor]]:
-    """Positions 0 … n−1 of a minibatch's rows (prompts; lengths: prompt + response tokens; groups:
-    the agent of each row) → for each agent, in order of its first row, its micro-batches of
-    positions. A micro-batch of k rows costs the prefix the agent's rows share once
-    (`agents.shared_prefix_length`; 0 without prefix sharing) plus k × (its longest row − the
-    prefix), within `token_budget` (a longer row is a micro-batch of its own): a gradient pass's
-    activations stay bounded whatever the number of agents and the length of their prompts."""
+    """Positions 0 … n−1 of a minibatch's rows (lengths: prompt + response tokens; groups: the agent
+    of each row) → for each agent, in order of its first row, its micro-batches of positions. A
+    micro-batch of k rows costs the agent's shared prefix once (0 without prefix sharing) plus
+    k × (its longest row − the prefix), within `token_budget` (a longer row is one of its own): a
+    gradient pass's activations stay bounded whatever the number of agents and their prompts' length."""
     by_group: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_group.setdefault(group, []).append(position)
@@ -489,15 +468,6 @@ def micro_batches(prompts: list[list[int]], lengths: list[int], groups: list[int
     return out
 
 
-def rollout_micro_batches(rollout: Rollout, batch: torch.Tensor, cfg: Config, reader: str = "policy") -> list[list[torch.Tensor]]:
-    """`micro_batches` of these samples of the rollout [n], per agent: positions into `batch`.
-    reader: whose prompts the passes run, the policy's or the critic's (`Rollout.sequences`)."""
-    samples = batch.tolist()
-    prompts, responses = rollout.sequences(samples, reader)
-    return micro_batches(prompts, [len(p) + len(r) for p, r in zip(prompts, responses)],
-                         [rollout.agent_index[s] for s in samples], cfg.micro_batch_tokens, cfg.prefix_sharing)
-
-
 def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, cfg: Config,
                  reader: str = "policy") -> agents_lib.SharedPrefix | None:
     """The prompt prefix one agent's samples [n] share (in the prompts `reader` reads), run once with
@@ -507,34 +477,16 @@ def agent_prefix(model, rollout: Rollout, samples: torch.Tensor, adapter: str, c
     return agents_lib.run_shared_prefix(model, rollout.sequences(samples.tolist(), reader)[0], adapter)
 
 
-def accumulate_gradient(loss: torch.Tensor) -> bool:
-    """Add ∂loss/∂θ to the gradients; a loss that is not finite adds nothing and returns False."""
-    if not torch.isfinite(loss):
-        return False
-    loss.backward()
-    return True
-
-
 def gradient_step(optimiser: torch.optim.Optimizer, finite: bool, params: list, max_grad_norm: float) -> bool:
     """One optimiser step on the accumulated gradients, clipped to max_grad_norm; none (and False)
     when a micro-batch's loss on any rank or the gradient is not finite."""
-    if not distributed.all_ranks(finite):  # every rank skips, or none does
-        optimiser.zero_grad(set_to_none=True)
-        return False
-    distributed.sum_gradients(params)  # Σ over ranks of each rank's share: the minibatch's gradient
-    if not torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)):
-        optimiser.zero_grad(set_to_none=True)
-        return False
-    optimiser.step()
-    return True
-
-
-def rank_share(rows_mask: torch.Tensor, minibatch_mask: torch.Tensor, counted: bool) -> float:
-    """Weight of these rows' masked means in the minibatch's: their decisions / the minibatch's (so
-    the weighted sums over micro-batches and ranks are the minibatch's means); 0 on a rank not `counted`."""
-    if not counted:
-        return 0.0
-    return (rows_mask.sum() / minibatch_mask.sum().clamp(min=1.0)).item()
+    if distributed.all_ranks(finite):  # every rank skips, or none does
+        distributed.sum_gradients(params)  # Σ over ranks of each rank's share: the minibatch's gradient
+        if torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)):
+            optimiser.step()
+            return True
+    optimiser.zero_grad(set_to_none=True)
+    return False
 
 
 def minibatch_sum(value: float) -> float:
@@ -555,9 +507,7 @@ def stop_if_diverged(skipped_steps: int, label: str) -> float:
     return float(skipped_steps)
 
 
-# ---------------------------------------------------------------------------------------------
-# 5. Critic update
-# ---------------------------------------------------------------------------------------------
+# ---- 5. Critic update -----------------------------------------------------------------------
 
 def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy, returns: torch.Tensor, cfg: Config,
                   optimisers: dict, rng: torch.Generator) -> dict:
@@ -566,59 +516,42 @@ def update_critic(model, value_heads, pad: int, rollout: Rollout, old: OldPolicy
     adapter, losses, skipped = critic_lib.SHARED_CRITIC, [], 0
     samples = torch.arange(len(rollout.agent_index))
     params = critic_lib.critic_parameters(model, value_heads, adapter)
+    def objective(rows: torch.Tensor, prefix) -> ObjectiveTerms:  # of positions `rows` of `samples`
+        batch = samples[rows]
+        new_values = critic_lib.decision_values(model, value_heads, adapter, *rollout.sequences(batch, reader="critic"),
+                                                pad, cfg.decision_unit, cfg.prefix_sharing, prefix)  # [n, L']
+        width = new_values.shape[1]
+        mask = old.mask[batch, :width]
+        loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width], mask,
+                                      cfg.value_clip or None)
+        return ObjectiveTerms(loss, torch.zeros(()), {"value_loss": loss.item()}, mask)
+
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(len(samples), generator=rng).split(cfg.minibatch_size):
-            chunk, counted = distributed.rows_of(minibatch)  # this rank's rows of the minibatch
-            minibatch_mask = old.mask[samples[minibatch]]
             optimisers[adapter].zero_grad(set_to_none=True)
-            logged, finite = 0.0, True
-            # the minibatch mixes agents: a micro-batch holds one agent's rows, its prefix run once
-            for agent_micro_batches in rollout_micro_batches(rollout, samples[chunk], cfg, reader="critic"):
-                prefix = agent_prefix(model, rollout, samples[chunk[torch.cat(agent_micro_batches)]], adapter, cfg,
-                                      reader="critic")
-                for micro in agent_micro_batches:
-                    batch = samples[chunk[micro]]
-                    new_values = critic_lib.decision_values(model, value_heads, adapter,
-                                                            *rollout.sequences(batch, reader="critic"), pad,
-                                                            cfg.decision_unit, cfg.prefix_sharing, prefix)
-                    width = new_values.shape[1]
-                    share = rank_share(old.mask[batch, :width], minibatch_mask, counted)
-                    loss = ppo.clipped_value_loss(new_values, old.values[batch, :width], returns[batch, :width],
-                                                  old.mask[batch, :width], cfg.value_clip or None)
-                    logged += loss.item() * share
-                    finite = accumulate_gradient(loss * share) and finite
-                agents_lib.backward_shared_prefix(prefix)
+            _, logged, finite = minibatch_gradient(model, rollout, old, samples, minibatch, adapter, cfg, objective,
+                                                   reader="critic")
             if gradient_step(optimisers[adapter], finite, params, cfg.max_grad_norm):
-                losses.append(minibatch_sum(logged))
+                losses.append(minibatch_sum(logged["value_loss"]))
             else:
                 skipped += 1
     return {"losses/value_loss": sum(losses) / len(losses) if losses else float("nan"),
             f"losses/nonfinite_steps/{adapter}": stop_if_diverged(skipped, adapter)}
 
 
-# ---------------------------------------------------------------------------------------------
-# 6. Held-out evaluation
-# ---------------------------------------------------------------------------------------------
+# ---- 6. Held-out evaluation -----------------------------------------------------------------
 
-def held_out_evaluator(job: Job, grader: Grader, cfg: Config):
-    """evaluate(greedy_only=False, before_training=False) -> the held-out metrics of the policies as
-    they are now (rollout.heldout_metrics), decoded by the run's generation backend."""
-    def evaluate(greedy_only: bool = False, before_training: bool = False) -> dict:
-        if before_training:
-            print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
-                       f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
-        return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, greedy_only)[0]
-    return evaluate
-
-
-def scheduled_evaluation(cfg: Config, done_iterations: int, out_of_time: bool, evaluate) -> dict:
-    """The held-out metrics due after `done_iterations`: the full evaluation (pass@k and greedy) after
-    the last iteration or when time is up, greedy only every eval_interval iterations, else none."""
-    if done_iterations == cfg.iterations or out_of_time:
-        return evaluate()
-    if cfg.eval_interval and done_iterations % cfg.eval_interval == 0:
-        return evaluate(greedy_only=True)
-    return {}
+def held_out_evaluation(job: Job, grader: Grader, cfg: Config, done_iterations: int, out_of_time: bool = False) -> dict:
+    """The held-out metrics (rollout.heldout_metrics) due after `done_iterations`, decoded by the run's
+    generation backend: all (pass@k and greedy) before training, after the last iteration or when time
+    is up; greedy only every eval_interval iterations; else none."""
+    full = done_iterations in (0, cfg.iterations) or out_of_time
+    if not full and not (cfg.eval_interval and done_iterations % cfg.eval_interval == 0):
+        return {}
+    if done_iterations == 0:
+        print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {cfg.eval_samples} samples"
+                   f"{' + greedy' if cfg.eval_greedy else ''} …", flush=True)
+    return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, not full)[0]
 
 
 if __name__ == "__main__":

@@ -1,28 +1,21 @@
 """Rollouts and held-out evaluation: the agents playing episodes of the Flex-POMDP.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP" (the rollout of one step) and
-the algorithm box's sampling phase. README: "Paper ↔ code".
-
-At every step t the agents act in the topological order σ of D; agent j samples
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP" and the algorithm box's sampling
+phase. At every step t the agents act in the topological order σ of D; agent j samples
 a^j_t ~ π^j(· | ô^j_t) from its unrolled observation
 
     ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}                         (Flex-POMDP observation)
 
 and the joint action a_t goes to the environment, which returns the team reward R_t and done_t.
-Training (marft.py) and evaluation (evaluate.py) both play through `run_episodes`: the same game.
-With an orchestrator (a dynamic D, flex_pomdp's docstring) a step is the sequence its decisions
-call (`play_orchestrated_step`); each episode's sequence is kept (`calls`, `step_ends`).
+Training (marft.py) and evaluation (evaluate.py) both play through `run_episodes`. With an
+orchestrator (a dynamic D, flex_pomdp's docstring) a step is the sequence its decisions call
+(`play_orchestrated_step`; kept per episode in `calls` and `step_ends`).
 
-A `Rollout` keeps every learning agent's action as one sample s at its position k in the step
-(a tool's action is in the transcript only); `to_grid` scatters a per-sample table into the
-[B, T, P, …] grid of (episode, step, k-th action) that the advantage equations index.
-The critic's input o_t ⊕ a_{t,<k} (flex_pomdp's docstring) is the policy's prompt in a chain or an
-orchestrated step; under any other fixed D, with a critic, it is tokenized beside it once and kept
-(`Rollout.critic_prompt_ids`, read by `Rollout.sequences(…, reader="critic")`).
-
-Held-out metrics (`heldout_metrics`, docs/metrics.md), over P problems of k sampled episodes, c_p of
-them solved on problem p: eval/accuracy = mean_p c_p / k (pass@1); eval/pass@k = mean_p of
-1 − C(k − c_p, k) / C(k, k) (`pass_at_k`); eval/maj@k = mean_p [majority answer right] (`majority_vote`).
+A `Rollout` keeps every learning agent's action as one sample s at its position k in the step (a tool's
+action is in the transcript only); `to_grid` scatters a per-sample table into the [B, T, P, …] grid of
+(episode, step, k-th action) that the advantage equations index. The critic's input o_t ⊕ a_{t,<k} is the
+policy's prompt in a chain or an orchestrated step; under any other fixed D, with a critic, it is tokenized
+beside it and kept (`Rollout.critic_prompt_ids`). Held-out metrics: `heldout_metrics` (docs/metrics.md).
 """
 from __future__ import annotations
 
@@ -85,26 +78,16 @@ class Rollout:
         return [s for s, n in enumerate(self.agent_index) if n == agent]
 
     def sequences(self, samples, reader: str = "policy") -> tuple[list[list[int]], list[list[int]]]:
-        """(prompt ids, response ids) of the samples (ints or a tensor): reader "policy" the prompt ô
-        each action was sampled from, "critic" the critic's input o_t ⊕ a_{t,<k}."""
+        """(prompt ids, response ids) of the samples: the prompts ô they were drawn from, or the critic's o_t ⊕ a_{t,<k}."""
+        assert reader in ("policy", "critic"), reader
         samples = [int(s) for s in samples]
-        if reader == "critic":
-            prompts = [self.critic_prompt_ids.get(s, self.prompt_ids[s]) for s in samples]
-        elif reader == "policy":
-            prompts = [self.prompt_ids[s] for s in samples]
-        else:
-            raise ValueError(f"reader={reader!r}: choose 'policy' or 'critic'")
-        return prompts, [self.response_ids[s] for s in samples]
-
-    @property
-    def positions(self) -> int:
-        """P: the most actions any step holds (N under a fixed D)."""
-        return max(self.position) + 1
+        own = self.critic_prompt_ids if reader == "critic" else {}  # the critic's, where it is not the policy's
+        return [own.get(s, self.prompt_ids[s]) for s in samples], [self.response_ids[s] for s in samples]
 
     def to_grid(self, table: torch.Tensor) -> torch.Tensor:
-        """Scatter a per-sample table [S, ...] into [B, T, P, ...] (zeros where no action was taken)."""
+        """A per-sample table [S, ...] on [B, T, P, ...], P the most actions of a step (N under a fixed D)."""
         B, T = self.step_mask.shape
-        out = torch.zeros(B, T, self.positions, *table.shape[1:], dtype=table.dtype)
+        out = torch.zeros(B, T, max(self.position) + 1, *table.shape[1:], dtype=table.dtype)
         out[self.episode, self.step, self.position] = table
         return out
 
@@ -123,8 +106,7 @@ class Rollout:
 
 def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                  grader: Grader, sampling: generation.Sampling, cfg: Config) -> Rollout:
-    """Play one episode per problem. Under torchrun rank r plays problems r, r + G, … with its own
-    sampling noise, and every rank returns the merged rollout (`merge_rollouts`)."""
+    """One episode per problem; under torchrun rank r plays r, r + G, … with its own noise (`merge_rollouts`)."""
     if distributed.world_size() == 1:
         return play_episodes(generate_actions, tokenizer, org, problems, grader, sampling, cfg)
     distributed.reseed_sampling()
@@ -134,8 +116,7 @@ def run_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation
 
 def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                   grader: Grader, sampling: generation.Sampling, cfg: Config) -> Rollout:
-    """Play one episode per problem: at every step the agents act in σ order (fixed D) or as the
-    orchestrator decides (`play_orchestrated_step`), then the environment grades the step."""
+    """One episode per problem: at each step the agents act in σ order or as the orchestrator decides."""
     B, T = len(problems), cfg.horizon
     task = tasks.task_of(cfg)
     context = episode_context(org, grader)
@@ -143,7 +124,6 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
     observations = [env.reset() for env in envs]
     out = empty_rollout(B, T, orchestrated=bool(org.orchestrator))
     temperatures = role_temperatures(cfg)
-
     def act(role: str, episodes: list[int], transcripts: dict[int, list[tuple[str, str]]], t: int) -> list[tuple[int, str]]:
         """a ~ π^role(· | ô) in each episode, ô from the step's transcript: [(sample s, text)] (s None: a tool)."""
         if org.profile(role).tool:
@@ -193,8 +173,7 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
 
 
 def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[str, str]]]) -> list[tuple[None, str]]:
-    """A tool's action in each episode (tools.py: a fixed π^j) on the actions D gives it (orchestrated:
-    every earlier one), appended to the step's transcript for later agents to read."""
+    """A tool's action (tools.py: a fixed π^j) on what D gives it (orchestrated: all) in each step's transcript."""
     taken = []
     for transcript in step_transcripts:
         read = "\n".join(text for parent, text in transcript if org.orchestrator or parent in org.parents(role))
@@ -231,8 +210,7 @@ def joint_action_of(org: Organisation, transcript: list[tuple[str, str]]) -> dic
 
 
 def env_step(env, task, joint_action: dict[str, str], where: str):
-    """env.step(joint_action), its info checked. An exception of the environment is raised again as a
-    RuntimeError naming the task, `where` (problem and step) and the acting roles."""
+    """env.step(joint_action), its info checked; what it raises comes back as a RuntimeError naming `where`."""
     try:
         observation, reward, done, info = env.step(joint_action)
     except Exception as error:
@@ -252,9 +230,7 @@ def problem_label(index: int, problem: Problem | None) -> str:
 
 
 def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[int, Problem]]) -> None:
-    """A trial step before the run folder is written: the environment of each of `problems`
-    ({split: (index, problem)}) is reset and stepped once with empty actions, so that one that cannot
-    play stops the run with nothing written (no grader starts, no program runs)."""
+    """A step with empty actions in each of `problems` ({split: (index, problem)}) before the run folder is written."""
     task = tasks.task_of(cfg)
     with Grader() as grader:
         context = episode_context(org, grader)
@@ -267,9 +243,8 @@ def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[
 
 def step_environment(env, task, org: Organisation, transcript: list[tuple[str, str]], step_samples: list[int], out: Rollout,
                      b: int, t: int, cost_per_tool_call: float = 0.0, problem: Problem | None = None):
-    """env.step(a_t) → R_t, done_t, o_{t+1} for episode b at step t, a_t from the step's transcript
-    (samples `step_samples`); R_t, done_t and the info (per-role rewards, outcomes, `tool_use`) are
-    recorded in `out`, each tool call costing `cost_per_tool_call`. Returns (o_{t+1}, done_t)."""
+    """env.step(a_t) → (o_{t+1}, done_t) of episode b, a_t from the step's transcript (samples `step_samples`);
+    R_t − c · (tool calls), done_t and the info (role rewards, outcomes, `tool_use`) recorded in `out`."""
     joint_action = joint_action_of(org, transcript)  # role → its (last) action of the step
     observation, reward, done, info = env_step(env, task, joint_action, f"{problem_label(b, problem)} of the rollout, step {t}")
     info["tools"] = tool_use(org, transcript)
@@ -301,8 +276,7 @@ def tool_use(org: Organisation, transcript: list[tuple[str, str]]) -> dict:
 
 
 def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dict[str, float]:
-    """tools/calls_per_episode, tools/error_rate, tools/answer_is_tool_output over a rollout's steps
-    (`tool_use`; docs/metrics.md); empty without tools."""
+    """tools/calls_per_episode, error_rate, answer_is_tool_output of the steps (`tool_use`); empty without tools."""
     if rollout is None or org.learners == org.order:
         return {}
     used = [info["tools"] for steps in rollout.infos for info in steps]
@@ -322,21 +296,14 @@ def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str,
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
-    """The rollout of G ranks' parts as one process would have played it: part r's episode j is
-    episode r + jG, and samples go back in the order of play (step, position, agent, episode), so
-    the minibatches of the updates are those of one process."""
+    """The rollout of G ranks' parts as one process would have played it: part r's episode j is episode
+    r + jG, the samples in the order of play (step, position, agent, episode), as one process's."""
     G, T = len(parts), parts[0].team_reward.shape[1]
-    B = sum(len(part.solved) for part in parts)
-    orchestrated = any(part.calls for part in parts)
-    out = empty_rollout(B, T, orchestrated)
+    out = empty_rollout(sum(len(part.solved) for part in parts), T, orchestrated=any(part.calls for part in parts))
     order = []  # (step, position, agent, episode, part, local sample)
     for r, part in enumerate(parts):
-        for j in range(len(part.solved)):  # per-episode fields
-            b = r + j * G
-            out.team_reward[b], out.dones[b], out.step_mask[b] = part.team_reward[j], part.dones[j], part.step_mask[j]
-            out.solved[b], out.outcomes[b], out.infos[b] = part.solved[j], part.outcomes[j], part.infos[j]
-            if orchestrated:
-                out.calls[b], out.step_ends[b] = part.calls[j], part.step_ends[j]
+        for name in ("team_reward", "dones", "step_mask", "solved", "outcomes", "infos", "calls", "step_ends"):
+            getattr(out, name)[r::G] = getattr(part, name)  # per-episode fields: episodes r, r + G, …
         order += [(part.step[s], part.position[s], part.agent_index[s], r + part.episode[s] * G, r, s)
                   for s in range(len(part.prompt_ids))]
     for step, position, agent, b, r, s in sorted(order):
@@ -355,9 +322,8 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
 
 def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout,
                            t: int) -> None:
-    """One step of a dynamic D: orchestrator, executor, orchestrator, …, until each episode's
-    orchestrator finishes, gives no valid decision, or max_calls executors have acted. `act(role,
-    episodes)` returns [(s, text)]; executors called in one round act as one batch per role."""
+    """One step of a dynamic D: orchestrator, executor, orchestrator, … until the orchestrator finishes,
+    errs or max_calls executors have acted; `act(role, episodes)` → [(s, text)], one batch per role."""
     for b in episodes:
         out.calls[b].append([])
         out.step_ends[b].append("")
@@ -372,9 +338,7 @@ def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples:
             else:  # finish, or an error: the step ends as it stands
                 out.step_ends[b][t] = FINISH if decision.kind == "finish" else f"error: {decision.error}"
         deciding = []
-        for role in org.executors:
-            if role not in called:
-                continue
+        for role in [role for role in org.executors if role in called]:
             for b, (s, _) in zip(called[role], act(role, called[role])):
                 if s is not None:  # a tool's call is in the transcript and the calls, not among the samples
                     samples[b].append(s)
@@ -387,36 +351,29 @@ def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples:
 
 
 def orchestration_metrics(rollout: Rollout, org: Organisation, prefix: str = "charts") -> dict[str, float]:
-    """The realised D_t of an orchestrated rollout (empty for a fixed D): calls_per_episode,
-    calls/<role>, and the fractions of steps ended by finish, max_calls or an error (docs/metrics.md)."""
+    """The realised D_t (empty for a fixed D): calls per episode and per role, how the steps ended (docs/metrics.md)."""
     if not org.orchestrator:
         return {}
     episodes, ends = len(rollout.calls), [end for steps in rollout.step_ends for end in steps]
     called = [role for steps in rollout.calls for step in steps for role in step]
-    metrics = {f"{prefix}/calls_per_episode": len(called) / episodes}
-    metrics |= {f"{prefix}/calls/{role}": called.count(role) / episodes for role in org.executors}
-    metrics[f"{prefix}/finish_rate"] = ends.count(FINISH) / len(ends)
-    metrics[f"{prefix}/max_calls_rate"] = ends.count("max_calls") / len(ends)
-    metrics[f"{prefix}/orchestration_errors"] = sum(end.startswith("error") for end in ends) / len(ends)
-    return metrics
+    ended = {"finish_rate": ends.count(FINISH), "max_calls_rate": ends.count("max_calls"),
+             "orchestration_errors": sum(end.startswith("error") for end in ends)}
+    return ({f"{prefix}/calls_per_episode": len(called) / episodes}
+            | {f"{prefix}/calls/{role}": called.count(role) / episodes for role in org.executors}
+            | {f"{prefix}/{name}": count / len(ends) for name, count in ended.items()})
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k (Chen et al. 2021) from n samples, c of them correct: 1 − C(n − c, k) / C(n, k)."""
-    if not 1 <= k <= n or not 0 <= c <= n:
-        raise ValueError(f"pass@k needs 1 ≤ k ≤ n and 0 ≤ c ≤ n, got n={n}, c={c}, k={k}")
+    """Unbiased pass@k (Chen et al. 2021) from n ≥ k samples, c of them correct: 1 − C(n − c, k) / C(n, k)."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def majority_vote(answers: list, solved: list[bool], same: Callable[[object, object], bool]) -> float:
-    """Whether the majority answer of one problem's samples is right. Answers (None: not judged, no
-    vote) join the first group whose first answer is `same`; the largest group wins, a tie split
-    evenly (the fraction of the largest groups whose first episode was solved). 0.0 without answers."""
+    """Whether the majority answer of one problem's samples is right: answers (None: no vote) join the first
+    group whose first is `same`; a tie of largest groups scores the fraction of them solved; 0.0 without."""
     groups: list[list[int]] = []  # sample indices, grouped
-    for i, answer in enumerate(answers):
-        if answer is None:
-            continue
-        group = next((g for g in groups if same(answers[g[0]], answer)), None)
+    for i in [i for i, answer in enumerate(answers) if answer is not None]:
+        group = next((g for g in groups if same(answers[g[0]], answers[i])), None)
         if group is None:
             groups.append([i])
         else:
@@ -434,17 +391,15 @@ def has_answers(rollout: Rollout) -> bool:
 
 
 def maj_at_k(rollout: Rollout, num_problems: int, k: int, same: Callable[[object, object], bool]) -> float:
-    """maj@k: the mean of `majority_vote` over problems and the n // k disjoint blocks of k of each
-    problem's n samples (episode b plays problem b mod P)."""
+    """maj@k: the mean `majority_vote` over problems p and the n // k blocks of k of their n samples (b mod P = p)."""
     samples = len(rollout.solved) // num_problems
     if not 1 <= k <= samples:
         raise ValueError(f"maj@{k} needs 1 ≤ k ≤ the {samples} samples per problem: take k ≤ {samples} or more samples")
     blocks = samples // k
     total = 0.0
     for p in range(num_problems):
-        episodes = [p + j * num_problems for j in range(samples)]  # samples 0 … n − 1 of problem p
         for i in range(blocks):
-            block = episodes[i * k:(i + 1) * k]
+            block = [p + j * num_problems for j in range(i * k, (i + 1) * k)]  # samples ik … (i + 1)k − 1 of problem p
             answers = [tuple(rollout.infos[b][-1]["answers"].values()) for b in block]  # last step, per graded role
             answers = [None if any(a is None for a in ans) else ans for ans in answers]  # one not judged: no vote
             total += majority_vote(answers, [rollout.solved[b] for b in block], same)
@@ -452,8 +407,7 @@ def maj_at_k(rollout: Rollout, num_problems: int, k: int, same: Callable[[object
 
 
 def same_answer(grader: Grader) -> Callable[[tuple, tuple], bool]:
-    """Whether two episode answers are one: per graded role, equal text, or the first read as the gold
-    answer verifies the second ("1/2" and "0.5" are one answer)."""
+    """Whether two episode answers are one: per graded role, equal text or the first, as gold, verifies the second."""
     def verifies(gold: str, answer: str) -> bool:
         try:
             return grader.grade(gold, f"\\boxed{{{answer}}}") == CORRECT
@@ -469,23 +423,18 @@ def generated_tokens_per_episode(rollout: Rollout) -> float:
 
 def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
     """c_p: solved samples of each problem, when episode b played problem b mod P."""
-    counts = [0] * num_problems
-    for b, solved in enumerate(rollout.solved):
-        counts[b % num_problems] += int(solved)
-    return counts
+    return [sum(rollout.solved[p::num_problems]) for p in range(num_problems)]
 
 
 @torch.no_grad()
 def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisation, problems: list[Problem],
                     grader: Grader, cfg: Config, greedy_only: bool = False,
                     top_p: float = 1.0) -> tuple[dict, Rollout | None, Rollout | None]:
-    """(metrics, sampled rollout or None, greedy rollout or None) of the current policies.
-
-    Sampled: problems × cfg.eval_samples episodes, episode b on problem b mod P, the noise re-seeded
-    from cfg.seed (every evaluation sees the same); then with cfg.eval_greedy one greedy episode per
-    problem. `greedy_only` skips the sampled ones (training's evaluations between the first and the
-    last); `top_p` < 1 (evaluate.py only) samples from the nucleus."""
-    metrics, sampled = {}, None
+    """(metrics, sampled rollout or None, greedy rollout or None) of the current policies: P problems ×
+    k = cfg.eval_samples episodes (b on problem b mod P, noise re-seeded from cfg.seed; none if `greedy_only`),
+    c_p solved on problem p: eval/accuracy = mean_p c_p / k (pass@1), eval/pass@k = mean_p 1 − C(k − c_p, k) / C(k, k),
+    eval/maj@k = mean_p [majority answer right]; then (cfg.eval_greedy) one greedy episode per problem."""
+    metrics, sampled, greedy_rollout = {}, None, None
     if not (greedy_only and cfg.eval_greedy):
         samples = cfg.eval_samples
         torch.manual_seed(cfg.seed + 424242)
@@ -494,14 +443,12 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
         counts = solved_counts(sampled, len(problems))
         metrics["eval/accuracy"] = sum(c / samples for c in counts) / len(problems)  # pass@1
         metrics["eval/unparseable_rate"] = sampled.unparseable / max(sampled.graded_answers, 1)
-        metrics |= task_metrics(sampled, cfg, "eval")  # the task's own (code: how the sampled programs ended)
-        metrics |= tool_metrics(sampled, org, "eval")
+        metrics |= task_metrics(sampled, cfg, "eval") | tool_metrics(sampled, org, "eval")  # the task's own, the tools'
         if samples > 1:
             metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
             if has_answers(sampled):
                 metrics[f"eval/maj@{samples}"] = maj_at_k(sampled, len(problems), samples, same_answer(grader))
         metrics["eval/generated_tokens_per_episode"] = generated_tokens_per_episode(sampled)
-    greedy_rollout = None
     if cfg.eval_greedy:
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
                                       generation.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
