@@ -56,9 +56,7 @@ LEVELS = ("action", "token")
 resolve_device = distributed.device_of_this_rank  # this process's torch device for --device (rank_device)
 
 
-# ---------------------------------------------------------------------------------------------
-# The base model and one adapter per agent
-# ---------------------------------------------------------------------------------------------
+# ---- The base model and one adapter per agent ------------------------------------------------
 
 def model_cache_dir() -> Path:
     return Path(os.environ.get("MARFT_CACHE", Path.home() / ".cache" / "marft"))
@@ -267,9 +265,7 @@ def tokenize_prompts(tokenizer, messages: list[list[dict]], max_prompt_tokens: i
     return prompts, truncated
 
 
-# ---------------------------------------------------------------------------------------------
-# One forward pass over prompt ⊕ response (a shared prompt prefix run once), and log π per decision
-# ---------------------------------------------------------------------------------------------
+# ---- One forward pass over prompt ⊕ response (a shared prompt prefix run once), and log π per decision ----
 
 def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
     """P: the leading ids every prompt has in common, at most the shortest length − 1 (each row keeps its

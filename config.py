@@ -194,9 +194,7 @@ def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
                 sync_root=shm if shm.is_dir() and shutil.disk_usage(shm).free >= 512 * 2**20 else Path(fallback_sync_dir))
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: the dataclass field docstrings are the --help
-# ---------------------------------------------------------------------------------------------
+# ---- Command line: the dataclass field docstrings are the --help -----------------------------
 
 def field_groups() -> dict[str, list[str]]:
     """The Config fields of each `# --- <group> ---` section of the class, in source order: --help's groups."""

@@ -123,16 +123,8 @@ def decoding_cache(model, prefix: list[int], rows: int) -> DynamicCache:
 
 
 @torch.no_grad()
-def generate(
-    model: PeftModel,
-    tokenizer,
-    prompt_ids: list[list[int]],
-    adapter: str | None,
-    sampling: Sampling,
-    batch_size: int,
-    progress: str | None = None,
-    share_prefix: bool = True,
-) -> Actions:
+def generate(model: PeftModel, tokenizer, prompt_ids: list[list[int]], adapter: str | None, sampling: Sampling,
+             batch_size: int, progress: str | None = None, share_prefix: bool = True) -> Actions:
     """The transformers backend: one action per prompt from π^adapter, in batches of `batch_size`,
     each [shared prefix | left padding | each prompt's own tokens]: with `share_prefix` the prefix is
     run once (`decoding_cache`) and `decode` runs the rest (off: plain left padding). `progress`: a

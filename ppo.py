@@ -75,9 +75,7 @@ ROLLOUT_CORRECTIONS = ("tis", "mis", "none")
 ROLLOUT_CORRECTION_CAP = 2.0  # C of the rollout correction: π_old / μ is truncated (tis) or dropped (mis) beyond it
 
 
-# ---------------------------------------------------------------------------------------------
-# Credit assignment: where the team reward R(s_t, a_t) lands among the agents of step t
-# ---------------------------------------------------------------------------------------------
+# ---- Credit assignment: where the team reward R(s_t, a_t) lands among the agents of step t ----
 
 def place_team_reward(team_reward: torch.Tensor, action_mask: torch.Tensor, credit: str) -> torch.Tensor:
     """[B, T] team reward → [B, T, P] rewards r_{t,k} of the k-th action of step t.
@@ -104,17 +102,10 @@ def place_team_reward(team_reward: torch.Tensor, action_mask: torch.Tensor, cred
     return team_reward.unsqueeze(-1) * share * mask
 
 
-# ---------------------------------------------------------------------------------------------
-# GAE along a chain (shared by the action level and the token level)
-# ---------------------------------------------------------------------------------------------
+# ---- GAE along a chain (shared by the action level and the token level) ----------------------
 
-def chain_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    next_discounts: torch.Tensor,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def chain_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, next_discounts: torch.Tensor,
+              lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE along a chain of K decisions, each with its own discount to the next one.
 
     rewards, values, next_values, next_discounts: [B, K]. next_discounts[k] = γ_next · (1 − done)
@@ -132,15 +123,8 @@ def chain_gae(
     return advantages, advantages + values
 
 
-def action_level_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    dones: torch.Tensor,
-    gamma: float,
-    gamma_agent: float,
-    lam: float,
-    last_value: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def action_level_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, gamma: float, gamma_agent: float,
+                     lam: float, last_value: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Action-level advantages Â^i_t and returns R^i_t over the (step, agent) chain.
 
     rewards, values: [B, T, N]; dones: [B, T] (1 where the episode ended at step t, which cuts
@@ -166,16 +150,9 @@ def action_level_gae(
     return advantages.reshape(B, T, N), returns.reshape(B, T, N)
 
 
-def token_level_gae(
-    token_rewards_at_end: torch.Tensor,
-    token_values: torch.Tensor,
-    token_mask: torch.Tensor,
-    dones: torch.Tensor,
-    gamma: float,
-    gamma_agent: float,
-    gamma_token: float,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def token_level_gae(token_rewards_at_end: torch.Tensor, token_values: torch.Tensor, token_mask: torch.Tensor,
+                    dones: torch.Tensor, gamma: float, gamma_agent: float, gamma_token: float,
+                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level advantages and returns: every token is an action (token-level MARFT).
 
     token_rewards_at_end: [B, T, N], the reward r^i_t placed on agent i (credit assignment),
@@ -240,9 +217,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dones: 
     return token_level_gae(rewards, values, mask, dones, gamma, gamma_agent, gamma_token, lam)
 
 
-# ---------------------------------------------------------------------------------------------
-# Critic-free group advantages (GRPO-style)
-# ---------------------------------------------------------------------------------------------
+# ---- Critic-free group advantages (GRPO-style) -----------------------------------------------
 
 def group_returns(rewards: torch.Tensor, team_reward: torch.Tensor, gamma: float) -> torch.Tensor:
     """G^i_{b,t}: agent i's own reward at step t, then the team's rewards of the later steps, [B, T, N].
@@ -321,9 +296,7 @@ def group_advantages(rewards: torch.Tensor, team_reward: torch.Tensor, acted: to
     return advantages, signal, silent / max(cells, 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Masked statistics
-# ---------------------------------------------------------------------------------------------
+# ---- Masked statistics -----------------------------------------------------------------------
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x over entries with mask = 1 (0 when the mask is empty)."""
@@ -350,9 +323,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return 1.0 - (var_residual / var_returns).item()
 
 
-# ---------------------------------------------------------------------------------------------
-# Losses
-# ---------------------------------------------------------------------------------------------
+# ---- Losses ----------------------------------------------------------------------------------
 
 def approx_kl(new_logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(π_old ‖ π_new): E[(ρ − 1) − log ρ], ρ = exp(log π_new − log π_old)."""
@@ -360,14 +331,9 @@ def approx_kl(new_logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.
     return masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
 
 
-def clipped_surrogate_loss(
-    new_logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float,
-    happo_weight: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict]:
+def clipped_surrogate_loss(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+                           mask: torch.Tensor, clip_eps: float,
+                           happo_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """−L^i = −E[min(ρ M Â, clip(ρ, 1 − ε, 1 + ε) M Â)] over real entries (any shape, all alike).
 
     happo_weight is M (detached; None means M = 1). Returns (loss to minimise, stats) with
@@ -384,13 +350,8 @@ def clipped_surrogate_loss(
     return loss, {"clip_fraction": clip_fraction, "approx_kl": kl}
 
 
-def clipped_value_loss(
-    new_values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None,
-) -> torch.Tensor:
+def clipped_value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       clip_eps: float | None) -> torch.Tensor:
     """½ E[max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²)]; clip_eps None: plain ½ E[(V − R)²]."""
     unclipped = (new_values - returns) ** 2
     if clip_eps is None:
@@ -400,9 +361,7 @@ def clipped_value_loss(
     return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
 
 
-# ---------------------------------------------------------------------------------------------
-# Rollout correction: samples drawn by a sampler μ that is not the training model's π_old
-# ---------------------------------------------------------------------------------------------
+# ---- Rollout correction: samples drawn by a sampler μ that is not the training model's π_old ----
 
 def sampler_logprobs(generation_logprobs: list[list[float]], token_mask: torch.Tensor, decision_unit: str,
                      action_logprob: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -549,9 +508,7 @@ def check_sampler_is_current(model, previous: dict[str, list[torch.Tensor]], sam
     return stats
 
 
-# ---------------------------------------------------------------------------------------------
-# Trust-region agent-by-agent update (HAPPO)
-# ---------------------------------------------------------------------------------------------
+# ---- Trust-region agent-by-agent update (HAPPO) ----------------------------------------------
 
 def agent_update_order(order: tuple[str, ...], generator: torch.Generator) -> list[str]:
     """The sequence i_1, …, i_N in which agents are updated this iteration: a fresh random
@@ -577,12 +534,8 @@ def scheduled_lr(lr: float, iteration: int, iterations: int, schedule: str, fina
     raise ValueError(f"lr_schedule={schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
 
 
-def update_happo_weight(
-    happo_weight: torch.Tensor,
-    log_ratio: torch.Tensor,
-    mask: torch.Tensor,
-    ratio_clip: float | None = None,
-) -> torch.Tensor:
+def update_happo_weight(happo_weight: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
+                        ratio_clip: float | None = None) -> torch.Tensor:
     """M ← M · ρ^{i_m}, with ρ^{i_m} = π^{i_m}_new(a) / π^{i_m}_old(a) recomputed after agent i_m's update.
 
     All arguments [B, T] (one entry per joint action); `log_ratio` = log ρ^{i_m} of the agent's

@@ -39,9 +39,7 @@ from flex_pomdp import Organisation
 from rollout import Rollout, check_environment, orchestration_metrics, task_metrics, tool_metrics
 
 
-# ---------------------------------------------------------------------------------------------
-# Setting up a run
-# ---------------------------------------------------------------------------------------------
+# ---- Setting up a run ------------------------------------------------------------------------
 
 @dataclass
 class Job:
@@ -175,9 +173,7 @@ def model_error(name: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Around each iteration: its seed, its problems, its timer, its metrics, its checkpoint
-# ---------------------------------------------------------------------------------------------
+# ---- Around each iteration: its seed, its problems, its timer, its metrics, its checkpoint ----
 
 def seed_iteration(seed: int, iteration: int) -> torch.Generator:
     """Re-seed every generator from (seed, iteration): resumed runs replay the same randomness."""
@@ -280,9 +276,7 @@ def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) 
     progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{accuracy:.2f}")
 
 
-# ---------------------------------------------------------------------------------------------
-# The run folder
-# ---------------------------------------------------------------------------------------------
+# ---- The run folder --------------------------------------------------------------------------
 
 def sampler_record(cfg: Config) -> str:
     """What drew the rollouts and how they are weighed (config.json's rollout/sampler)."""
@@ -431,9 +425,7 @@ class MetricsLog:
         self.tensorboard.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# Checkpoints: adapters, critic heads, optimisers, iteration — written atomically
-# ---------------------------------------------------------------------------------------------
+# ---- Checkpoints: adapters, critic heads, optimisers, iteration — written atomically ---------
 
 def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimisers, elapsed: float, keep: int) -> None:
     """Write checkpoints/iter_<k> through a temporary folder + rename, then point `latest` at it."""

@@ -57,9 +57,7 @@ def return_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Attention over grouped key/value heads
-# ---------------------------------------------------------------------------------------------
+# ---- Attention over grouped key/value heads --------------------------------------------------
 
 def sdpa_grouped_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' "sdpa" attention, except that on the CPU a masked grouped-query attention (SmolLM2: 9
