@@ -12,7 +12,7 @@ token ids and each sampled token's log-prob under logits / T), `sync(model)` and
 Both stop at every end-of-turn id the model declares (`stop_token_ids`). The PPO old log-probs are
 never taken from here (the training model recomputes them); a backend that is not the training
 model (`exact` False) has its log-probs μ weigh each decision (marft.rollout_correction), and after
-each sync ppo.check_sampler_is_current makes sure it serves the updated adapters.
+each sync marft.check_sampler makes sure it serves the updated adapters.
 """
 from __future__ import annotations
 

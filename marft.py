@@ -116,10 +116,10 @@ def train(cfg: Config) -> dict:
             metrics |= advantage_stats
             # 4. Trust-region agent-by-agent policy updates.
             metrics |= schedule_learning_rates(optimisers, iteration, cfg)
-            previous = {} if backend.exact else ppo.adapter_snapshot(model, optimisers)  # checked after sync
+            previous = {} if backend.exact else adapter_snapshot(model, optimisers)  # checked after sync
             with timer("policy_update"):
                 metrics |= update_agents(model, pad, org, rollout, old, advantages, signal, cfg, optimisers, rng)
-            previous = ppo.adapters_that_moved(model, previous)
+            previous = adapters_that_moved(model, previous)
             # 5. Critic: clipped value loss toward the GAE returns.
             if cfg.advantage == "gae":
                 with timer("critic_update"):
@@ -156,6 +156,7 @@ class OldPolicy:
     token_mask: torch.Tensor  # 1 on real tokens, [S, K]
     token_logprob: torch.Tensor | None = None  # log π^i_old(w_k | ô, w_<k) per token, [S, K]
     correction: torch.Tensor | None = None  # w of each decision's surrogate term, [S, L] (`rollout_correction`)
+    sampler_token_logprob: torch.Tensor | None = None  # log μ per token as the sampler recorded it, [S, K]
 
 
 def decision_logprobs(model, pad: int, rollout: Rollout, samples, adapter: str | None, cfg: Config,
@@ -213,23 +214,78 @@ def rollout_correction(rollout: Rollout, old: OldPolicy, exact_sampler: bool, cf
     tokens, decisions = ppo.sampler_logprobs(rollout.generation_logprobs, old.token_mask, cfg.decision_unit,
                                              cfg.action_logprob)  # log μ, [S, K] and [S, L]
     mode = "none" if exact_sampler else cfg.rollout_correction
+    old.sampler_token_logprob = tokens  # read again by check_sampler
     old.correction = ppo.rollout_correction_weights(old.logprob, decisions, mode, ppo.ROLLOUT_CORRECTION_CAP) * old.mask
     return ppo.sampler_mismatch(old.token_logprob, tokens, old.token_mask, old.logprob, decisions, old.mask,
                                 ppo.ROLLOUT_CORRECTION_CAP)
 
 
+STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
+STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
+
+
+@torch.no_grad()
 def check_sampler(model, pad: int, org: Organisation, rollout: Rollout, old: OldPolicy,
                   previous: dict[str, list[torch.Tensor]], cfg: Config, iteration: int, sampler: str) -> dict:
-    """ppo.check_sampler_is_current on the samples of each updated agent that this rank drew
-    (rank r played episodes r, r + G, …): the sampler μ serves the adapters of the last update."""
-    tokens, _ = ppo.sampler_logprobs(rollout.generation_logprobs, old.token_mask, cfg.decision_unit, cfg.action_logprob)
-    ranks, rank = distributed.world_size(), distributed.rank()
-    samples = {adapter: [s for s, n in enumerate(rollout.agent_index)
-                         if agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter
-                         and rollout.episode[s] % ranks == rank] for adapter in previous}
-    token_logprobs = lambda batch, adapter: decision_logprobs(model, pad, rollout, batch, adapter, cfg).token_logprob
-    return ppo.check_sampler_is_current(model, previous, samples, token_logprobs, tokens, old.token_mask,
-                                        iteration, sampler)
+    """After a sync the sampler μ must serve each updated agent's new adapter. On up to STALE_CHECK_SAMPLES of the
+    agent's samples that this rank drew (rank r played episodes r, r + G, …), the token log-probs under the adapter
+    now (π_new) and as `previous` held it (π_prev), batched alike so that their rounding cancels, and μ's give
+    ppo.stale_share's slope β: ≈ 1 for a sampler that kept the old adapter, ≈ 0 for a current one. β > 0.5 + 3
+    errors (error below STALE_CHECK_POWER) on any rank stops the run. Logs rollout/stale_share/<agent>, the
+    largest over ranks."""
+    ranks, rank, stats = distributed.world_size(), distributed.rank(), {}
+    for adapter, weights in previous.items():
+        label = "shared" if adapter == agents_lib.SHARED_ADAPTER else adapter.removeprefix("policy_")
+        chosen, mine = [s for s, n in enumerate(rollout.agent_index) if rollout.episode[s] % ranks == rank and
+                        agents_lib.policy_adapter_name(org.order[n], cfg.shared_adapter) == adapter], None
+        if chosen:
+            chosen = torch.tensor(chosen[:STALE_CHECK_SAMPLES])
+            now = decision_logprobs(model, pad, rollout, chosen, adapter, cfg).token_logprob  # [n, K']
+            with adapter_weights(model, adapter, weights):
+                before = decision_logprobs(model, pad, rollout, chosen, adapter, cfg).token_logprob
+            width = now.shape[1]
+            mine = ppo.stale_share(old.sampler_token_logprob[chosen, :width], now, before, old.token_mask[chosen, :width])
+        found = [x for x in distributed.all_gather_objects(mine) if x is not None]  # every rank's (β, error)
+        if not found:
+            continue
+        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
+        stats[f"rollout/stale_share/{label}"] = beta
+        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
+            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
+                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
+                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
+                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
+                             "(generation.py) did not reach it.")
+    return stats
+
+
+def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
+    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
+    missed the next sync would still serve."""
+    return {adapter: [p.detach().clone() for p in agents_lib.adapter_parameters(model, adapter)]
+            for adapter in optimisers if adapter.startswith("policy")}
+
+
+def adapters_that_moved(model, snapshot: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+    """The entries of an `adapter_snapshot` whose adapter's weights have changed since."""
+    return {adapter: weights for adapter, weights in snapshot.items()
+            if any(not torch.equal(p, w) for p, w in zip(agents_lib.adapter_parameters(model, adapter), weights))}
+
+
+@contextlib.contextmanager
+def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
+    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
+    params = agents_lib.adapter_parameters(model, adapter)
+    current = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, current):
+                p.copy_(w)
 
 
 # ---- 3. Advantages --------------------------------------------------------------------------

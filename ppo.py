@@ -2,7 +2,7 @@
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (action-level and token-level
 advantages, trust-region agent-by-agent update); README: "Paper ↔ code". Pure tensor math, each function
-checked against a hand-worked table, but for the stale-sampler check, which reads adapters and ranks.
+checked against a hand-worked table.
 
 Symbols and shapes
 
@@ -48,7 +48,7 @@ Rollout correction (not in the paper): when the rollout's sampler μ is not the 
 (vLLM), every decision's surrogate term is weighted by w = min(π_old / μ, C) (truncated importance
 sampling, `rollout_correction_weights`; the masked mode drops the decisions with π_old / μ > C
 instead; C = ROLLOUT_CORRECTION_CAP); M stays π_new / π_old. After each sync,
-`check_sampler_is_current` stops a run whose μ still serves an adapter from before the update.
+`stale_share` measures whether μ still serves an adapter from before the update (marft.check_sampler).
 
 Critic-free alternative (`group_advantages`, GRPO-style, not in the paper): each action's return
 against those of its problem's group; the update is unchanged.
@@ -59,13 +59,10 @@ never padding); the approximate-KL early stop is checked before the step that wo
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
-import distributed
-from agents import SHARED_ADAPTER, adapter_parameters
 
 CREDIT_OPTIONS = ("last", "equal", "shared")
 ADVANTAGE_OPTIONS = ("gae", "group")
@@ -434,78 +431,6 @@ def stale_share(sampler_logprob: torch.Tensor, new_logprob: torch.Tensor, previo
     beta = (X * U).sum() / moved
     residual = ((X - beta * U) ** 2).sum() / (X.numel() - 1)
     return beta.item(), (residual / moved).sqrt().item()
-
-
-STALE_CHECK_SAMPLES = 16  # samples per agent and rank that the stale check reads
-STALE_CHECK_POWER = 0.2  # the check stops a run only when β's standard error is below this
-
-
-def adapter_label(adapter: str) -> str:
-    """The metrics' name of a policy adapter: its role (policy_<role>), or "shared"."""
-    return "shared" if adapter == SHARED_ADAPTER else adapter.removeprefix("policy_")
-
-
-def adapter_snapshot(model, optimisers: dict) -> dict[str, list[torch.Tensor]]:
-    """θ^i of every policy adapter as it is now (copies; a few MB for LoRA): what a sampler that
-    missed the next sync would still serve."""
-    return {adapter: [p.detach().clone() for p in adapter_parameters(model, adapter)]
-            for adapter in optimisers if adapter.startswith("policy")}
-
-
-def adapters_that_moved(model, snapshot: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
-    """The entries of an `adapter_snapshot` whose adapter's weights have changed since."""
-    return {adapter: weights for adapter, weights in snapshot.items()
-            if any(not torch.equal(p, w) for p, w in zip(adapter_parameters(model, adapter), weights))}
-
-
-@contextlib.contextmanager
-def adapter_weights(model, adapter: str, weights: list[torch.Tensor]):
-    """The adapter holds `weights` (an `adapter_snapshot` entry) inside the block, its own after."""
-    params = adapter_parameters(model, adapter)
-    current = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p, w in zip(params, weights):
-            p.copy_(w)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, w in zip(params, current):
-                p.copy_(w)
-
-
-@torch.no_grad()
-def check_sampler_is_current(model, previous: dict[str, list[torch.Tensor]], samples: dict[str, list[int]],
-                             token_logprobs, sampler_logprob: torch.Tensor, token_mask: torch.Tensor, iteration: int,
-                             sampler: str) -> dict:
-    """After a sync, the sampler μ must serve each updated agent's new adapter. On up to
-    STALE_CHECK_SAMPLES of the agent's `samples` (this rank's), `token_logprobs(samples, adapter)`
-    [n, K'] under the adapter now (π_new) and as `previous` held it (π_prev), batched alike so that
-    their rounding cancels, and μ's (`sampler_logprob` [S, K]) give `stale_share`'s slope β: ≈ 1 for
-    a sampler that kept the old adapter, ≈ 0 for a current one. β > 0.5 + 3 errors (error below
-    STALE_CHECK_POWER) on any rank stops the run. Logs rollout/stale_share/<agent>, the largest over ranks."""
-    stats = {}
-    for adapter, weights in previous.items():
-        label, chosen, mine = adapter_label(adapter), samples[adapter][:STALE_CHECK_SAMPLES], None
-        if chosen:
-            chosen = torch.tensor(chosen)
-            now = token_logprobs(chosen, adapter)  # [n, K']
-            with adapter_weights(model, adapter, weights):
-                before = token_logprobs(chosen, adapter)
-            width = now.shape[1]
-            mine = stale_share(sampler_logprob[chosen, :width], now, before, token_mask[chosen, :width])
-        found = [x for x in distributed.all_gather_objects(mine) if x is not None]  # every rank's (β, error)
-        if not found:
-            continue
-        beta, error = max(found, key=lambda be: be[0] - 3 * be[1])
-        stats[f"rollout/stale_share/{label}"] = beta
-        if error < STALE_CHECK_POWER and beta > 0.5 + 3 * error:
-            raise SystemExit(f"stale sampler: the {sampler} still serves agent {label!r} as it "
-                             f"was before the update of iteration {iteration} (it misses {beta:.2f} ± {error:.2f} of "
-                             "that update's change to the log-probs of its samples), so its rollouts would sample the "
-                             f"old policy; the run stops, its checkpoints are intact. The backend's sync "
-                             "(generation.py) did not reach it.")
-    return stats
 
 
 # ---- Trust-region agent-by-agent update (HAPPO) ----------------------------------------------
