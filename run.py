@@ -1,15 +1,11 @@
-"""A MARFT run as a process and on disk: its set-up, the plumbing around each iteration (seed,
-problems, phase timer, metrics, checkpoint), its folder and its checkpoints; no equation of the
-paper (marft.train holds them).
+"""A MARFT run as a process and on disk: its set-up, the plumbing around each iteration (seed, problems,
+phase timer, metrics, checkpoint), its folder and checkpoints; no equation of the paper (marft.train).
+Resuming needs no random-generator state: iteration k is seeded from (seed, k) (`seed_iteration`).
 
     runs/<name>/config.json, metrics.jsonl (+ tensorboard/), summary.json     `Run`, `MetricsLog`
-    checkpoints/iter_<k>/adapters/<adapter>/   peft format: every policy and critic adapter
-    checkpoints/iter_<k>/value_heads.pt        the critic's Linear(H, 1) heads (none with --advantage group)
-    checkpoints/iter_<k>/optimizers.pt         every Adam state, by adapter name
-    checkpoints/iter_<k>/state.json            {"iteration": k, "elapsed_seconds": …}
-    checkpoints/latest                         the name of the newest complete checkpoint, replaced atomically
-
-Resuming needs no random-generator state: iteration k is seeded from (seed, k) (`seed_iteration`).
+    checkpoints/iter_<k>/   adapters/<adapter>/ (peft format), value_heads.pt (the critic's Linear(H, 1) heads; none
+                            with --advantage group), optimizers.pt (Adam states by adapter), state.json (k, seconds)
+    checkpoints/latest      the name of the newest complete checkpoint, replaced atomically
 """
 from __future__ import annotations
 
@@ -59,18 +55,14 @@ class Job:
 
 
 def set_up(cfg: Config) -> Job:
-    """This rank's device, the task's problems, the run folder, the model with its adapters, critic and
-    optimisers (with --resume from the last checkpoint), the generation backend. A trial step with empty
-    actions (rollout.check_environment) first stops an environment that raises, with nothing written."""
+    """This rank's device, problems, run folder, model, critic, optimisers (--resume: restored) and generator."""
     device = set_up_process(cfg)
     train_problems, held_out = load_task(cfg)
     check_environment(cfg, tasks.organisation_of(cfg), {"training": (0, train_problems[0]), "held-out": (0, held_out[0])})
     run = Run(cfg)
     org, model, tokenizer, value_heads, optimisers = build(cfg)
-    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        own = " The vLLM engine draws random weights of its own: rollout/logprob_abs_diff is large by design."
-        print_main(f"[model] {cfg.model}: RANDOM weights on {device}. The accuracies of this run mean nothing; its "
-                   f"seconds and bytes do.{own if cfg.backend == 'vllm' else ''}", flush=True)
+    if cfg.model.startswith(agents_lib.RANDOM_MODEL):  # (vLLM draws its own: rollout/logprob_abs_diff is large)
+        print_main(f"[model] {cfg.model}: RANDOM weights on {device}: only its seconds and bytes mean anything", flush=True)
     policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     start = run.restore(model, value_heads, optimisers)
     if cfg.init_from and start == 0:  # a resumed run's checkpoint already holds what --init_from gave it
@@ -93,20 +85,14 @@ def set_up_process(cfg: Config) -> str:
 
 def threads_line(threads: int) -> str:
     """The start line on threads: torch's count and how OpenMP's idle threads wait (scripts/setup_env.sh)."""
-    if os.environ.get("OMP_WAIT_POLICY"):
-        wait = f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
-    elif os.environ.get("GOMP_SPINCOUNT"):
-        shared = os.environ.get("MARFT_SHARED_CPU")
-        wait = (f"spin {os.environ['GOMP_SPINCOUNT']} rounds, then sleep"
-                + (f" (other processes kept {shared} cores busy at start)" if shared else ""))
-    else:
-        wait = "spin 300,000 rounds, then sleep (libgomp's default; on a busy machine set GOMP_SPINCOUNT=3000)"
+    policy, spin, busy = (os.environ.get(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MARFT_SHARED_CPU"))
+    why = f" (other processes kept {busy} cores busy at start)" if busy else "" if spin else " (libgomp's default)"
+    wait = f"OMP_WAIT_POLICY={policy}" if policy else f"spin {spin or '300,000'} rounds, then sleep{why}"
     return f"[threads] {threads} torch threads; OpenMP's idle threads {wait}"
 
 
 def build(cfg: Config):
-    """Organisation, base model with every policy and critic adapter, value heads, optimisers (none for a critic
-    with --advantage group)."""
+    """Organisation, base model with every policy and critic adapter, value heads, one optimiser per adapter."""
     org = tasks.organisation_of(cfg)
     policy_adapters = agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter)
     critic_adapters = [critic_lib.SHARED_CRITIC] if cfg.advantage == "gae" else []
@@ -127,50 +113,47 @@ def random_config_error(path: str) -> str | None:
         config = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return f"{path!r} is not JSON ({error})"
-    if not isinstance(config, dict) or "model_type" not in config:
-        return f"{path!r} has no model_type: it is not a transformers model config"
-    return None
-
-
-MODEL_CHOICES = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder holding config.json, a hub id '
-                 '(owner/name) or random:<config.json>')
+    return None if isinstance(config, dict) and "model_type" in config else f"{path!r} has no model_type: not a model config"
 
 
 def model_error(name: str) -> str | None:
-    """Why --model `name` cannot be loaded, with the fix (None when it can), reading no weights: a local
-    path must be a folder holding config.json; a hub id's config.json must be in the HF cache or on the hub."""
-    if name == agents_lib.EMBEDDED_MODEL or name.startswith(agents_lib.RANDOM_MODEL):
+    """Why --model `name` cannot be loaded, with the fix (None when it can), reading no weights."""
+    if name.startswith(agents_lib.RANDOM_MODEL):
+        why = random_config_error(name.removeprefix(agents_lib.RANDOM_MODEL))
+        return why and f"{why}: give random:<a transformers config.json>, e.g. random:models/qwen2.5-0.5b.json"
+    if name == agents_lib.EMBEDDED_MODEL:
         return None
-    import huggingface_hub
+    import huggingface_hub as hf
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError
-    try:
-        huggingface_hub.utils.validate_repo_id(name)
-        hub_id = not (Path(name).is_absolute() or name.startswith(("./", "../", "~")) or Path(name).exists())
+    path, hub = Path(name), hf.constants.ENDPOINT
+    choices = ('give "smollm2" (the embedded SmolLM2-135M-Instruct), a local HF folder holding config.json, a hub id '
+               '(owner/name) or random:<config.json>')
+    try:  # a path, unless it names nothing here and has a hub id's shape (owner/name)
+        local = path.exists() or hf.utils.validate_repo_id(name)  # ./x, ../x, ~/x, /x, a/b/c have no hub id's shape
     except HFValidationError:
-        hub_id = False
-    if not hub_id:
-        path = Path(name)
-        why = ("no such folder" if not path.exists() else "a file, not a model folder" if not path.is_dir()
-               else "the folder holds no config.json: not a transformers model" if not (path / "config.json").is_file() else None)
-        return why and f"{why}; {MODEL_CHOICES}"
-    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        local = True
+    if local:  # a folder holding config.json
+        why = ("no such folder" if not path.exists() else "a file, not a model folder" if not path.is_dir() else None
+               if (path / "config.json").is_file() else "the folder holds no config.json: not a transformers model")
+        return why and f"{why}; {choices}"
+    if isinstance(hf.try_to_load_from_cache(name, "config.json"), str):  # a hub id's config.json: in the cache or on the hub
         return None
-    cache, hub = huggingface_hub.constants.HF_HUB_CACHE, huggingface_hub.constants.ENDPOINT
-    absent = f"neither a local folder nor a hub id in the local Hugging Face cache ({cache})"
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        return f"{absent} and HF_HUB_OFFLINE is set: download it once online (hf download {name}), or {MODEL_CHOICES}"
+    absent = f"neither a local folder nor a hub id in the local Hugging Face cache ({hf.constants.HF_HUB_CACHE})"
+    if hf.constants.HF_HUB_OFFLINE:
+        return f"{absent} and HF_HUB_OFFLINE is set: download it once online (hf download {name}); {choices}"
     try:
-        huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(name, "config.json"), timeout=5)
+        hf.get_hf_file_metadata(hf.hf_hub_url(name, "config.json"), timeout=5)
+        return None
     except GatedRepoError:
-        return f"a gated model on the hub: accept its terms on {hub}/{name} and log in (hf auth login)"
+        why = f"a gated model on the hub: accept its terms on {hub}/{name} and log in (hf auth login)"
     except RepositoryNotFoundError:
-        return f"{absent}, and {hub} has no such model (a private one needs hf auth login); {MODEL_CHOICES}"
+        why = f"{absent}, and {hub} has no such model (a private one needs hf auth login)"
     except EntryNotFoundError:
-        return f"{hub}/{name} has no config.json: not a transformers model; {MODEL_CHOICES}"
+        why = f"{hub}/{name} has no config.json: not a transformers model"
     except Exception as error:  # no network, no name service, a proxy: the hub cannot be asked
         reason = " ".join(f"{type(error).__name__}: {error}".split())
-        return f"{absent}, and {hub} cannot be reached ({reason}): download it where it can (hf download {name}), or {MODEL_CHOICES}"
-    return None
+        why = f"{absent}, and {hub} cannot be reached ({reason}): download it where it can (hf download {name})"
+    return f"{why}; {choices}"
 
 
 # ---- Around each iteration: its seed, its problems, its timer, its metrics, its checkpoint ----
@@ -184,8 +167,7 @@ def seed_iteration(seed: int, iteration: int) -> torch.Generator:
 
 
 def load_task(cfg: Config) -> tuple[list[Problem], list[Problem]]:
-    """(train problems, held-out problems cut to eval_problems) of the run's task; data that cannot be read
-    or overlaps (tasks.check_disjoint) ends the run at start naming the fix."""
+    """(train problems, held-out problems cut to eval_problems); overlapping data stops (tasks.check_disjoint)."""
     task = tasks.task_of(cfg)
     train, held_out = tasks.task_problems(task, cfg)
     held_out = held_out[: cfg.eval_problems]
@@ -211,8 +193,7 @@ def print_main(*args, **kwargs) -> None:
 
 
 class PhaseTimer:
-    """Wall seconds of each phase of one iteration: `with timer("rollout"): …` gives time/rollout. A phase
-    ends by handing freed memory back (speed.return_freed_memory) and, on a GPU, waiting for its kernels."""
+    """Wall seconds of each phase: `with timer("rollout"): …` gives time/rollout (GPU kernels awaited, memory freed)."""
 
     def __init__(self, device: str = "cpu"):
         self.started, self.seconds, self.cuda = time.perf_counter(), {}, device.startswith("cuda")
@@ -289,9 +270,8 @@ def sampler_record(cfg: Config) -> str:
 
 
 class Run:
-    """runs/<name>/ of one training run: `Run(cfg)` makes it and writes config.json (--resume: opens it);
-    `restore` loads the last checkpoint and opens the metrics log; `log` appends an iteration; `finish`
-    writes and prints the summary. Under torchrun every rank reads and rank 0 alone writes."""
+    """runs/<name>/: `Run(cfg)` writes config.json (--resume: opens it), `restore` the last checkpoint, `log` an
+    iteration, `finish` the summary. Under torchrun every rank reads and rank 0 alone writes."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.wall_start, self.writes = cfg, time.time(), distributed.is_main()
@@ -312,14 +292,12 @@ class Run:
                 recorded["rollout/sampler"] = sampler_record(cfg)
                 if (cpu_paths := speed.cpu_paths_record()) is not None:
                     recorded["machine/cpu_paths"] = cpu_paths
-                # options the user did not give, chosen to follow those they did (parse_args), and why
                 recorded |= {f"chosen/{option}": why for option, why in getattr(cfg, "chosen", {}).items()}
                 # the built-in tasks' options the run's task does not read are left out: read back, they take their defaults
                 unread = tasks.unread_options(tasks.task_of(cfg), cfg)
                 options = {option: value for option, value in dataclasses.asdict(cfg).items() if option not in unread}
                 (self.dir / "config.json").write_text(json.dumps({**options, **recorded}, indent=2))
-        if self.writes:
-            print(f"run folder: {self.dir}", flush=True)
+        print_main(f"run folder: {self.dir}", flush=True)
         self.start_iteration, self.elapsed_before, self.summary = 0, 0.0, {}
         self.summary_path = self.dir / "summary.json"
 
@@ -328,8 +306,7 @@ class Run:
         if self.cfg.resume:
             state = load_checkpoint(self.dir, model, value_heads, optimisers)
             self.start_iteration, self.elapsed_before = state["iteration"], state["elapsed_seconds"]
-            if self.writes:
-                print(f"resumed from iteration {self.start_iteration}", flush=True)
+            print_main(f"resumed from iteration {self.start_iteration}", flush=True)
             if self.summary_path.exists():
                 self.summary = json.loads(self.summary_path.read_text())
         distributed.barrier()  # every rank has read the checkpoint before rank 0 writes again
@@ -337,8 +314,7 @@ class Run:
             self.metrics = MetricsLog(self.dir, keep_before=self.start_iteration + 1 if self.start_iteration > 0 else 0)
         return self.start_iteration
 
-    def elapsed(self) -> float:
-        """Wall seconds of the run so far, across resumes."""
+    def elapsed(self) -> float:  # wall seconds of the run so far, across resumes
         return self.elapsed_before + time.time() - self.wall_start
 
     def log(self, iteration: int, metrics: dict) -> None:
@@ -356,8 +332,7 @@ class Run:
         write_json_atomically(self.summary_path, self.summary)
 
     def finish(self) -> dict:
-        """Write and print the summary: held-out accuracy at iteration 0 and at the end (an orchestrated
-    team's calls too), the critic's explained variance, wall time; every rank returns rank 0's."""
+        """Write and print the summary (held-out results at iteration 0 and at the end); every rank returns rank 0's."""
         if not self.writes:
             return distributed.broadcast_object(None)
         self.metrics.close()
@@ -383,8 +358,7 @@ class Run:
 
 
 def last_third_mean(rows: list[dict], key: str) -> float | None:
-    """Mean of metric `key` over the rows of the last third of the iterations (at least the last
-    row), NaN left out (explained variance with equal returns); None when no row has a value."""
+    """Mean of `key` over the last third of the iterations (at least the last row), NaN left out; None: no value."""
     last_iteration = max((row["iteration"] for row in rows), default=0)
     values = [row[key] for row in rows if row["iteration"] > last_iteration * 2 // 3 and key in row and not math.isnan(row[key])]
     return sum(values) / len(values) if values else None
@@ -399,18 +373,16 @@ def write_json_atomically(path: Path, data: dict) -> None:
 
 
 class MetricsLog:
-    """metrics.jsonl in the run folder (one line per iteration), mirrored to TensorBoard. On resume,
-    the lines and events of iterations ≥ `keep_before` (written after the checkpoint) are dropped."""
+    """metrics.jsonl (a line per iteration), mirrored to TensorBoard; lines and events at ≥ `keep_before` are dropped."""
 
     def __init__(self, run_dir: Path, keep_before: int):
         from torch.utils.tensorboard import SummaryWriter
         self.path = run_dir / "metrics.jsonl"
-        if self.path.exists():  # drop lines written after the checkpoint we resume from
+        if self.path.exists():  # a resumed run: drop the lines written after its checkpoint
             kept = [l for l in self.path.read_text().splitlines() if l and json.loads(l)["iteration"] < keep_before]
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(l + "\n" for l in kept))
             os.replace(tmp, self.path)
-        # purge_step hides every event at a step ≥ keep_before written by an earlier process.
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=keep_before if keep_before > 0 else None)
 
     def write(self, iteration: int, metrics: dict) -> None:
@@ -430,10 +402,9 @@ class MetricsLog:
 def save_checkpoint(run_dir: Path, iteration: int, model, value_heads, optimisers, elapsed: float, keep: int) -> None:
     """Write checkpoints/iter_<k> through a temporary folder + rename, then point `latest` at it."""
     root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final, staging = root / f"iter_{iteration:06d}", root / f".tmp_iter_{iteration:06d}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging.mkdir(parents=True)
     model.save_pretrained(staging / "adapters", selected_adapters=list(model.peft_config))  # peft format, one folder each
     if len(value_heads):  # --advantage group has no critic
         torch.save(value_heads.state_dict(), staging / "value_heads.pt")
@@ -455,8 +426,7 @@ def checkpoint_folder(run_dir: Path, name: str | None, option: str) -> Path:
     listing = f"checkpoints there: {', '.join(available)}" if available else "the run has no checkpoints yet"
     if name is None:
         if not (root / "latest").is_file():
-            raise SystemExit(f"{option} {run_dir}: checkpoints/latest is missing ({listing}); "
-                             "train the run for at least one iteration, or name a checkpoint")
+            raise SystemExit(f"{option} {run_dir}: checkpoints/latest is missing ({listing}); name a checkpoint")
         name = (root / "latest").read_text().strip()
     folder = root / name
     if not (folder / "adapters").is_dir():
@@ -473,8 +443,7 @@ def load_adapters(folder: Path, model, adapters: list[str]) -> None:
 
 
 def init_policy_adapters(sources: str, model, adapters: list[str]) -> list[str]:
-    """--init_from RUN[:CHECKPOINT][,…]: each checkpoint's weights into this run's policy `adapters` of the same
-    name, the first source winning; returns the names loaded. A source that gives none stops the run."""
+    """--init_from RUN[:CHECKPOINT][,…] into the policy `adapters` of the same name, the first source winning."""
     loaded: list[str] = []
     for source in sources.split(","):
         run_dir, _, name = source.partition(":")
@@ -483,8 +452,7 @@ def init_policy_adapters(sources: str, model, adapters: list[str]) -> list[str]:
         shared = [adapter for adapter in adapters if adapter in saved and adapter not in loaded]
         if not shared:
             raise SystemExit(f"--init_from {source}: checkpoint {folder} holds {saved}, none of this run's policy adapters "
-                             f"{[a for a in adapters if a not in loaded]} (not loaded from an earlier source); adapters are "
-                             f"matched by role name (policy_<role>, or policy with --shared_adapter)")
+                             f"{[a for a in adapters if a not in loaded]} (not loaded from an earlier source)")
         load_adapters(folder, model, shared)
         loaded += shared
     return loaded
