@@ -463,13 +463,18 @@ WHOM_TO_CALL = {
 }
 
 
+class _SecondRolloutPlayed(Exception):
+    """Ends a run once the rollout under test is played: the update after it is not asserted."""
+
+
 @pytest.mark.slow
-def test_the_orchestrator_learns_whom_to_call(tmp_path):
+def test_the_orchestrator_learns_whom_to_call(tmp_path, monkeypatch):
     """A real run of the embedded model (group advantages, 4 problems × 4 episodes, one-digit sums):
     the share of sampled training episodes whose orchestrator calls alice, measured on iteration 1's
     rollout (before any update) and on iteration 2's (after one update of every agent), must rise
-    by at least 0.3. Calibrated on 2 threads: 0.375 → 1.0 (bob 0.31 → 0, errors 0.31 → 0); on one
-    thread (the suite runs two test files at once on 2 cores) alice's share goes 0.375 → 1.0 too."""
+    by at least 0.3; the run stops once iteration 2's rollout is played. Calibrated on 2 threads:
+    0.375 → 1.0 (bob 0.31 → 0, errors 0.31 → 0); on one thread (the suite runs two test files at
+    once on 2 cores) alice's share goes 0.375 → 1.0 too."""
     profile = tmp_path / "whom_to_call.json"
     profile.write_text(json.dumps(WHOM_TO_CALL))
     cfg = config_lib.parse_args(["--agents", str(profile), "--arithmetic_levels", "1", "--advantage", "group",
@@ -477,7 +482,19 @@ def test_the_orchestrator_learns_whom_to_call(tmp_path):
                               "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy",  # not asserted: held-out kept short
                               "--max_new_tokens", "24", "--lr", "5e-4",
                               "--output_dir", str(tmp_path), "--run_name", "whom", "--threads", "1"])
-    marft.train(cfg)
-    lines = [json.loads(line) for line in (tmp_path / "whom" / "metrics.jsonl").read_text().splitlines()]
-    before, after = lines[1]["charts/calls/alice"], lines[2]["charts/calls/alice"]
+    shares = []  # alice's share of the calls in each training rollout, as charts/calls/alice logs it
+
+    def play_and_measure(generate, tokenizer, org, *args, **kwargs):
+        rollout = run_episodes(generate, tokenizer, org, *args, **kwargs)
+        shares.append(orchestration_metrics(rollout, org)["charts/calls/alice"])
+        if len(shares) == 2:
+            raise _SecondRolloutPlayed
+        return rollout
+
+    monkeypatch.setattr(marft, "run_episodes", play_and_measure)  # training's rollouts (evaluation plays its own)
+    with pytest.raises(_SecondRolloutPlayed):
+        marft.train(cfg)
+    line = json.loads((tmp_path / "whom" / "metrics.jsonl").read_text().splitlines()[1])
+    before, after = shares
+    assert line["charts/calls/alice"] == before  # what was measured is what iteration 1 logged
     assert after >= before + 0.3, (before, after)
