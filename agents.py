@@ -1,30 +1,25 @@
 """Agents: one base model, one LoRA adapter per agent, and action log-probabilities.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (policies π^i, action normalisation,
-action-level and token-level MARFT). README: "Paper ↔ code".
-
-Every agent i has a policy π^i(a | ô) over whole responses a = (w_1 … w_K). All agents share one
-frozen base model held once in memory; agent i's parameters θ^i are its own float32 LoRA adapter
-(peft multi-adapter), or one adapter serves every role (parameter sharing).
+Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "MARFT" (policies π^i, action normalisation, action-level and
+token-level MARFT); README: "Paper ↔ code". Every agent i has a policy π^i(a | ô) over whole responses a = (w_1 … w_K);
+all share one frozen base model, and agent i's parameters θ^i are its own float32 LoRA adapter (peft), or one adapter
+serves every role (parameter sharing).
 
     log π^i(a | ô) = Σ_k log π^i(w_k | ô, w_<k)                      (action log-probability)
 
-Action normalisation (paper): the PPO ratio of a long action is a product of many token ratios;
-"mean" divides the sum by |a| so long and short actions give comparable ratios, "sum" keeps it exact.
-The level decides what one PPO decision is (`policy_logprobs`); every later table of the trainer
-(old log-probs, values, advantages, returns) has its shape, and masks are 1 on real entries:
+Action normalisation: the PPO ratio of a long action is a product of many token ratios; "mean" divides the sum
+by |a| so long and short actions give comparable ratios, "sum" keeps it exact. The level decides what one PPO
+decision is (`policy_logprobs`); every later table (old log-probs, values, advantages, returns) has its shape:
 
     action level   one decision per response: log π^i(a | ô)              [n, L], L = 1
     token level    one decision per token: log π^i(w_k | ô, w_<k)         [n, L], L = K = longest response
     token tables   column k: response token k (left-aligned), 0 past |a|   [n, K], at both levels
 
-The training model recomputes π_old here whatever backend sampled (generation.py), from the same
-prompt ids (`tokenize_prompts`), under the sampling temperature (logits / T) and from float32 logits
-whatever --base_dtype (`float32_head`): the distribution the actions were drawn from.
+The training model recomputes π_old here whatever backend sampled (generation.py), from the same prompt ids
+(`tokenize_prompts`), under the sampling temperature and from float32 logits (`float32_head`): the sampled distribution.
 
-Prefix sharing (`forward_responses`, generation.generate; --prefix_sharing): the prefix every prompt of a
-batch shares (an agent's instructions and worked example) is run once and its keys/values repeated over the
-rows, which run only their own tokens: under causal attention, the plain pass's numbers up to rounding.
+Prefix sharing (--prefix_sharing; `forward_responses`, generation.generate): a batch's common prompt prefix runs
+once, its keys/values repeated over the rows, which run their own tokens: causally, the plain pass's numbers up to rounding.
 """
 from __future__ import annotations
 
@@ -62,9 +57,20 @@ def model_cache_dir() -> Path:
     return Path(os.environ.get("MARFT_CACHE", Path.home() / ".cache" / "marft"))
 
 
+@contextlib.contextmanager
+def staged(folder: Path):
+    """A new folder, written in the block and then renamed to `folder` at once: never seen half-written."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
+    yield staging
+    try:
+        staging.rename(folder)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def embedded_model_folder() -> Path:
-    """The embedded SmolLM2 as a plain HF folder (safetensors), converted once from its GGUF (a GGUF model
-    cannot `save_pretrained`): written to a temporary folder and renamed, so never half-written."""
+    """The embedded SmolLM2 as a plain HF folder, converted once from its GGUF (which cannot `save_pretrained`)."""
     folder = model_cache_dir() / "SmolLM2-135M-Instruct"
     if (folder / "model.safetensors").is_file():
         return folder
@@ -80,14 +86,9 @@ def embedded_model_folder() -> Path:
     config._name_or_path = "SmolLM2-135M-Instruct"
     plain_model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain_model.load_state_dict(gguf_model.state_dict(), strict=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
-    plain_model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(folder)
-    except OSError:  # another process converted it first
-        shutil.rmtree(staging, ignore_errors=True)
+    with staged(folder) as staging:
+        plain_model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
     return folder
 
 
@@ -99,23 +100,18 @@ def embedded_tokenizer_folder() -> Path:
 
 def random_model_folder(config_path: str) -> Path:
     """A `random:<config.json>` model's folder: the config and the embedded tokenizer, no weights
-    (vLLM: load_format="dummy"). Named by a hash of the config, written once, atomically."""
+    (vLLM: load_format="dummy"), named by a hash of the config."""
     text = Path(config_path).read_text()
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     folder = model_cache_dir() / "random" / f"{Path(config_path).stem}-{digest}"
     if (folder / "config.json").is_file():
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".random-"))
     tokenizer_folder = embedded_tokenizer_folder()
-    for name in os.listdir(tokenizer_folder):
-        if name.startswith("tokenizer") or name.endswith(".jinja") or name == "special_tokens_map.json":
-            shutil.copy(tokenizer_folder / name, staging / name)
-    (staging / "config.json").write_text(text)
-    try:
-        staging.rename(folder)
-    except OSError:  # another process wrote it first
-        shutil.rmtree(staging, ignore_errors=True)
+    with staged(folder) as staging:
+        for name in os.listdir(tokenizer_folder):
+            if name.startswith("tokenizer") or name.endswith(".jinja") or name == "special_tokens_map.json":
+                shutil.copy(tokenizer_folder / name, staging / name)
+        (staging / "config.json").write_text(text)
     return folder
 
 
@@ -130,9 +126,8 @@ def model_source(name_or_path: str) -> str:
 
 def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
                     device: str = "cpu") -> tuple[torch.nn.Module, AutoTokenizer]:
-    """The frozen base model (eval mode) and its tokenizer: "smollm2" (embedded), "random:<config.json>"
-    (weights drawn from the current torch seed), a local HF folder or a hub id, read straight into
-    `dtype` on `device` (a 7B bfloat16 base never passes through float32 on the host)."""
+    """The frozen base model and its tokenizer: "smollm2" (embedded), "random:<config.json>" (weights from the
+    current torch seed), a local HF folder or a hub id, read straight into `dtype` on `device` (never float32 first)."""
     source = model_source(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if name_or_path.startswith(RANDOM_MODEL):
@@ -144,8 +139,7 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
         raise ValueError(f"model {name_or_path!r} has no chat template; MARFT prompts are chat messages")
-    # The rollout distribution is marft's alone: of the model's generation_config.json (temperature,
-    # top_k, penalties, …) only the end-of-turn ids are kept, which say where a response ends.
+    # marft alone sets the rollout distribution: of generation_config.json only the end-of-turn ids stay.
     model.generation_config = GenerationConfig(eos_token_id=model.generation_config.eos_token_id)
     speed.use_grouped_kv_attention(model)  # on the CPU: grouped key/value heads read in place (the same numbers)
     model.eval()  # no dropout anywhere: a ratio of 1 at the first PPO epoch is exactly 1
@@ -154,8 +148,7 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32,
 
 
 def build_model(cfg, adapter_names: list[str]) -> tuple[PeftModel, AutoTokenizer]:
-    """The base model of `cfg` (a config.Config) with one fresh LoRA adapter per name, on its device. Torch
-    is seeded with cfg.seed before a random model's weights and again before the LoRA A matrices."""
+    """The base model of `cfg` (a config.Config) with one fresh LoRA adapter per name, on its device."""
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # a random model's weights
     base_model, tokenizer = load_base_model(cfg.model, BASE_DTYPES[cfg.base_dtype], device)
@@ -195,23 +188,16 @@ def attach_adapters(base_model: torch.nn.Module, adapter_names: list[str], confi
 
 def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
     """The LoRA parameters θ^i of one adapter (what that agent's optimiser owns)."""
-    params = [p for n, p in model.named_parameters() if "lora_" in n and n.split(".")[-2] == adapter]
-    if not params:
-        raise ValueError(f"adapter {adapter!r} has no parameters; adapters are {list(model.peft_config)}")
-    return params
+    return [p for n, p in model.named_parameters() if "lora_" in n and n.split(".")[-2] == adapter]
 
 
 def saved_adapter_names(folder: Path) -> list[str]:
     """The adapters saved in `folder` (peft format: `folder/<adapter>/adapter_model.safetensors`), sorted."""
-    folder = Path(folder)
-    found = folder.iterdir() if folder.is_dir() else []
-    return sorted(p.name for p in found if (p / "adapter_model.safetensors").is_file())
+    return sorted(p.parent.name for p in folder.glob("*/adapter_model.safetensors") if p.is_file())
 
 
 def load_adapter_weights(model: PeftModel, folder: Path, adapters: list[str]) -> None:
-    """Load saved LoRA weights into the model's adapters of the same names (they stay trainable);
-    ValueError, naming the fix, when one is missing or does not fit."""
-    folder = Path(folder)
+    """Load saved LoRA weights into the model's adapters of the same names (they stay trainable), or ValueError."""
     for adapter in adapters:
         weights = folder / adapter / "adapter_model.safetensors"
         if not weights.is_file():
@@ -239,17 +225,14 @@ def backbone(model):
 @contextlib.contextmanager
 def active_adapter(model: PeftModel, adapter: str | None):
     """Run the block under adapter `adapter`; None runs the bare base model."""
-    if adapter is None:
-        with model.disable_adapter():
-            yield
-        return
-    if model.active_adapter != adapter:  # a switch walks every module: skipped when it would change nothing
+    if adapter is not None and model.active_adapter != adapter:  # a switch walks every module: only when needed
         model.set_adapter(adapter)
         # peft's set_adapter freezes the other adapters; every agent keeps its own trainable weights.
         for name, param in model.named_parameters():
             if "lora_" in name:
                 param.requires_grad_(True)
-    yield
+    with model.disable_adapter() if adapter is None else contextlib.nullcontext():
+        yield
 
 
 def tokenize_prompts(tokenizer, messages: list[list[dict]], max_prompt_tokens: int) -> tuple[list[list[int]], int]:
@@ -272,11 +255,8 @@ def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
     last prompt token, which predicts the first response token and carries V(ô)); 0 for one prompt."""
     if len(prompt_ids) < 2:
         return 0
-    first, limit = prompt_ids[0], min(len(p) for p in prompt_ids) - 1
-    length = 0
-    while length < limit and all(p[length] == first[length] for p in prompt_ids):
-        length += 1
-    return length
+    common = os.path.commonprefix(prompt_ids)  # of any sequences: the lexicographic min and max's common start
+    return max(0, min(len(common), min(len(p) for p in prompt_ids) - 1))
 
 
 def prefix_states(model: PeftModel, prefix: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -365,11 +345,10 @@ def float32_head(backbone):
 
 def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
                       output: str, share_prefix: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
-    """One pass of the active adapter over prompt ⊕ response, right-padded (positions 0 … W−1 as at
-    generation): out [n, L, V or H], L = max(1, longest response), out[i, k] at the position that predicts
-    token k of row i (k = 0: the last prompt token; past a row's end, its last); "logits" (`head_at`,
-    `float32_head`) or "hidden" (last layer). share_prefix: the common prefix is run once
-    (`prefix_cache`); prefix: one already run (`run_shared_prefix`)."""
+    """One pass of the active adapter over prompt ⊕ response, right-padded (positions 0 … W−1 as at generation):
+    out [n, L, V or H], L = max(1, longest response), out[i, k] at the position that predicts token k of row i (k = 0:
+    the last prompt token; past a row's end, its last); "logits" (`head_at`, `float32_head`) or "hidden" (last layer).
+    share_prefix: the common prefix is run once (`prefix_cache`); prefix: one already run (`run_shared_prefix`)."""
     device, backbone = model.device, model.get_base_model()
     if prefix is not None:
         shared = len(prefix.tokens)
@@ -384,10 +363,9 @@ def forward_responses(model: PeftModel, prompt_ids: list[list[int]], response_id
     input_ids = torch.tensor([row + [pad_id] * (width - len(row)) for row in rows], dtype=torch.long)  # [n, W]
     # the rows attend to the prefix too: its P columns are real tokens of every row
     attention_mask = torch.tensor([[1] * (shared + len(row)) + [0] * (width - len(row)) for row in rows])  # [n, P + W]
-    prompt_lengths = torch.tensor([len(p) - shared for p in prompt_ids])
     longest = max(1, max(len(r) for r in response_ids))
     # the column of each row's own tokens that predicts response token k: its last prompt token + k
-    positions = (prompt_lengths - 1).unsqueeze(1) + torch.arange(longest)
+    positions = torch.tensor([len(p) - shared - 1 for p in prompt_ids]).unsqueeze(1) + torch.arange(longest)
     positions = positions.clamp(max=input_ids.shape[1] - 1).to(device)  # [n, L]
     inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), past_key_values=cache,
                   use_cache=cache is not None)
@@ -421,12 +399,11 @@ def policy_logprobs(model: PeftModel, prompt_ids: list[list[int]], response_ids:
         longest = max(len(r) for r in response_ids)
         logits = forward_responses(model, prompt_ids, response_ids, pad_id, "logits", share_prefix,
                                    prefix)[:, :longest]  # [n, K, V]
-        device = logits.device
-        token_mask = response_mask(response_ids, device)  # [n, K]
+        token_mask = response_mask(response_ids, logits.device)  # [n, K]
         # an op over [n, K, V] costs as much as a layer's product: none that changes no number (z / 1 is z)
         scaled = logits.float() / temperature if temperature > 0 and temperature != 1 else logits.float()  # z / T
         log_probs = torch.log_softmax(scaled, dim=-1)  # [n, K, V]
-        targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=device)
+        targets = torch.tensor([r + [pad_id] * (longest - len(r)) for r in response_ids], device=logits.device)
         token_logprob = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * token_mask  # log π^i(w_k | ô, w_<k)
         detached = log_probs.detach()  # no graph: p · log p in p's own buffer
         token_entropy = -detached.exp().mul_(detached).sum(-1) * token_mask

@@ -40,13 +40,9 @@ def is_main() -> bool:
 
 
 def rank_device(requested: str, *, launched: bool, local_rank: int, local_ranks: int, gpus: int) -> str:
-    """This rank's torch device for --device `requested` (rank `local_rank` of `local_ranks` on this node):
-
-        requested   one process                 under torchrun
-        cpu         cpu                         cpu
-        auto        cuda:0, or cpu without GPU  cuda:LOCAL_RANK, or cpu without GPU (more ranks than GPUs: an error)
-        cuda        cuda:0                      cuda:LOCAL_RANK (more ranks than GPUs: an error, as NCCL refuses)
-        cuda:k      cuda:k                      an error (every rank would share GPU k): use cuda"""
+    """This rank's torch device for --device `requested` (rank `local_rank` of `local_ranks` on this node): cpu;
+    auto: cpu without a GPU, else as cuda; cuda: cuda:0, under torchrun cuda:LOCAL_RANK (more ranks than GPUs: an
+    error, as NCCL refuses); cuda:k: cuda:k, under torchrun an error (every rank would share GPU k): use cuda."""
     if requested == "cpu" or (requested == "auto" and gpus == 0):
         return "cpu"
     if gpus == 0:
@@ -105,10 +101,8 @@ def rows_of(minibatch: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 def rank_seed(seed: int, r: int) -> int:
     """Rank r's sampling seed: `seed` on rank 0; else a hash of (seed, r) in [2^62, 2^63), which no rank-0 seed reaches."""
-    if r == 0:
-        return seed
     digest = hashlib.blake2b(f"marft-rank-seed/{seed}/{r}".encode(), digest_size=8).digest()
-    return 2**62 + int.from_bytes(digest, "big") % 2**62
+    return seed if r == 0 else 2**62 + int.from_bytes(digest, "big") % 2**62
 
 
 def reseed_sampling() -> None:

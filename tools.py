@@ -1,13 +1,12 @@
-"""Tools: agents with a fixed policy. This file holds two: the calculator and the python runner.
+"""Tools: agents with a fixed policy, here the calculator and the python runner.
 
 Paper: MARFT (Liao et al., arXiv 2504.16129), the Flex-POMDP: a tool is an agent whose π^j in a^j_t ~ π^j(· | ô^j_t)
 is fixed and deterministic: no adapter, no update, no PPO sample, no place in the step's tables (advantages, GAE
 chain, credit and M run over the learning agents alone); its action reaches the learners and the critic only through
 their observations. A profile names it: `{"role": "calculator", "tool": "calculator"}` (rollout.play_tool plays it).
-
-The calculator (`calculator_action`) evaluates an `ast` parse of arithmetic itself (no `eval`, names, calls or
-attributes) within the MAX_* bounds, so a policy under RL pressure cannot make it hang or exhaust memory; the python
-runner (`python_action`) runs a program in envs/sandbox.py. Neither raises on what a policy writes: an error is its action.
+The calculator evaluates an `ast` parse of arithmetic itself (no `eval`) within the MAX_* bounds, so a policy under
+RL pressure cannot make it hang or exhaust memory; the python runner runs a program in envs/sandbox.py. Neither
+raises on what a policy writes: an error is its action.
 """
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
-"""Grading a response against a gold answer with Hugging Face math-verify.
+"""Grading a response against a gold answer with Hugging Face math-verify: one of four outcomes,
 
-The outcome of one response is one of four strings:
-
-* "correct"     -- the last `\\boxed{}` of the response verifies against the gold answer;
+* "correct"     -- the last `\\boxed{}` of the response verifies against the gold answer (as the data gives it);
 * "wrong"       -- it parses as math but does not verify;
 * "unparseable" -- no `\\boxed{}`, an empty one, or content math-verify cannot parse;
 * "ungraded"    -- not judged (the check timed out or the worker crashed): never cached, and counted.
 
-Only the content of the response's last `\\boxed{}` is graded, against the gold as the data gives it
-(no last-number fallback, README: "Pitfalls avoided"). Why a worker process (grading_worker.py, a plain
-script: no torch, no re-run of the main module): some inputs make sympy run for minutes (`9^{9^{9^{9}}}`
-against `1`), and math-verify's own time limits use SIGALRM, which works only on the main thread. A late
-reply gets the worker killed (a new one starts at the next call) and the item "ungraded". Results are
+Why a worker process (grading_worker.py, a plain script: no torch, no re-run of the main module): some inputs
+make sympy run for minutes (`9^{9^{9^{9}}}` against `1`), and math-verify's own time limits use SIGALRM, which
+works only on the main thread. A late reply kills the worker (a new one starts at the next call). Results are
 cached by (gold, predicted answer): RL grades the same pairs again and again.
 """
 from __future__ import annotations
@@ -37,13 +33,10 @@ _MAX_CACHE_ENTRIES = 200_000  # the cache is emptied when it grows past this
 
 
 class Grader:
-    """Grades responses against gold answers from any thread (a lock serialises calls); owns one math-verify
-    worker process, started at the first `grade` and stopped by `close()` (or the context manager). `timeouts` and
-    `crashes` count the checks ("ungraded") that ran past `timeout_seconds` or during which the worker died."""
+    """Grades from any thread (a lock serialises calls) in one math-verify worker, started at the first `grade`,
+    stopped by `close()`; `timeouts` and `crashes` count the "ungraded" checks (past `timeout_seconds`; worker died)."""
 
     def __init__(self, timeout_seconds: float = 5.0):
-        if timeout_seconds <= 0:
-            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
         self.timeout_seconds = timeout_seconds
         self.timeouts, self.crashes = 0, 0
         self._cache: dict[tuple[str, str], str] = {}
@@ -131,7 +124,7 @@ class Grader:
                                "that math-verify is installed: pip install math-verify")
 
     def _stop_worker(self) -> None:
-        """Kill the worker (it holds no state worth a polite shutdown) and forget it."""
+        """Kill the worker (it holds no state worth a polite shutdown) and forget it; the reader thread closes its stdout."""
         if self._worker is None:
             return
         self._kill_at_exit.detach()
@@ -139,5 +132,4 @@ class Grader:
         self._worker.wait()
         with contextlib.suppress(OSError):  # unsent bytes to a dead process
             self._worker.stdin.close()
-        # Its stdout is closed by the `forward_lines` thread when it reads the end.
         self._worker, self._replies = None, None

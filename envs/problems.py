@@ -26,26 +26,19 @@ class Problem:
 
 
 # --- \boxed{...} extraction ---------------------------------------------------------------
-_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")  # not a longer command such as `\boxedfoo`
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])(\s*)")  # not a longer command such as `\boxedfoo`; its spaces
+_BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.DOTALL)  # a brace, or an escaped character (`\{`: a literal brace)
 _BRACELESS_ARGUMENT = re.compile(r"[^\s$]*")  # the argument of `\boxed 5`: up to whitespace or `$`
 
 
 def _matching_brace_end(text: str, open_index: int) -> int | None:
     """Index just past the `}` that closes the `{` at `open_index`, or None if unclosed. Escaped braces
     `\\{` and `\\}` (literal braces in LaTeX) do not count."""
-    depth, index = 0, open_index
-    while index < len(text):
-        char = text[index]
-        if char == "\\":
-            index += 2  # skip the escaped character, e.g. `\{`
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-        index += 1
+    depth = 0
+    for token in _BRACE_OR_ESCAPE.finditer(text, open_index):
+        depth += {"{": 1, "}": -1}.get(token.group(), 0)
+        if depth == 0:
+            return token.end()
     return None
 
 
@@ -59,22 +52,20 @@ def extract_boxed(text: str) -> str | None:
     last_content: str | None = None
     search_from = 0
     while (match := _BOX_COMMAND.search(text, search_from)) is not None:
-        argument_start = match.end()
-        while argument_start < len(text) and text[argument_start].isspace():
-            argument_start += 1
-        if argument_start < len(text) and text[argument_start] == "{":
+        argument_start = match.end()  # past the command and the whitespace after it
+        if text.startswith("{", argument_start):
             closing_end = _matching_brace_end(text, argument_start)
             if closing_end is None:
                 return None  # the last box is unclosed
             last_content = text[argument_start + 1 : closing_end - 1]
             search_from = closing_end
-        elif argument_start > match.end():  # `\boxed 5`: needs whitespace after the command
+        elif match.group(1):  # `\boxed 5`: needs whitespace after the command
             argument_end = _BRACELESS_ARGUMENT.match(text, argument_start).end()
             if argument_end > argument_start:
                 last_content = text[argument_start:argument_end]
-            search_from = max(argument_end, match.end())
+            search_from = argument_end
         else:
-            search_from = match.end()  # e.g. `\boxed` at the very end: no argument
+            search_from = argument_start  # e.g. `\boxed` at the very end: no argument
     return last_content
 
 
@@ -106,9 +97,7 @@ def row_to_problem(row: dict, where: str) -> Problem:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object with 'problem' (or 'question') and a gold answer, "
                          f"got {type(row).__name__}.")
-    question = _text_field(row, "problem", where)
-    if question is None:
-        question = _text_field(row, "question", where)
+    question = _text_field(row, "problem" if row.get("problem") is not None else "question", where)
     if question is None or not question.strip():
         raise ValueError(f"{where}: no question text. Give the row a non-empty 'problem' field "
                          f"(MATH format) or 'question' field (GSM8K format).")
