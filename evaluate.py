@@ -1,9 +1,8 @@
 """Evaluate the base model or a checkpoint of a MARFT run on a math or code data set, or on a task of your own.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129); docs/evaluating.md. The agents play the episodes of training
-(`rollout.run_episodes`) with the policy adapters only. `--run RUN_DIR` evaluates a checkpoint (default:
-checkpoints/latest) with RUN_DIR/config.json's task, organisation, LoRA shapes, horizon, sampling and seed; without
-it, the base model (`--model`, `--task`, `--agents`, the rest at `config.Config`'s defaults, LoRA B = 0).
+Paper: MARFT (Liao et al., arXiv 2504.16129); docs/evaluating.md. The agents play training's episodes (rollout.run_episodes)
+with the policy adapters only: `--run RUN_DIR`'s checkpoint (default: checkpoints/latest) with its config.json's settings,
+or the base model (`--model`, `--task`, `--agents`, the rest at `config.Config`'s defaults, LoRA B = 0).
 
 Metrics over P problems × k = `--samples` episodes: `rollout.heldout_metrics`'s, eval/pass@k' and eval/maj@k' for
 k' = 1, 2, 4, … ≤ k, and k; pass@1, greedy accuracy and unparseable rate per level and subject. The noise is seeded
@@ -166,9 +165,8 @@ def transcripts(rollout: Rollout, problems: list[Problem], org: Organisation, co
         for t, outcomes in enumerate(rollout.outcomes[b]):
             actions = [{"role": org.order[rollout.agent_index[s]], "text": rollout.texts[s]}
                        for s in range(len(rollout.texts)) if rollout.episode[s] == b and rollout.step[s] == t]
-            steps.append({"step": t, "actions": actions, "outcomes": outcomes, "reward": float(rollout.team_reward[b, t])})
-            if org.orchestrator:  # the realised D_t: executors called, in order, and how the step ended
-                steps[-1] |= {"calls": rollout.calls[b][t], "ended_by": rollout.step_ends[b][t]}
+            steps.append({"step": t, "actions": actions, "outcomes": outcomes, "reward": float(rollout.team_reward[b, t])}
+                         | ({"calls": rollout.calls[b][t], "ended_by": rollout.step_ends[b][t]} if org.orchestrator else {}))
         result.append({"episode": b, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
                        "type": problem.type, "solved": rollout.solved[b], "steps": steps}
                       | ({"tests": list(problem.tests)} if problem.tests else {}))
@@ -185,17 +183,16 @@ def format_table(report: dict) -> str:
     """The overall row, then one row per level and per subject."""
     metrics, what = report["metrics"], report["evaluated"]
     tokens, greedy_tokens = metrics["eval/generated_tokens_per_episode"], "eval/greedy/generated_tokens_per_episode"
-    lines = [
-        f"{what['checkpoint'] or 'base model'} · model {what['model']} · agents {what['agents']} "
-        f"({' → '.join(what['roles'])}) · data {what['dataset']} ({what['problems']} problems)",
-        f"{what['samples']} sample(s) per problem at T={what['temperature']}, max_new_tokens={what['max_new_tokens']}, "
-        f"seed {what['seed']}",
-        "  ".join(f"{key.removeprefix('eval/')} {value:.3f}" for key, value in metrics.items()
-                  if key.startswith(("eval/pass@", "eval/maj@"))),
-        f"generated tokens per episode: sampled {tokens:.1f}"
-        + (f", greedy {metrics[greedy_tokens]:.1f}" if greedy_tokens in metrics else "")
-        + f" (a problem at k = {what['samples']} samples: {what['samples'] * tokens:.0f})",
-        "", f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}"]
+    lines = [f"{what['checkpoint'] or 'base model'} · model {what['model']} · agents {what['agents']} "
+             f"({' → '.join(what['roles'])}) · data {what['dataset']} ({what['problems']} problems)",
+             f"{what['samples']} sample(s) per problem at T={what['temperature']}, max_new_tokens={what['max_new_tokens']}, "
+             f"seed {what['seed']}",
+             "  ".join(f"{key.removeprefix('eval/')} {value:.3f}" for key, value in metrics.items()
+                       if key.startswith(("eval/pass@", "eval/maj@"))),
+             f"generated tokens per episode: sampled {tokens:.1f}"
+             + (f", greedy {metrics[greedy_tokens]:.1f}" if greedy_tokens in metrics else "")
+             + f" (a problem at k = {what['samples']} samples: {what['samples'] * tokens:.0f})",
+             "", f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}"]
     groups = [("all", {"problems": what["problems"], "pass@1": metrics["eval/accuracy"],
                        "accuracy_greedy": metrics.get("eval/accuracy_greedy"),
                        "unparseable_rate": metrics["eval/unparseable_rate"]})]

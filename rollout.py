@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -64,7 +65,7 @@ class Rollout:
     unparseable: int = 0  # graded answers with no parseable \boxed{}
     ungraded: int = 0  # graded answers whose check timed out or crashed the grader
     graded_answers: int = 0
-    program_outcomes: dict[str, int] = field(default_factory=dict)
+    program_outcomes: Counter[str] = field(default_factory=Counter)  # sandbox outcome → graded programs
     truncated_prompts: int = 0  # prompts (and critic inputs) cut at max_prompt_tokens
     generation_seconds: float = 0.0
     # Orchestrated only: [B][t] the executors called, and how the step ended ("finish", "max_calls", "error: <why>")
@@ -172,13 +173,10 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
 
 def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[str, str]]]) -> list[tuple[None, str]]:
     """A tool's action (tools.py: a fixed π^j) on what D gives it (orchestrated: all) in each step's transcript."""
-    taken = []
     for transcript in step_transcripts:
         read = "\n".join(text for parent, text in transcript if org.orchestrator or parent in org.parents(role))
-        text = tools.tool_action(org.profile(role).tool, read)
-        transcript.append((role, text))
-        taken.append((None, text))
-    return taken
+        transcript.append((role, tools.tool_action(org.profile(role).tool, read)))
+    return [(None, transcript[-1][1]) for transcript in step_transcripts]
 
 
 def learning_position(org: Organisation, transcript: list[tuple[str, str]]) -> int:
@@ -253,8 +251,7 @@ def step_environment(env, task, org: Organisation, transcript: list[tuple[str, s
     out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
     out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
     out.graded_answers += len(info["outcomes"])
-    for outcome in info.get("program_outcomes", {}).values():
-        out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + 1
+    out.program_outcomes.update(info.get("program_outcomes", {}).values())
     return observation, done
 
 
@@ -296,8 +293,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     for r, part in enumerate(parts):
         for name in ("team_reward", "dones", "step_mask", "solved", "outcomes", "infos", "calls", "step_ends"):
             getattr(out, name)[r::G] = getattr(part, name)  # per-episode fields: episodes r, r + G, …
-        for outcome, count in part.program_outcomes.items():
-            out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + count
+        out.program_outcomes.update(part.program_outcomes)  # Counter.update adds the counts
         order += [(part.step[s], part.position[s], part.agent_index[s], r + part.episode[s] * G, r, s)
                   for s in range(len(part.prompt_ids))]
     for step, position, agent, b, r, s in sorted(order):
@@ -311,8 +307,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     return out
 
 
-def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout,
-                           t: int) -> None:
+def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout, t: int):
     """One step of a dynamic D: orchestrator, executor, orchestrator, … until the orchestrator finishes,
     errs or max_calls executors have acted; `act(role, episodes)` → [(s, text)], one batch per role."""
     for b in episodes:
