@@ -197,8 +197,7 @@ def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
 
 
 def check_disjoint(task: Task, train: list[Problem], held_out: list[Problem], cfg) -> None:
-    """The held-out problems are none of the training problems (else held-out accuracy would count problems
-    trained on); stops at the first one, naming its index in each list and its text."""
+    """Stop at the first held-out problem that is a training problem (held-out accuracy would count it), naming both."""
     same_problem_key = lambda problem: " ".join(problem.problem.split())  # the same text, whitespace aside
     first_in_train = {same_problem_key(problem): index for index, problem in reversed(list(enumerate(train)))}
     for index, problem in enumerate(held_out):
@@ -252,8 +251,7 @@ def read_data(cfg, code: bool) -> tuple[list[Problem], list[Problem]]:
 
 
 def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
-    """The built-in tasks' data: math takes problems without tests, code only tasks with tests (and no per-role
-    reward terms, which score \\boxed{} answers, and a sandbox that runs here)."""
+    """The built-in tasks' data: math problems without tests, or code tasks with tests (no per-role rewards, a sandbox)."""
     kinds = {bool(p.tests) for p in problems}
     if len(kinds) > 1:
         raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
@@ -295,8 +293,7 @@ def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
 
 # --- The word task: arithmetic beyond the model, where calling the calculator must be learned ---
 WORD_SPLITS = (("train", 200), ("test", 50))  # (split, word problems per template)
-SMALL_LEVELS = (2, 3)  # the mixed task's small problems: one-digit products, two-digit + one-digit sums
-SMALL_KINDS = {"Level 2": "small_products", "Level 3": "small_sums"}  # their levels' names (envs/problems.py)
+SMALL_KINDS = {"Level 2": "small_products", "Level 3": "small_sums"}  # the mixed task's arithmetic (envs/problems.py)
 
 
 def load_word(cfg) -> tuple[list[Problem], list[Problem]]:
@@ -306,10 +303,10 @@ def load_word(cfg) -> tuple[list[Problem], list[Problem]]:
 
 
 def load_word_mixed(cfg) -> tuple[list[Problem], list[Problem]]:
-    """The word problems and small arithmetic (SMALL_LEVELS) alternating: any first N rows hold both kinds alike."""
+    """The word problems and small arithmetic (SMALL_KINDS) alternating: any first N rows hold both kinds alike."""
     refuse_data(cfg, "word_mixed")
     alternate = lambda big, small: [row for pair in zip(big, small) for row in pair]
-    return tuple(alternate(make_word_problems(split, cfg.seed, count), make_arithmetic_problems(split, cfg.seed, SMALL_LEVELS))
+    return tuple(alternate(make_word_problems(split, cfg.seed, count), make_arithmetic_problems(split, cfg.seed, (2, 3)))
                  for split, count in WORD_SPLITS)
 
 
