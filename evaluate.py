@@ -1,14 +1,12 @@
 """Evaluate the base model or a checkpoint of a MARFT run on a math or code data set, or on a task of your own.
 
-Paper: MARFT (Liao et al., arXiv 2504.16129); docs/evaluating.md. The agents play exactly the episodes of training
-(`rollout.run_episodes`); only the policy adapters are built. `--run RUN_DIR` evaluates a checkpoint (default:
-checkpoints/latest's) with RUN_DIR/config.json's task, organisation, LoRA shapes, horizon, sampling and seed;
-without it, the base model (`--model`, `--task`, `--agents`, the rest at `config.Config`'s defaults, LoRA B = 0).
+Paper: MARFT (Liao et al., arXiv 2504.16129); docs/evaluating.md. The agents play training's episodes (rollout.run_episodes)
+with the policy adapters only: `--run RUN_DIR`'s checkpoint (default: checkpoints/latest) with its config.json's settings,
+or the base model (`--model`, `--task`, `--agents`, the rest at `config.Config`'s defaults, LoRA B = 0).
 
-Metrics over P problems, k = `--samples` episodes each: `rollout.heldout_metrics`'s (eval/accuracy = pass@1, …)
-with eval/pass@k' and eval/maj@k' for k' = 1, 2, 4, … ≤ k, and k; pass@1, greedy accuracy and unparseable rate
-per level and subject (`Problem.level`, `.type`). The noise is seeded as in training: `--run R --limit
-<eval_problems> --samples <eval_samples>` (arithmetic) replays the run's own held-out evaluation.
+Metrics over P problems × k = `--samples` episodes: `rollout.heldout_metrics`'s, eval/pass@k' and eval/maj@k' for
+k' = 1, 2, 4, … ≤ k, and k; pass@1, greedy accuracy and unparseable rate per level and subject. The noise is seeded
+as in training: `--run R --limit <eval_problems> --samples <eval_samples>` replays the run's held-out evaluation.
 
 Usage:
     python evaluate.py                                                # base model, chain, generated held-out task
@@ -92,12 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, failing at start, naming the option, for every value that cannot work."""
     args = build_parser().parse_args(argv)
-    if args.run is not None and (args.model is not None or args.agents is not None):
-        raise SystemExit("--model/--agents cannot be combined with --run: a run's model and organisation come from its "
-                         "config.json. Drop them to evaluate the run, or drop --run to evaluate a base model.")
-    if args.run is not None and args.task is not None:
-        raise SystemExit("--task cannot be combined with --run: a run's task comes from its config.json. Drop --task to "
-                         "evaluate the run on it, or drop --run to evaluate a base model.")
+    if args.run is not None and (given := [o for o in ("model", "agents", "task") if getattr(args, o) is not None]):
+        raise SystemExit(f"{'--task' if given == ['task'] else '--model/--agents'} cannot be combined with --run: its "
+                         "config.json gives the model, organisation and task. Drop them, or drop --run for a base model.")
     if args.checkpoint is not None and args.run is None:
         raise SystemExit("--checkpoint needs --run (the run folder whose checkpoint to evaluate)")
     for option, least in (("samples", 1), ("generation_batch_size", 1), ("max_new_tokens", 1), ("limit", 1),
@@ -170,9 +165,8 @@ def transcripts(rollout: Rollout, problems: list[Problem], org: Organisation, co
         for t, outcomes in enumerate(rollout.outcomes[b]):
             actions = [{"role": org.order[rollout.agent_index[s]], "text": rollout.texts[s]}
                        for s in range(len(rollout.texts)) if rollout.episode[s] == b and rollout.step[s] == t]
-            steps.append({"step": t, "actions": actions, "outcomes": outcomes, "reward": float(rollout.team_reward[b, t])})
-            if org.orchestrator:  # the realised D_t: executors called, in order, and how the step ended
-                steps[-1] |= {"calls": rollout.calls[b][t], "ended_by": rollout.step_ends[b][t]}
+            steps.append({"step": t, "actions": actions, "outcomes": outcomes, "reward": float(rollout.team_reward[b, t])}
+                         | ({"calls": rollout.calls[b][t], "ended_by": rollout.step_ends[b][t]} if org.orchestrator else {}))
         result.append({"episode": b, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
                        "type": problem.type, "solved": rollout.solved[b], "steps": steps}
                       | ({"tests": list(problem.tests)} if problem.tests else {}))
@@ -189,17 +183,16 @@ def format_table(report: dict) -> str:
     """The overall row, then one row per level and per subject."""
     metrics, what = report["metrics"], report["evaluated"]
     tokens, greedy_tokens = metrics["eval/generated_tokens_per_episode"], "eval/greedy/generated_tokens_per_episode"
-    lines = [
-        f"{what['checkpoint'] or 'base model'} · model {what['model']} · agents {what['agents']} "
-        f"({' → '.join(what['roles'])}) · data {what['dataset']} ({what['problems']} problems)",
-        f"{what['samples']} sample(s) per problem at T={what['temperature']}, max_new_tokens={what['max_new_tokens']}, "
-        f"seed {what['seed']}",
-        "  ".join(f"{key.removeprefix('eval/')} {value:.3f}" for key, value in metrics.items()
-                  if key.startswith(("eval/pass@", "eval/maj@"))),
-        f"generated tokens per episode: sampled {tokens:.1f}"
-        + (f", greedy {metrics[greedy_tokens]:.1f}" if greedy_tokens in metrics else "")
-        + f" (a problem at k = {what['samples']} samples: {what['samples'] * tokens:.0f})",
-        "", f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}"]
+    lines = [f"{what['checkpoint'] or 'base model'} · model {what['model']} · agents {what['agents']} "
+             f"({' → '.join(what['roles'])}) · data {what['dataset']} ({what['problems']} problems)",
+             f"{what['samples']} sample(s) per problem at T={what['temperature']}, max_new_tokens={what['max_new_tokens']}, "
+             f"seed {what['seed']}",
+             "  ".join(f"{key.removeprefix('eval/')} {value:.3f}" for key, value in metrics.items()
+                       if key.startswith(("eval/pass@", "eval/maj@"))),
+             f"generated tokens per episode: sampled {tokens:.1f}"
+             + (f", greedy {metrics[greedy_tokens]:.1f}" if greedy_tokens in metrics else "")
+             + f" (a problem at k = {what['samples']} samples: {what['samples'] * tokens:.0f})",
+             "", f"{'group':<32} {'problems':>8} {'pass@1':>7} {'greedy':>7} {'unparseable':>12}"]
     groups = [("all", {"problems": what["problems"], "pass@1": metrics["eval/accuracy"],
                        "accuracy_greedy": metrics.get("eval/accuracy_greedy"),
                        "unparseable_rate": metrics["eval/unparseable_rate"]})]
@@ -235,23 +228,11 @@ def format_transcript(transcript: dict) -> str:
     return "\n".join(lines)
 
 
-def progress_printer(generate_actions):
-    """Wrap a GenerateActions function to print a line per call: phase, call number, adapter, episodes, seconds."""
-    calls = {"sampled": 0, "greedy": 0}
-    def generate(prompt_ids, adapter, sampling):
-        phase = "greedy" if sampling.temperature == 0 else "sampled"
-        calls[phase] += 1
-        started = time.perf_counter()
-        actions = generate_actions(prompt_ids, adapter, sampling)
-        print(f"  {phase:<7} call {calls[phase]:<3} {adapter:<20} {len(prompt_ids):>5} episodes  "
-              f"{time.perf_counter() - started:6.1f} s", flush=True)
-        return actions
-    return generate
-
-
-def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, Config, int]:
-    """(run folder, checkpoint folder, config, data seed): a run's, or (None, None, the defaults with --model, --task,
-    --agents); then this command line's options. The data seed picks the split: with a run, the run's own."""
+def resolve(args: argparse.Namespace) -> tuple[Path | None, Path | None, Config, Organisation, str, list[Problem]]:
+    """(run folder, checkpoint folder, config, organisation, data source, problems). The config is a run's, or the
+    defaults with --model, --task, --agents; then this command line's options. The problems are --data/--split's
+    (built-in tasks, default arithmetic or code and test; "arithmetic" with the config's levels) or a task's own
+    held-out ones, split with the run's seed (without --run, --seed's); cfg.seed orders --shuffle."""
     if args.run is None:
         run_dir, checkpoint = None, None
         task = args.task or tasks.default_task_name(
@@ -272,13 +253,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Path | None, Path | None, 
         max_new_tokens=cfg.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
         backend=args.backend, vllm_gpu_memory_utilization=0.9,  # no trainer shares the GPU
         device="cpu" if args.backend == "vllm" else args.device)  # vllm: the policies only hand their adapters to the engine
-    return run_dir, checkpoint, cfg, data_seed
-
-
-def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) -> tuple[str, list[Problem]]:
-    """(source, problems): --data/--split (built-in tasks, default arithmetic or code and test; "arithmetic" with the
-    config's levels) or a task's own held-out problems, split with `data_seed`; cfg.seed is the --shuffle order."""
-    task = tasks.task_of(cfg)
+    org, task = tasks.organisation_of(cfg), tasks.task_of(cfg)
     if task in (tasks.MATH, tasks.CODE):
         args.data, args.split = args.data or ("code" if task is tasks.CODE else "arithmetic"), args.split or "test"
         source = f"arithmetic:{cfg.arithmetic_levels}" if args.data == "arithmetic" else args.data
@@ -300,7 +275,7 @@ def load_eval_problems(args: argparse.Namespace, cfg: Config, data_seed: int) ->
         raise SystemExit(f"--data={args.data!r}: no problems to evaluate")
     if task in (tasks.MATH, tasks.CODE):
         tasks.check_data(task is tasks.CODE, cfg, problems, "data")
-    return source, problems
+    return run_dir, checkpoint, cfg, org, source, problems
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -308,23 +283,28 @@ def main(argv: list[str] | None = None) -> dict:
     wall_start = time.time()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     speed.return_freed_memory()
-    run_dir, checkpoint, cfg, data_seed = resolve_config(args)
-    org = tasks.organisation_of(cfg)
-    source, problems = load_eval_problems(args, cfg, data_seed)
+    run_dir, checkpoint, cfg, org, source, problems = resolve(args)
     print(f"evaluating {checkpoint or 'the base model ' + cfg.model} with agents {cfg.agents} "
           f"on {len(problems)} problems of {source}", flush=True)
     model, tokenizer = build_policies(cfg, org, checkpoint)
     backend = generation.make_backend(cfg, model, tokenizer, agents_lib.policy_adapter_names(org.learners, cfg.shared_adapter),
                                       fallback_sync_dir=Path(tempfile.gettempdir()), progress=True,
                                       batch_size=args.generation_batch_size)
+    calls = {"sampled": 0, "greedy": 0}
+    def generate(prompt_ids, adapter, sampling):  # the backend's, printing a line per call
+        phase = "greedy" if sampling.temperature == 0 else "sampled"
+        calls[phase] += 1
+        started = time.perf_counter()
+        actions = backend.generate(prompt_ids, adapter, sampling)
+        print(f"  {phase:<7} call {calls[phase]:<3} {adapter:<20} {len(prompt_ids):>5} episodes  "
+              f"{time.perf_counter() - started:6.1f} s", flush=True)
+        return actions
     with Grader() as grader, contextlib.closing(backend):
-        metrics, sampled, greedy = heldout_metrics(progress_printer(backend.generate), tokenizer, org, problems, grader, cfg,
-                                                   top_p=args.top_p)
+        metrics, sampled, greedy = heldout_metrics(generate, tokenizer, org, problems, grader, cfg, top_p=args.top_p)
         report = make_report(args, cfg, run_dir, checkpoint, org, source, problems, metrics, sampled, greedy, grader)
     report["wall_seconds"] = time.time() - wall_start
     data = dataset_stem(args.data or tasks.task_of(cfg).name)  # a task of your own: its name
-    out = Path(args.out) if args.out else (run_dir / f"eval-{checkpoint.name}-{data}.json" if run_dir is not None
-                                           else Path(f"eval-base-{data}.json"))
+    out = Path(args.out or (run_dir or Path()) / f"eval-{checkpoint.name if run_dir else 'base'}-{data}.json")
     run_lib.write_json_atomically(out, report)
     print("\n" + "\n\n".join([format_table(report)] + [format_transcript(t) for t in report["transcripts"]]), flush=True)
     print(f"\nwrote {out}", flush=True)
@@ -337,7 +317,6 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
     """What was evaluated, the metrics (every pass@k', maj@k' and the greedy unparseable rate in reading order, then
     the others), the breakdowns and the transcripts."""
     counts, tallies = solved_counts(sampled, len(problems)), unparseable_tallies(sampled, len(problems))
-    greedy_solved = None if greedy is None else greedy.solved
     rollouts = [r for r in (sampled, greedy) if r is not None]
     ordered = {"eval/accuracy": metrics["eval/accuracy"], **pass_at_k_table(counts, cfg.eval_samples),
                **maj_at_k_table(sampled, len(problems), cfg.eval_samples, same_answer(grader)),
@@ -357,8 +336,8 @@ def make_report(args: argparse.Namespace, cfg: Config, run_dir: Path | None, che
             "date": datetime.now().isoformat(timespec="seconds")},
         "metrics": ordered | {key: value for key, value in metrics.items()
                               if key not in ordered and not key.startswith(("eval/pass@", "eval/maj@"))},
-        "by_level": breakdown(problems, "level", counts, cfg.eval_samples, greedy_solved, tallies),
-        "by_subject": breakdown(problems, "type", counts, cfg.eval_samples, greedy_solved, tallies),
+        "by_level": breakdown(problems, "level", counts, cfg.eval_samples, greedy and greedy.solved, tallies),
+        "by_subject": breakdown(problems, "type", counts, cfg.eval_samples, greedy and greedy.solved, tallies),
         "diagnostics": {"truncated_prompts": sum(r.truncated_prompts for r in rollouts),
                         "generation_seconds": sum(r.generation_seconds for r in rollouts),
                         "grading_timeouts": grader.timeouts},

@@ -7,20 +7,20 @@ a^j_t ~ π^j(· | ô^j_t) from its unrolled observation
     ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}                         (Flex-POMDP observation)
 
 and the joint action a_t goes to the environment, which returns the team reward R_t and done_t.
-Training (marft.py) and evaluation (evaluate.py) both play through `run_episodes`. With an
-orchestrator (a dynamic D, flex_pomdp's docstring) a step is the sequence its decisions call
-(`play_orchestrated_step`; kept per episode in `calls` and `step_ends`).
+Training and evaluation both play through `run_episodes`. With an orchestrator (a dynamic D,
+flex_pomdp's docstring) a step is the sequence its decisions call (`play_orchestrated_step`).
 
 A `Rollout` keeps every learning agent's action as one sample s at its position k in the step (a tool's
-action is in the transcript only); `to_grid` scatters a per-sample table into the [B, T, P, …] grid of
-(episode, step, k-th action) that the advantage equations index. The critic's input o_t ⊕ a_{t,<k} is the
-policy's prompt in a chain or an orchestrated step; under any other fixed D, with a critic, it is tokenized
-beside it and kept (`Rollout.critic_prompt_ids`). Held-out metrics: `heldout_metrics` (docs/metrics.md).
+action is in the transcript only); `to_grid` puts a per-sample table on the [B, T, P, …] grid the advantage
+equations index. The critic's input o_t ⊕ a_{t,<k} is the policy's prompt in a chain or an orchestrated
+step; under any other fixed D it is tokenized beside it (`Rollout.critic_prompt_ids`). Held-out metrics:
+`heldout_metrics` (docs/metrics.md).
 """
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -45,7 +45,6 @@ GenerateActions = Callable[[list[list[int]], "str | None", generation.Sampling],
 class Rollout:
     """Every action of a batch of episodes, flattened: sample s is agent agent_index[s] (its index
     in σ), the position[s]-th action of step step[s] of episode episode[s]."""
-
     prompt_ids: list[list[int]] = field(default_factory=list)  # ô: what the policy read
     # s → the critic's input o_t ⊕ a_{t,<k}, only where it is not prompt_ids[s] (module docstring)
     critic_prompt_ids: dict[int, list[int]] = field(default_factory=dict)
@@ -66,7 +65,7 @@ class Rollout:
     unparseable: int = 0  # graded answers with no parseable \boxed{}
     ungraded: int = 0  # graded answers whose check timed out or crashed the grader
     graded_answers: int = 0
-    program_outcomes: dict[str, int] = field(default_factory=dict)
+    program_outcomes: Counter[str] = field(default_factory=Counter)  # sandbox outcome → graded programs
     truncated_prompts: int = 0  # prompts (and critic inputs) cut at max_prompt_tokens
     generation_seconds: float = 0.0
     # Orchestrated only: [B][t] the executors called, and how the step ended ("finish", "max_calls", "error: <why>")
@@ -174,13 +173,10 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
 
 def play_tool(org: Organisation, role: str, step_transcripts: list[list[tuple[str, str]]]) -> list[tuple[None, str]]:
     """A tool's action (tools.py: a fixed π^j) on what D gives it (orchestrated: all) in each step's transcript."""
-    taken = []
     for transcript in step_transcripts:
         read = "\n".join(text for parent, text in transcript if org.orchestrator or parent in org.parents(role))
-        text = tools.tool_action(org.profile(role).tool, read)
-        transcript.append((role, text))
-        taken.append((None, text))
-    return taken
+        transcript.append((role, tools.tool_action(org.profile(role).tool, read)))
+    return [(None, transcript[-1][1]) for transcript in step_transcripts]
 
 
 def learning_position(org: Organisation, transcript: list[tuple[str, str]]) -> int:
@@ -201,16 +197,12 @@ def episode_context(org: Organisation, grader: Grader) -> tasks.EpisodeContext:
                                 role_rewards={a.role: a.rewards for a in org.agents})
 
 
-def joint_action_of(org: Organisation, transcript: list[tuple[str, str]]) -> dict[str, str]:
-    """a_t from the step's transcript [(role, text)]: role → its (last) action."""
+def env_step(env, task, org: Organisation, transcript: list[tuple[str, str]], where: str):
+    """env.step(a_t), a_t from the step's transcript [(role, text)]: role → its (last) action; its info checked;
+    what it raises comes back as a RuntimeError naming `where`."""
     joint_action = dict(transcript)
     if org.orchestrator:  # the team's answer: the last graded executor's action ("" if none acted)
         joint_action[TEAM_ANSWER] = next((text for role, text in reversed(transcript) if role in org.graded_roles), "")
-    return joint_action
-
-
-def env_step(env, task, joint_action: dict[str, str], where: str):
-    """env.step(joint_action), its info checked; what it raises comes back as a RuntimeError naming `where`."""
     try:
         observation, reward, done, info = env.step(joint_action)
     except Exception as error:
@@ -237,7 +229,7 @@ def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[
         for split, (index, problem) in problems.items():
             env = tasks.make_env(task, problem, cfg, context)
             env.reset()
-            env_step(env, task, joint_action_of(org, [(role, "") for role in org.order]),
+            env_step(env, task, org, [(role, "") for role in org.order],
                      f"{split} {problem_label(index, problem)}, step 0 (a trial step with empty actions, before the run folder)")
 
 
@@ -245,8 +237,8 @@ def step_environment(env, task, org: Organisation, transcript: list[tuple[str, s
                      b: int, t: int, cost_per_tool_call: float = 0.0, problem: Problem | None = None):
     """env.step(a_t) → (o_{t+1}, done_t) of episode b, a_t from the step's transcript (samples `step_samples`);
     R_t − c · (tool calls), done_t and the info (role rewards, outcomes, `tool_use`) recorded in `out`."""
-    joint_action = joint_action_of(org, transcript)  # role → its (last) action of the step
-    observation, reward, done, info = env_step(env, task, joint_action, f"{problem_label(b, problem)} of the rollout, step {t}")
+    observation, reward, done, info = env_step(env, task, org, transcript,
+                                               f"{problem_label(b, problem)} of the rollout, step {t}")
     info["tools"] = tool_use(org, transcript)
     reward -= cost_per_tool_call * info["tools"]["calls"]  # R_t − c · (tool calls of the step)
     out.team_reward[b, t], out.dones[b, t], out.step_mask[b, t] = reward, float(done), 1.0
@@ -259,8 +251,7 @@ def step_environment(env, task, org: Organisation, transcript: list[tuple[str, s
     out.unparseable += sum(o == "unparseable" for o in info["outcomes"].values())
     out.ungraded += sum(o == "ungraded" for o in info["outcomes"].values())
     out.graded_answers += len(info["outcomes"])
-    for outcome in info.get("program_outcomes", {}).values():
-        out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + 1
+    out.program_outcomes.update(info.get("program_outcomes", {}).values())
     return observation, done
 
 
@@ -275,9 +266,9 @@ def tool_use(org: Organisation, transcript: list[tuple[str, str]]) -> dict:
     return {"calls": len(tool_actions), "errors": sum("error:" in text for _, text in tool_actions), "answer_is_tool_output": same}
 
 
-def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dict[str, float]:
+def tool_metrics(rollout: Rollout, org: Organisation, prefix: str) -> dict[str, float]:
     """tools/calls_per_episode, error_rate, answer_is_tool_output of the steps (`tool_use`); empty without tools."""
-    if rollout is None or org.learners == org.order:
+    if org.learners == org.order:
         return {}
     used = [info["tools"] for steps in rollout.infos for info in steps]
     calls = sum(u["calls"] for u in used)
@@ -287,12 +278,10 @@ def tool_metrics(rollout: Rollout | None, org: Organisation, prefix: str) -> dic
             f"{prefix}/tools/answer_is_tool_output": sum(valued) / max(len(valued), 1)}
 
 
-def task_metrics(rollout: Rollout | None, cfg: Config, prefix: str) -> dict[str, float]:
+def task_metrics(rollout: Rollout, cfg: Config, prefix: str) -> dict[str, float]:
     """The task's own metrics (tasks.Task.metrics) of every step played, as `<prefix>/<name>`."""
-    task = tasks.task_of(cfg)
-    if rollout is None or task.metrics is None:
-        return {}
-    return {f"{prefix}/{name}": value for name, value in task.metrics([info for steps in rollout.infos for info in steps]).items()}
+    measure = tasks.task_of(cfg).metrics or (lambda infos: {})
+    return {f"{prefix}/{name}": value for name, value in measure([info for steps in rollout.infos for info in steps]).items()}
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
@@ -304,6 +293,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     for r, part in enumerate(parts):
         for name in ("team_reward", "dones", "step_mask", "solved", "outcomes", "infos", "calls", "step_ends"):
             getattr(out, name)[r::G] = getattr(part, name)  # per-episode fields: episodes r, r + G, …
+        out.program_outcomes.update(part.program_outcomes)  # Counter.update adds the counts
         order += [(part.step[s], part.position[s], part.agent_index[s], r + part.episode[s] * G, r, s)
                   for s in range(len(part.prompt_ids))]
     for step, position, agent, b, r, s in sorted(order):
@@ -313,15 +303,11 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
         out.role_reward[new] = part.role_reward[s]
     for counter in ("unparseable", "ungraded", "graded_answers", "truncated_prompts"):
         setattr(out, counter, sum(getattr(part, counter) for part in parts))
-    for part in parts:
-        for outcome, count in part.program_outcomes.items():
-            out.program_outcomes[outcome] = out.program_outcomes.get(outcome, 0) + count
     out.generation_seconds = max(part.generation_seconds for part in parts)  # the ranks generate side by side
     return out
 
 
-def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout,
-                           t: int) -> None:
+def play_orchestrated_step(org: Organisation, episodes: list[int], act, samples: dict[int, list[int]], out: Rollout, t: int):
     """One step of a dynamic D: orchestrator, executor, orchestrator, … until the orchestrator finishes,
     errs or max_calls executors have acted; `act(role, episodes)` → [(s, text)], one batch per role."""
     for b in episodes:
@@ -373,11 +359,10 @@ def majority_vote(answers: list, solved: list[bool], same: Callable[[object, obj
     group whose first is `same`; a tie of largest groups scores the fraction of them solved; 0.0 without."""
     groups: list[list[int]] = []  # sample indices, grouped
     for i in [i for i, answer in enumerate(answers) if answer is not None]:
-        group = next((g for g in groups if same(answers[g[0]], answers[i])), None)
-        if group is None:
-            groups.append([i])
-        else:
-            group.append(i)
+        group = next((g for g in groups if same(answers[g[0]], answers[i])), [])
+        if not group:  # a new answer: a new group
+            groups.append(group)
+        group.append(i)
     if not groups:
         return 0.0
     largest = max(map(len, groups))
@@ -416,11 +401,6 @@ def same_answer(grader: Grader) -> Callable[[tuple, tuple], bool]:
     return lambda a, b: all(x == y or verifies(x, y) for x, y in zip(a, b))
 
 
-def generated_tokens_per_episode(rollout: Rollout) -> float:
-    """Tokens every agent generated, per episode (tools generate none)."""
-    return sum(map(len, rollout.response_ids)) / max(len(rollout.solved), 1)
-
-
 def solved_counts(rollout: Rollout, num_problems: int) -> list[int]:
     """c_p: solved samples of each problem, when episode b played problem b mod P."""
     return [sum(rollout.solved[p::num_problems]) for p in range(num_problems)]
@@ -448,12 +428,12 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
             metrics[f"eval/pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(problems)
             if has_answers(sampled):
                 metrics[f"eval/maj@{samples}"] = maj_at_k(sampled, len(problems), samples, same_answer(grader))
-        metrics["eval/generated_tokens_per_episode"] = generated_tokens_per_episode(sampled)
+        metrics["eval/generated_tokens_per_episode"] = sum(map(len, sampled.response_ids)) / len(sampled.solved)
     if cfg.eval_greedy:
         greedy_rollout = run_episodes(generate_actions, tokenizer, org, problems, grader,
                                       generation.Sampling(0.0, 1.0, cfg.max_new_tokens), cfg)
         metrics["eval/accuracy_greedy"] = sum(greedy_rollout.solved) / len(problems)
-        metrics["eval/greedy/generated_tokens_per_episode"] = generated_tokens_per_episode(greedy_rollout)
+        metrics["eval/greedy/generated_tokens_per_episode"] = sum(map(len, greedy_rollout.response_ids)) / len(problems)
         metrics |= task_metrics(greedy_rollout, cfg, "eval/greedy") | tool_metrics(greedy_rollout, org, "eval/greedy")
     # The realised D_t (orchestrated only) of the greedy episodes, which every evaluation plays, else the sampled.
     metrics |= orchestration_metrics(greedy_rollout or sampled, org, prefix="eval")

@@ -4,8 +4,8 @@ Paper: MARFT (Liao et al., arXiv 2504.16129), Sec. "Flex-POMDP": a task fixes th
 the transitions and the team reward R; the organisation (N, D) is chosen for it. README: "Adding a task".
 
 A `Task` is a name, `load(cfg)` → (train, held-out problems), `make_env(problem, cfg, context)` → an
-envs.Environment playing one episode, and optionally organisations, metrics and default options. The registry
-`TASKS` maps names to Tasks; the built-in ones are registered through `register`, as --task's plug-ins are:
+envs.Environment playing one episode, and optionally organisations, metrics and default options; `register`
+puts it in `TASKS`, the built-in ones as --task's plug-ins:
 
     math        --data arithmetic (generated), a MATH/GSM8K .jsonl/.json file or an HF dataset id
     code        --data code (generated), humaneval or an MBPP-format file: the sandbox runs the programs
@@ -13,7 +13,7 @@ envs.Environment playing one episode, and optionally organisations, metrics and 
     word_mixed  the word problems alternating with small arithmetic (calculator calls cost --tool_call_cost)
 
 --task takes a registered name, `package.module:name`, or `path/to/file.py[:name]`; left out, --data
-chooses math or code (`default_task_name`). Imports envs, flex_pomdp and distributed, none of which imports it.
+chooses math or code (`default_task_name`).
 """
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ import importlib.util
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
 import distributed
-from envs import CodeEnv, Environment, Grader, MathEnv, Problem, load_problems, make_arithmetic_problems, make_code_problems
+from envs import CodeEnv, Environment, Grader, MathEnv, Problem, load_problems, make_arithmetic_problems
 from envs import sandbox
 from envs.code_problems import is_mbpp_row
 from envs.word_problems import HELD_OUT_TEMPLATES, STONE_NAMES, TEMPLATE_NAMES, make_word_problems
 from flex_pomdp import BUILTIN_ORGANISATIONS, CODE_ORGANISATIONS, Organisation, load_organisation, organisation_from_dict
+
+TASKS: dict[str, Task] = {}  # name → Task (`register`)
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,6 @@ class Task:
     metrics: Callable | None = None  # (infos of every step played: list[dict]) → {name: value}
     options: Mapping = field(default_factory=dict)  # option → value: defaults for options the command line leaves out
     organisation_options: Mapping = field(default_factory=dict)  # organisation → {option → value} on top of `options`
-
-
-TASKS: dict[str, Task] = {}
 
 
 def register(task: Task) -> Task:
@@ -148,15 +147,12 @@ def default_task_name(data: str, agents: str) -> str:
         return "code"
     if data.endswith((".jsonl", ".json")):
         try:  # unreadable: math, whose load says why
-            if data.endswith(".jsonl"):
-                with open(data, encoding="utf-8") as lines:
-                    return "code" if is_mbpp_row(json.loads(next(line for line in lines if line.strip()))) else "math"
-            return "code" if is_mbpp_row(json.loads(Path(data).read_text(encoding="utf-8"))[0]) else "math"
+            with open(data, encoding="utf-8") as rows:
+                first = json.loads(next(r for r in rows if r.strip())) if data.endswith(".jsonl") else json.load(rows)[0]
+            return "code" if is_mbpp_row(first) else "math"
         except (OSError, ValueError, StopIteration, LookupError, TypeError):
             return "math"
-    if data == "arithmetic" or data.startswith("arithmetic:"):
-        return "math"
-    return "code" if agents in CODE_ORGANISATIONS else "math"
+    return "code" if agents in CODE_ORGANISATIONS and data.partition(":")[0] != "arithmetic" else "math"
 
 
 def task_of(cfg) -> Task:
@@ -201,8 +197,7 @@ def task_problems(task: Task, cfg) -> tuple[list[Problem], list[Problem]]:
 
 
 def check_disjoint(task: Task, train: list[Problem], held_out: list[Problem], cfg) -> None:
-    """The held-out problems are none of the training problems (else held-out accuracy would count problems
-    trained on); stops at the first one, naming its index in each list and its text."""
+    """Stop at the first held-out problem that is a training problem (held-out accuracy would count it), naming both."""
     same_problem_key = lambda problem: " ".join(problem.problem.split())  # the same text, whitespace aside
     first_in_train = {same_problem_key(problem): index for index, problem in reversed(list(enumerate(train)))}
     for index, problem in enumerate(held_out):
@@ -241,16 +236,13 @@ def read_data(cfg, code: bool) -> tuple[list[Problem], list[Problem]]:
             fix = ("" if cfg.skip_malformed_rows else
                    " (--skip_malformed_rows leaves malformed rows out with a warning naming each)")
             raise SystemExit(f"--{option}={source!r}: {err}{fix}") from None
-    if cfg.data == "arithmetic":
-        levels = tuple(int(x) for x in cfg.arithmetic_levels.split(","))
-        train, held_out = (make_arithmetic_problems(split, seed=cfg.seed, levels=levels) for split in ("train", "test"))
-    elif cfg.data == "code":
-        train, held_out = make_code_problems("train", seed=cfg.seed), make_code_problems("test", seed=cfg.seed)
-    else:
-        train, held_out = read_problems("data", cfg.data, "train"), []
+    source = f"arithmetic:{cfg.arithmetic_levels}" if cfg.data == "arithmetic" else cfg.data
+    train = read_problems("data", source, "train")
     if cfg.eval_data:
         held_out = read_problems("eval_data", cfg.eval_data, "test")
-    elif cfg.data not in ("arithmetic", "code"):  # not generated: hold out the last rows
+    elif cfg.data in ("arithmetic", "code"):  # generated: its test split
+        held_out = read_problems("data", source, "test")
+    else:  # hold out the last rows
         if len(train) <= cfg.eval_problems:
             raise SystemExit(f"--data={cfg.data!r} has {len(train)} rows: too few to hold out {cfg.eval_problems}; give --eval_data")
         train, held_out = train[: -cfg.eval_problems], train[-cfg.eval_problems :]
@@ -259,8 +251,7 @@ def read_data(cfg, code: bool) -> tuple[list[Problem], list[Problem]]:
 
 
 def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
-    """The built-in tasks' data: math takes problems without tests, code only tasks with tests (and no per-role
-    reward terms, which score \\boxed{} answers, and a sandbox that runs here)."""
+    """The built-in tasks' data: math problems without tests, or code tasks with tests (no per-role rewards, a sandbox)."""
     kinds = {bool(p.tests) for p in problems}
     if len(kinds) > 1:
         raise SystemExit(f"--{option}: mixes code tasks (rows with tests) and math problems; give one kind")
@@ -272,8 +263,7 @@ def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
     if kinds == {False}:
         raise SystemExit(f"--{option} holds math problems, but the run's task is code: use --data code, humaneval or an "
                          "MBPP-format file, or --task math")
-    rewarded = [a.role for a in organisation_of(cfg).agents if a.rewards]
-    if rewarded:
+    if rewarded := [a.role for a in organisation_of(cfg).agents if a.rewards]:
         raise SystemExit(f"--agents={cfg.agents!r}: the per-role reward terms of {rewarded} score \\boxed{{}} answers, "
                          "and a code task takes none: remove 'rewards' from the profile")
     if why := sandbox.why_it_cannot_run():
@@ -282,12 +272,8 @@ def check_data(code: bool, cfg, problems: list[Problem], option: str) -> None:
         print(f"[sandbox] programs run with isolation: {sandbox.isolation()} (README: The code sandbox)", flush=True)
 
 
-def load_math(cfg) -> tuple[list[Problem], list[Problem]]:
-    return read_data(cfg, code=False)
-
-
-def load_code(cfg) -> tuple[list[Problem], list[Problem]]:
-    return read_data(cfg, code=True)
+load_math = functools.partial(read_data, code=False)  # (cfg) → (train, held-out)
+load_code = functools.partial(read_data, code=True)
 
 
 def math_env(problem: Problem, cfg, context: EpisodeContext) -> MathEnv:
@@ -306,23 +292,22 @@ def program_outcome_rates(infos: list[dict]) -> dict[str, float]:
 
 
 # --- The word task: arithmetic beyond the model, where calling the calculator must be learned ---
-WORD_TRAIN_PER_TEMPLATE, WORD_TEST_PER_TEMPLATE = 200, 50
-SMALL_LEVELS = (2, 3)  # the mixed task's small problems: one-digit products, two-digit + one-digit sums
+WORD_SPLITS = (("train", 200), ("test", 50))  # (split, word problems per template)
+SMALL_KINDS = {"Level 2": "small_products", "Level 3": "small_sums"}  # the mixed task's arithmetic (envs/problems.py)
 
 
 def load_word(cfg) -> tuple[list[Problem], list[Problem]]:
     """Word problems (envs/word_problems.py), split by operands, two templates held out entirely."""
     refuse_data(cfg, "word")
-    return (make_word_problems("train", cfg.seed, WORD_TRAIN_PER_TEMPLATE),
-            make_word_problems("test", cfg.seed, WORD_TEST_PER_TEMPLATE))
+    return tuple(make_word_problems(split, cfg.seed, count) for split, count in WORD_SPLITS)
 
 
 def load_word_mixed(cfg) -> tuple[list[Problem], list[Problem]]:
-    """The word problems and small arithmetic (SMALL_LEVELS) alternating: any first N rows hold both kinds alike."""
+    """The word problems and small arithmetic (SMALL_KINDS) alternating: any first N rows hold both kinds alike."""
     refuse_data(cfg, "word_mixed")
     alternate = lambda big, small: [row for pair in zip(big, small) for row in pair]
-    return tuple(alternate(make_word_problems(split, cfg.seed, count), make_arithmetic_problems(split, cfg.seed, SMALL_LEVELS))
-                 for split, count in (("train", WORD_TRAIN_PER_TEMPLATE), ("test", WORD_TEST_PER_TEMPLATE)))
+    return tuple(alternate(make_word_problems(split, cfg.seed, count), make_arithmetic_problems(split, cfg.seed, (2, 3)))
+                 for split, count in WORD_SPLITS)
 
 
 def refuse_data(cfg, task: str) -> None:
@@ -333,12 +318,9 @@ def refuse_data(cfg, task: str) -> None:
                          "(or use --task math to train on a file)")
 
 
-SMALL_KINDS = {"Level 2": "small_products", "Level 3": "small_sums"}  # the generated levels' names (envs/problems.py)
-
-
 def problem_kind(level: str) -> str:
     """A word problem's template name, small_products or small_sums (the mixed task's "small"), or the level."""
-    return level if level in TEMPLATE_NAMES else SMALL_KINDS.get(level, level)
+    return SMALL_KINDS.get(level, level)
 
 
 def word_metrics(infos: list[dict]) -> dict[str, float]:
@@ -370,9 +352,7 @@ _WORD_ORGANISATIONS = ("calculator_team", "single", "orchestrated_calculator", "
 _WORD_OPTIONS = {"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48}
 WORD = register(Task("word", load_word, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
                      organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
-WORD_MIXED = register(Task("word_mixed", load_word_mixed, math_env, metrics=word_metrics, options=_WORD_OPTIONS,
-                           default_organisation="orchestrated_calculator",
-                           organisations={n: BUILTIN_ORGANISATIONS[n] for n in _WORD_ORGANISATIONS}))
+WORD_MIXED = register(replace(WORD, name="word_mixed", load=load_word_mixed, default_organisation="orchestrated_calculator"))
 
 
 # --- The built-in tasks' data options, and those each built-in load reads: a run's config.json records those ---
