@@ -278,7 +278,7 @@ def contention(sizes: dict, threads: int, out: Path) -> dict:
             competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if where != "alone" else None
             try:
                 time.sleep(1.0 if competitor else 0.0)  # the competitor has its threads busy before the run starts
-                rows, _ = run_marft(out, f"contention-{len(table)}-{where}", short_run_args(sizes, "chain", 2), threads, env)
+                rows, _ = run_marft(out, f"contention-{len(table)}-{where}", short_run_args(sizes, "chain", 1), threads, env)
             finally:
                 if competitor:
                     competitor.kill()
