@@ -19,7 +19,8 @@ torch.set_num_threads(1)
 # whole files to its workers in collection order (--dist loadfile --no-loadscope-reorder): the
 # long files start first and the many short ones fill in behind them, so no worker is left with
 # a long file at the end while the other idles.
-LONGEST_FIRST = ("test_learning.py", "test_vllm.py", "test_bench.py", "test_orchestration.py", "test_distributed.py")
+LONGEST_FIRST = ("test_vllm.py", "test_learning.py", "test_bench.py", "test_orchestration.py", "test_sandbox_attacks.py",
+                 "test_distributed.py", "test_devices.py", "test_sandbox.py")
 
 
 def pytest_collection_modifyitems(items):
