@@ -1,6 +1,6 @@
 """A task under study: shipping orders with two parts of different kinds (results/team-wins/).
 
-    python marft.py --task examples/orders.py --agents team            (or solo; --shared_adapter)
+    python marft.py --task examples/orders.py --agents split           (or solo, team; --shared_adapter)
 
 Part A, a product beyond the model (a 3-digit count × a 2-digit count): the calculator's job.
 Part B, the destination city, read off a story whose wording varies (6 templates; 2 held out, seen
@@ -8,6 +8,11 @@ only in the held-out set): a reader's job. Graded per part on the graded agent's
 reward (A + B) / 2, correct when both. Per-part shaping, the same for every organisation where a
 role exists: the agent that writes \\calc{} is paid 0.5 when its expression is worth a·b, the agent
 that names the city (the reader, else the answerer) 0.5 when its response holds the city.
+
+    solo    caller → calculator → answerer (graded: both parts in its boxes)
+    team    caller → calculator, a reader (reads the problem alone), an answerer reading both
+    split   caller → calculator, and a graded reader: part A is the calculator's result, part B the
+            reader's box (two learner turns per episode, as solo)
 """
 import hashlib
 import random
@@ -84,7 +89,8 @@ class Env:
         number, city = self.problem.answer.split("|")
         text = " ".join(joint.get(r, "") for r in self.graded)
         boxes = [b.strip().replace(",", "") for b in BOX.findall(text)]
-        part_a = number in boxes
+        split = "reader" in self.graded  # the split team: part A is the calculator's result, part B the reader's box
+        part_a = calc_value(joint.get("caller", "")) == int(number) if split else number in boxes
         part_b = any(b.lower() == city.lower() for b in boxes)
         outcome = "unparseable" if not boxes else "correct" if part_a and part_b else "wrong"
         role_rewards = {}
@@ -128,10 +134,15 @@ TEAM_ANSWERER = {"role": "answerer", "graded": True, "system_prompt": "You are t
                  "examples": [{"user": "Problem: " + EX + "\n\nCaller: \\calc{12*34}\n\nCalculator: 12*34 = 408\n\n"
                                "Reader: The goods are sent to Paris.",
                                "assistant": "\\boxed{408} \\boxed{Paris}"}]}
+SPLIT_READER = {"role": "reader", "graded": True, "system_prompt": "You are the reader of a team. Give the city the goods "
+                "are sent to as \\boxed{City}. Do not count anything.",
+                "examples": [{"user": "Problem: " + EX, "assistant": "The goods are sent to Paris. \\boxed{Paris}"}]}
 SOLO = {"agents": [CALLER, CALCULATOR, SOLO_ANSWERER],
         "dependencies": [["caller", "calculator"], ["caller", "answerer"], ["calculator", "answerer"]]}
 TEAM = {"agents": [CALLER, CALCULATOR, READER, TEAM_ANSWERER],
         "dependencies": [["caller", "calculator"], ["caller", "answerer"], ["calculator", "answerer"], ["reader", "answerer"]]}
 
-task = Task(name="orders", load=load, make_env=make_env, organisations={"solo": SOLO, "team": TEAM},
+SPLIT = {"agents": [CALLER, CALCULATOR, SPLIT_READER], "dependencies": [["caller", "calculator"]]}
+
+task = Task(name="orders", load=load, make_env=make_env, organisations={"solo": SOLO, "team": TEAM, "split": SPLIT},
             metrics=metrics, options={"temperature": 0.7, "max_new_tokens": 32, "eval_problems": 48})

@@ -31,3 +31,13 @@ def test_each_part_pays_half_and_the_roles_are_paid_for_their_own_part():
     solo = orders.Env(problem, ["answerer"], ["caller", "calculator", "answerer"])  # no reader: the answerer names the city
     assert solo.step({"caller": "\\calc{12*345}", "answerer": "Oslo \\boxed{4140}"})[3]["role_rewards"] == {
         "caller": 0.5, "answerer": 0.5}
+
+
+def test_the_split_team_is_graded_on_the_calculators_result_and_the_readers_box():
+    problem = orders.Problem(problem="There are 12 trucks, each carrying 345 bricks, driving to Oslo for Li. How many bricks, "
+                             "and which city?", answer="4140|Oslo", level="train_template", type="train_template")
+    env = orders.Env(problem, ["reader"], ["caller", "calculator", "reader"])
+    _, reward, _, info = env.step({"caller": "\\calc{12*345}", "reader": "\\boxed{Oslo}"})
+    assert (reward, info["correct"], info["role_rewards"]) == (1.0, True, {"caller": 0.5, "reader": 0.5})
+    _, reward, _, info = env.step({"caller": "\\calc{12+345}", "reader": "\\boxed{4140} \\boxed{Oslo}"})
+    assert (reward, info["part_a"], info["part_b"]) == (0.5, False, True)  # a number in the reader's box is not part A
