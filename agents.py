@@ -188,7 +188,10 @@ def attach_adapters(base_model: torch.nn.Module, adapter_names: list[str], confi
 
 def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
     """The LoRA parameters θ^i of one adapter (what that agent's optimiser owns)."""
-    return [p for n, p in model.named_parameters() if "lora_" in n and n.split(".")[-2] == adapter]
+    params = [p for n, p in model.named_parameters() if "lora_" in n and n.split(".")[-2] == adapter]
+    if not params:
+        raise ValueError(f"adapter {adapter!r} has no parameters; adapters are {list(model.peft_config)}")
+    return params
 
 
 def saved_adapter_names(folder: Path) -> list[str]:

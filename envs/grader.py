@@ -37,6 +37,8 @@ class Grader:
     stopped by `close()`; `timeouts` and `crashes` count the "ungraded" checks (past `timeout_seconds`; worker died)."""
 
     def __init__(self, timeout_seconds: float = 5.0):
+        if not timeout_seconds > 0:  # 0 would leave every answer ungraded, None would wait forever on a hung check
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
         self.timeout_seconds = timeout_seconds
         self.timeouts, self.crashes = 0, 0
         self._cache: dict[tuple[str, str], str] = {}
