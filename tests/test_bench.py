@@ -3,6 +3,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -94,8 +95,11 @@ def test_quick_mode_measures_every_section(tmp_path, monkeypatch):
     tiny random model (--model): the same code as on the default model, at a fraction of its cost."""
     # One thread: the suite runs two test files at once on 2 cores (figures of a smoke say nothing anyway).
     model = tiny_random_model(tmp_path)
+    # The backends section's vLLM engine runs in the bench's process (no engine-core and worker processes
+    # to start: about 20 s less; tests/test_vllm.py runs an engine as a user's run does).
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--threads", "1", "--model", model,
-                             "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+                             "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                            env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.SECTIONS) <= set(report) and report["model"] == model

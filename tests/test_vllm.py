@@ -27,6 +27,12 @@ if importlib.util.find_spec("vllm") is None:
 
 pytestmark = pytest.mark.slow
 ROLES = ["planner", "solver"]
+# "0": the engine runs in the test process instead of starting its engine-core and worker processes,
+# about 20 s less per engine on 2 cores (each process imports torch and vLLM). The module's engine
+# and the evaluate test's run so; the training run, last in this file, starts its engine as a user's
+# run does. An engine in the test process shares vLLM's process-wide parallel state: a later engine's
+# shutdown resets it, so the tests that use the module's engine come before any other engine's.
+IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +47,12 @@ def engine_and_model(tmp_path_factory):
     shared_folder = tmp_path_factory.mktemp("vllm-sync")
     (shared_folder / "someone-elses-file").write_text("kept")
     stop_ids = generation.stop_token_ids(tokenizer.eos_token_id, base.generation_config.eos_token_id)
+    os.environ[IN_PROCESS] = "0"
     engine = generation.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0, max_model_len=256,
                                   dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
                                   enforce_eager=True, sync_root=shared_folder, threads=1,
                                   max_num_batched_tokens=256)  # a small step budget: several engine steps per call
+    del os.environ[IN_PROCESS]
     engine.sync(model)
     yield engine, model, tokenizer
     engine.close()
@@ -118,28 +126,6 @@ def test_sampled_token_logprobs_match_a_transformers_forward_pass(engine_and_mod
         assert torch.tensor(logprobs) == pytest.approx(recomputed[row, : len(logprobs)], abs=1e-3)
 
 
-def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path):
-    # The orchestrated team on the embedded model (whose orchestrator writes \call{…}; a random
-    # model's never does): the orchestrator's and the executors' adapters all go through the engine.
-    argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
-            "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
-            "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "1"]
-    summary = marft.train(config.parse_args(argv))
-    run_dir = tmp_path / "run"
-    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [l["iteration"] for l in lines] == [0, 1]
-    assert lines[-1]["rollout/logprob_abs_diff"] < 1e-3  # vLLM's log-probs agree with the trainer's, token by token
-    assert lines[-1]["charts/calls_per_episode"] > 0 and "eval/orchestration_errors" in lines[-1]  # an executor acted
-    assert summary["final_iteration"] == 1
-
-    resumed = config.parse_args(["--resume", str(run_dir), "--backend", "hf", "--iterations", "2"])
-    assert resumed.backend == "hf" and resumed.agents == "orchestrated"
-    summary = marft.train(resumed)
-    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [l["iteration"] for l in lines] == [0, 1, 2] and summary["final_iteration"] == 2
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_000002"
-
-
 def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(engine_and_model):
     """Per-request seeds come from torch's generator: re-seeding torch replays vLLM's samples, also
     when the prompts exceed one scheduler step's token budget (256 tokens here)."""
@@ -157,8 +143,9 @@ def test_seeded_sampling_is_reproducible_over_more_prompts_than_one_engine_step(
         assert a == pytest.approx(b, abs=1e-4)
 
 
-def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backend(tmp_path):
+def test_evaluate_with_the_vllm_backend_gives_the_greedy_results_of_the_hf_backend(tmp_path, monkeypatch):
     import evaluate
+    monkeypatch.setenv(IN_PROCESS, "0")
 
     common = ["--limit", "2", "--samples", "1", "--transcripts", "0", "--threads", "1", "--max_new_tokens", "16"]
     hf = evaluate.main(common + ["--out", str(tmp_path / "hf.json")])
@@ -195,3 +182,25 @@ def test_two_torchrun_ranks_each_generate_with_their_own_engine(tmp_path, small_
     # the engines serve the updated adapters: the stale check ran on each agent that moved, and passed
     assert all(abs(rows[2][f"rollout/stale_share/{key.split('/')[-1]}"]) < 0.5 for key in rows[1]
                if key.startswith("losses/kl_after_update/"))
+
+
+def test_a_vllm_training_run_completes_and_resumes_under_the_hf_backend(tmp_path):
+    # The orchestrated team on the embedded model (whose orchestrator writes \call{…}; a random
+    # model's never does): the orchestrator's and the executors' adapters all go through the engine.
+    argv = ["--backend", "vllm", "--agents", "orchestrated", "--iterations", "1", "--batch_size", "2", "--minibatch_size", "2",
+            "--eval_problems", "1", "--eval_samples", "1", "--no-eval_greedy", "--max_new_tokens", "12",
+            "--output_dir", str(tmp_path), "--run_name", "run", "--threads", "1"]
+    summary = marft.train(config.parse_args(argv))
+    run_dir = tmp_path / "run"
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["iteration"] for l in lines] == [0, 1]
+    assert lines[-1]["rollout/logprob_abs_diff"] < 1e-3  # vLLM's log-probs agree with the trainer's, token by token
+    assert lines[-1]["charts/calls_per_episode"] > 0 and "eval/orchestration_errors" in lines[-1]  # an executor acted
+    assert summary["final_iteration"] == 1
+
+    resumed = config.parse_args(["--resume", str(run_dir), "--backend", "hf", "--iterations", "2"])
+    assert resumed.backend == "hf" and resumed.agents == "orchestrated"
+    summary = marft.train(resumed)
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["iteration"] for l in lines] == [0, 1, 2] and summary["final_iteration"] == 2
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_000002"
