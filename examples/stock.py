@@ -1,0 +1,131 @@
+"""A task under study (results/team-wins/, design 4): two calculations of different kinds from one story.
+
+    python marft.py --task examples/stock.py --agents solo
+    python marft.py --task examples/stock.py --agents team [--shared_adapter]
+
+Each story gives a count per box (a, 3 digits), a number of boxes (b, 2 digits) and a number of boxes
+that arrive later (k, 2 digits). Part A is the items packed, a·b; part B the boxes at the end, b + k.
+Both are answered as arithmetic in \\calc{...}, which the environment evaluates exactly (the calculator),
+so what is learned is which numbers go with which operation. The same numbers take part in both
+parts with different operators: the formats conflict (hypothesis 2 of the issue). 6 wordings, 2 held
+out (they ask the two questions in the other order and name the late boxes first); held-out operands
+are disjoint from the training ones.
+
+    solo    one clerk writes both expressions (\\calc{A} \\calc{B}): one learner turn
+    team    a packer writes part A's, a counter part B's; neither reads the other (D ≡ 0): two learner
+            turns, of half the length each. --shared_adapter: the same two roles on one adapter
+
+Grading: part A holds when one of the clerk's first two expressions (the packer's only one) is worth
+a·b, part B likewise for b + k (the counter's). Reward (A + B) / 2, correct when both; per-part shaping
+0.5 · A to whoever writes part A and 0.5 · B to whoever writes part B (the clerk gets both).
+"""
+import hashlib
+import random
+import re
+
+import tools
+from envs import Problem
+from tasks import Task
+
+NAMES = ["Tom", "Ana", "Li", "Omar", "Eva", "Raj", "Kim", "Sam", "Noor", "Ivan"]
+ITEMS = [("pens", "boxes"), ("bolts", "crates"), ("cards", "cases"), ("bricks", "pallets"), ("cans", "trays"),
+         ("nails", "bags")]
+TEMPLATES = [  # {n} name, {i} items, {u} units, {a} items per unit, {b} units, {k} units arriving later
+    "{n} packs {a} {i} into each of {b} {u}. Later {k} more {u} arrive. How many {i} are packed, and how many {u} are there?",
+    "A shop fills {b} {u} with {a} {i} each, and then gets {k} more {u}. How many {i} did it pack, and how many {u} does it have?",
+    "There are {b} {u} with {a} {i} in each. {n} brings {k} extra {u}. How many {i} are in the {b} {u}, and how many {u} in all?",
+    "{n} has {b} {u}; each holds {a} {i}. Then {k} new {u} come in. Count the {i} in the first {u}, and the {u} at the end.",
+    # held out: the late boxes first, the questions in the other order
+    "{k} {u} will arrive tomorrow. Today {n} has {b} {u}, each with {a} {i}. How many {u} will there be, and how many {i} are there today?",
+    "After {k} more {u} come, how many {u} does {n} have, if {n} now has {b} {u} of {a} {i}? And how many {i} is that now?",
+]
+TRAIN_TEMPLATES, HELD_OUT_TEMPLATES = TEMPLATES[:4], TEMPLATES[4:]
+
+
+def held_out_operands(a, b, k):
+    return int.from_bytes(hashlib.blake2b(f"{a},{b},{k}".encode(), digest_size=8).digest(), "big") % 4 == 0
+
+
+def make(split, seed, count):
+    rng, rows, seen = random.Random(f"stock-{seed}-{split}"), [], set()
+    templates = HELD_OUT_TEMPLATES + TRAIN_TEMPLATES if split == "test" else TRAIN_TEMPLATES
+    while len(rows) < count:
+        a, b, k = rng.randrange(100, 1000), rng.randrange(11, 100), rng.randrange(11, 100)
+        if (a, b, k) in seen or b == k or held_out_operands(a, b, k) != (split == "test"):
+            continue
+        seen.add((a, b, k))
+        template = templates[len(rows) % len(templates)]  # test: the held-out wordings first, alternating
+        items, units = rng.choice(ITEMS)
+        text = template.format(n=rng.choice(NAMES), i=items, u=units, a=a, b=b, k=k)
+        kind = "held_out_template" if template in HELD_OUT_TEMPLATES else "train_template"
+        rows.append(Problem(problem=text, answer=f"{a * b}|{b + k}", level=kind, type=kind))
+    return rows
+
+
+def load(cfg):
+    return make("train", cfg.seed, 400), make("test", cfg.seed, 48)
+
+
+def values(response, limit):
+    """The values of the first `limit` \\calc{} expressions of a response (None for one that does not evaluate)."""
+    out = []
+    for expression in tools.CALL.findall(response)[:limit]:
+        try:
+            out.append(tools.calculate(expression))
+        except tools.CalculatorError:
+            out.append(None)
+    return out
+
+
+class Env:
+    def __init__(self, problem, roles):
+        self.problem, self.roles = problem, roles
+
+    def reset(self, seed=None):
+        return self.problem.problem
+
+    def step(self, joint):
+        want_a, want_b = (int(x) for x in self.problem.answer.split("|"))
+        if "clerk" in self.roles:
+            written = {"clerk": values(joint.get("clerk", ""), 2)}
+            writer_a = writer_b = "clerk"
+        else:
+            written = {role: values(joint.get(role, ""), 1) for role in ("packer", "counter")}
+            writer_a, writer_b = "packer", "counter"
+        part_a, part_b = want_a in written[writer_a], want_b in written[writer_b]
+        role_rewards = {writer_a: 0.5 * part_a}
+        role_rewards[writer_b] = role_rewards.get(writer_b, 0.0) + 0.5 * part_b
+        graded = [r for r in self.roles if r in ("clerk", "packer", "counter")]
+        outcome = "unparseable" if not any(written.values()) else "correct" if part_a and part_b else "wrong"
+        return "", (part_a + part_b) / 2, True, {"correct": part_a and part_b, "outcomes": {r: outcome for r in graded},
+                                                 "part_a": part_a, "part_b": part_b, "role_rewards": role_rewards,
+                                                 "level": self.problem.level}
+
+
+def make_env(problem, cfg, context):
+    return Env(problem, list(context.role_rewards))  # role_rewards: every role of the organisation
+
+
+def metrics(infos):
+    out = {"part_a": sum(i["part_a"] for i in infos) / len(infos), "part_b": sum(i["part_b"] for i in infos) / len(infos)}
+    held = [i for i in infos if i["level"] == "held_out_template"]
+    if held:
+        out["held_out_template"] = sum(i["correct"] for i in held) / len(held)
+    return out
+
+
+EX = "Mia packs 214 cups into each of 36 crates. Later 17 more crates arrive. How many cups are packed, and how many crates are there?"
+CLERK = {"role": "clerk", "graded": True, "system_prompt": "You are a stock clerk with a calculator. Answer the two "
+         "questions, in order, each as one arithmetic expression in \\calc{...}. Do not compute them yourself.",
+         "examples": [{"user": "Problem: " + EX, "assistant": "\\calc{214*36} \\calc{36+17}"}]}
+PACKER = {"role": "packer", "graded": True, "system_prompt": "You are the packer of a team with a calculator. Write the "
+          "number of items packed as one multiplication in \\calc{...}. Do not compute it yourself.",
+          "examples": [{"user": "Problem: " + EX, "assistant": "\\calc{214*36}"}]}
+COUNTER = {"role": "counter", "graded": True, "system_prompt": "You are the counter of a team with a calculator. Write "
+           "the number of boxes, crates or other containers at the end as one addition in \\calc{...}. Do not compute it yourself.",
+           "examples": [{"user": "Problem: " + EX, "assistant": "\\calc{36+17}"}]}
+SOLO = {"agents": [CLERK], "dependencies": []}
+TEAM = {"agents": [PACKER, COUNTER], "dependencies": []}
+
+task = Task(name="stock", load=load, make_env=make_env, organisations={"solo": SOLO, "team": TEAM},
+            metrics=metrics, options={"temperature": 0.7, "max_new_tokens": 24, "eval_problems": 48})
