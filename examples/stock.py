@@ -21,7 +21,6 @@ a·b, part B likewise for b + k (the counter's). Reward (A + B) / 2, correct whe
 """
 import hashlib
 import random
-import re
 
 import tools
 from envs import Problem
