@@ -94,9 +94,8 @@ class Env:
         part_a, part_b = want_a in written[writer_a], want_b in written[writer_b]
         role_rewards = {writer_a: 0.5 * part_a}
         role_rewards[writer_b] = role_rewards.get(writer_b, 0.0) + 0.5 * part_b
-        graded = [r for r in self.roles if r in ("clerk", "packer", "counter")]
         outcome = "unparseable" if not any(written.values()) else "correct" if part_a and part_b else "wrong"
-        return "", (part_a + part_b) / 2, True, {"correct": part_a and part_b, "outcomes": {r: outcome for r in graded},
+        return "", (part_a + part_b) / 2, True, {"correct": part_a and part_b, "outcomes": {r: outcome for r in self.roles},
                                                  "part_a": part_a, "part_b": part_b, "role_rewards": role_rewards,
                                                  "level": self.problem.level}
 

@@ -47,12 +47,12 @@ def engine_and_model(tmp_path_factory):
     shared_folder = tmp_path_factory.mktemp("vllm-sync")
     (shared_folder / "someone-elses-file").write_text("kept")
     stop_ids = generation.stop_token_ids(tokenizer.eos_token_id, base.generation_config.eos_token_id)
-    os.environ[IN_PROCESS] = "0"
-    engine = generation.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0, max_model_len=256,
-                                  dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
-                                  enforce_eager=True, sync_root=shared_folder, threads=1,
-                                  max_num_batched_tokens=256)  # a small step budget: several engine steps per call
-    del os.environ[IN_PROCESS]
+    with pytest.MonkeyPatch.context() as patch:  # the variable as it was once the engine is built, also on an error
+        patch.setenv(IN_PROCESS, "0")
+        engine = generation.VLLMGenerator(str(agents.embedded_model_folder()), ROLES, 8, stop_ids=stop_ids, seed=0,
+                                          max_model_len=256, dtype="float32", gpu_memory_utilization=0.3, tensor_parallel_size=1,
+                                          enforce_eager=True, sync_root=shared_folder, threads=1,
+                                          max_num_batched_tokens=256)  # a small step budget: several engine steps per call
     engine.sync(model)
     yield engine, model, tokenizer
     engine.close()
