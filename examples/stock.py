@@ -1,7 +1,8 @@
-"""A task under study (results/team-wins/, design 4): two calculations of different kinds from one story.
+"""A task under study (results/team-wins/, designs 4 and 5): two calculations of different kinds from one story.
 
     python marft.py --task examples/stock.py --agents solo
     python marft.py --task examples/stock.py --agents team [--shared_adapter]
+    python marft.py --task examples/stock.py --agents pair [--shared_adapter]
 
 Each story gives a count per box (a, 3 digits), a number of boxes (b, 2 digits) and a number of boxes
 that arrive later (k, 2 digits). Part A is the items packed, a·b; part B the boxes at the end, b + k.
@@ -14,9 +15,11 @@ are disjoint from the training ones.
     solo    one clerk writes both expressions (\\calc{A} \\calc{B}): one learner turn
     team    a packer writes part A's, a counter part B's; neither reads the other (D ≡ 0): two learner
             turns, of half the length each. --shared_adapter: the same two roles on one adapter
+    pair    design 5: the same split, by an item clerk and a box clerk whose prompts differ only in the
+            words naming their part and whose two worked examples are not stock stories
 
-Grading: part A holds when one of the clerk's first two expressions (the packer's only one) is worth
-a·b, part B likewise for b + k (the counter's). Reward (A + B) / 2, correct when both; per-part shaping
+Grading: part A holds when one of the clerk's first two expressions (a team's first role's only one)
+is worth a·b, part B likewise for b + k (the second role's). Reward (A + B) / 2, correct when both; per-part shaping
 0.5 · A to whoever writes part A and 0.5 · B to whoever writes part B (the clerk gets both).
 """
 import hashlib
@@ -88,16 +91,17 @@ class Env:
         if "clerk" in self.roles:
             written = {"clerk": values(joint.get("clerk", ""), 2)}
             writer_a = writer_b = "clerk"
-        else:
-            written = {role: values(joint.get(role, ""), 1) for role in ("packer", "counter")}
-            writer_a, writer_b = "packer", "counter"
+        else:  # a team: the first role writes part A, the second part B
+            writer_a, writer_b = self.roles
+            written = {role: values(joint.get(role, ""), 1) for role in self.roles}
         part_a, part_b = want_a in written[writer_a], want_b in written[writer_b]
         role_rewards = {writer_a: 0.5 * part_a}
         role_rewards[writer_b] = role_rewards.get(writer_b, 0.0) + 0.5 * part_b
         outcome = "unparseable" if not any(written.values()) else "correct" if part_a and part_b else "wrong"
+        answers = {role: ",".join(str(v) for v in found if v is not None) or None for role, found in written.items()}  # maj@k's votes
         return "", (part_a + part_b) / 2, True, {"correct": part_a and part_b, "outcomes": {r: outcome for r in self.roles},
                                                  "part_a": part_a, "part_b": part_b, "role_rewards": role_rewards,
-                                                 "level": self.problem.level}
+                                                 "answers": answers, "level": self.problem.level}
 
 
 def make_env(problem, cfg, context):
@@ -122,8 +126,23 @@ PACKER = {"role": "packer", "graded": True, "system_prompt": "You are the packer
 COUNTER = {"role": "counter", "graded": True, "system_prompt": "You are the counter of a team with a calculator. Write "
            "the number of boxes, crates or other containers at the end as one addition in \\calc{...}. Do not compute it yourself.",
            "examples": [{"user": "Problem: " + EX, "assistant": "\\calc{36+17}"}]}
+# Design 5 (`pair`): the two specialists' prompts differ only in the words naming their part, and both
+# read the same two worked examples, which are not stock stories (one of each operation): which numbers
+# and which operation each part takes is left to learning, and one shared adapter has to tell the roles
+# apart by those words alone.
+PAIR_EXAMPLES = [{"user": "Problem: A train has 12 cars with 40 seats in each. How many seats are there?",
+                  "assistant": "\\calc{12*40}"},
+                 {"user": "Problem: A farm has 23 cows and buys 9 more. How many cows does it have?",
+                  "assistant": "\\calc{23+9}"}]
+PAIR_PROMPT = ("You are a stock clerk with a calculator. Write the number of {} as one arithmetic expression in "
+               "\\calc{{...}}. Do not compute it yourself.")
+ITEM_CLERK = {"role": "item_clerk", "graded": True, "system_prompt": PAIR_PROMPT.format("items packed"),
+              "examples": PAIR_EXAMPLES}
+BOX_CLERK = {"role": "box_clerk", "graded": True, "system_prompt": PAIR_PROMPT.format("containers at the end"),
+             "examples": PAIR_EXAMPLES}
 SOLO = {"agents": [CLERK], "dependencies": []}
 TEAM = {"agents": [PACKER, COUNTER], "dependencies": []}
+PAIR = {"agents": [ITEM_CLERK, BOX_CLERK], "dependencies": []}
 
-task = Task(name="stock", load=load, make_env=make_env, organisations={"solo": SOLO, "team": TEAM},
+task = Task(name="stock", load=load, make_env=make_env, organisations={"solo": SOLO, "team": TEAM, "pair": PAIR},
             metrics=metrics, options={"temperature": 0.7, "max_new_tokens": 24, "eval_problems": 48})

@@ -1,4 +1,4 @@
-"""examples/stock.py, design 4 of the team-wins study (results/team-wins/): what it holds out and how it pays."""
+"""examples/stock.py, designs 4 and 5 of the team-wins study (results/team-wins/): what it holds out and how it pays."""
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,3 +44,16 @@ def test_the_clerk_needs_both_expressions_among_its_first_two_and_is_paid_for_bo
     assert (reward, info["part_a"], info["part_b"], info["role_rewards"]) == (0.5, False, True, {"clerk": 0.5})
     _, reward, _, info = env.step({"clerk": "4140 and 42"})  # computed by hand: no expression, unparseable
     assert (reward, info["outcomes"]) == (0.0, {"clerk": "unparseable"})
+
+
+def test_the_pairs_first_role_is_paid_for_part_a_its_second_for_part_b_and_each_votes_its_values():
+    env = stock.Env(PROBLEM, ["item_clerk", "box_clerk"])  # the pair's roles, in its order
+    _, reward, _, info = env.step({"item_clerk": "\\calc{12+30}", "box_clerk": "\\calc{345*12}"})  # parts swapped
+    assert (reward, info["part_a"], info["part_b"], info["role_rewards"]) == (0.0, False, False, {"item_clerk": 0.0, "box_clerk": 0.0})
+    assert info["answers"] == {"item_clerk": "42", "box_clerk": "4140"}
+    _, reward, _, info = env.step({"item_clerk": "\\calc{345*12}", "box_clerk": "\\calc{1/0} 42"})
+    assert (reward, info["role_rewards"], info["answers"]) == (0.5, {"item_clerk": 0.5, "box_clerk": 0.0},
+                                                               {"item_clerk": "4140", "box_clerk": None})
+    assert [a["role"] for a in stock.task.organisations["pair"]["agents"]] == ["item_clerk", "box_clerk"]
+    prompts = [a["system_prompt"] for a in stock.task.organisations["pair"]["agents"]]
+    assert prompts[0].replace("items packed", "containers at the end") == prompts[1]  # they differ only in the part's words
