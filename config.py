@@ -522,11 +522,6 @@ def role_temperatures(cfg: Config) -> dict[str, float]:
     return {role: float(value) for role, _, value in _role_temperature_entries(cfg)}
 
 
-def role_temperature(cfg: Config, role: str) -> float:
-    """The temperature at which `role` samples and its log-probs are computed: π^role = softmax(logits / T)."""
-    return role_temperatures(cfg).get(role, cfg.temperature)
-
-
 def check_team(cfg: Config, need) -> None:
     """The organisation (the task's, or a profile file) and what --advantage group needs of it."""
     org = tasks.organisation_of(cfg)  # one of the task's organisations, or a profile file

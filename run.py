@@ -296,7 +296,7 @@ class Run:
                 # the built-in tasks' options the run's task does not read are left out: read back, they take their defaults
                 unread = tasks.unread_options(tasks.task_of(cfg), cfg)
                 options = {option: value for option, value in dataclasses.asdict(cfg).items() if option not in unread}
-                (self.dir / "config.json").write_text(json.dumps({**options, **recorded}, indent=2))
+                write_json_atomically(self.dir / "config.json", {**options, **recorded})
         print_main(f"run folder: {self.dir}", flush=True)
         self.start_iteration, self.elapsed_before, self.summary = 0, 0.0, {}
         self.summary_path = self.dir / "summary.json"

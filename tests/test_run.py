@@ -69,10 +69,10 @@ def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     assert str(err.value).startswith(option)
 
 
-def test_role_temperatures_give_listed_roles_their_own_t_and_the_others_the_common_one():
+def test_role_temperatures_give_the_listed_roles_their_own_t():
     cfg = config.parse_args(["--temperature", "0.4", "--frozen_agents", "planner", "--role_temperatures", "planner=0,solver=1.5"])
-    assert [config.role_temperature(cfg, role) for role in ("planner", "solver")] == [0.0, 1.5]
-    assert config.role_temperature(config.parse_args(["--temperature", "0.4"]), "solver") == 0.4
+    assert config.role_temperatures(cfg) == {"planner": 0.0, "solver": 1.5}
+    assert config.role_temperatures(config.parse_args(["--temperature", "0.4"])) == {}  # every role at --temperature
 
 
 def test_the_rate_decays_to_a_tenth_over_24_iterations_by_default_and_constant_means_no_decay():
