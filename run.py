@@ -368,7 +368,7 @@ def write_json_atomically(path: Path, data: dict) -> None:
     """Write through a temporary file and a rename: a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 
