@@ -141,7 +141,7 @@ class Config:
     eval_interval: int = 3
     """also evaluate every this many iterations, greedily only when eval_greedy (0: only at the start and the end, which also sample)"""
     eval_samples: int = 2
-    """samples per held-out problem for eval/accuracy (pass@1 averaged over samples)"""
+    """samples per held-out problem for eval/accuracy (pass@1 averaged over samples); 0: greedy only"""
     eval_greedy: bool = True
     """also decode the held-out problems greedily (eval/accuracy_greedy)"""
 
@@ -468,11 +468,13 @@ def validate(cfg: Config) -> None:
 def check_ranges(cfg: Config, need) -> None:
     """Counts, rates and coefficients within the values that mean something."""
     for option in ("iterations", "batch_size", "max_new_tokens", "max_prompt_tokens", "ppo_epochs",
-                   "minibatch_size", "lora_rank", "eval_problems", "eval_samples", "horizon", "group_size",
+                   "minibatch_size", "lora_rank", "eval_problems", "horizon", "group_size",
                    "micro_batch_tokens", "keep_checkpoints"):
         need(getattr(cfg, option) >= 1, option, "must be at least 1")
     for option in ("lr", "critic_lr", "clip_eps", "max_grad_norm"):
         need(getattr(cfg, option) > 0, option, "must be positive")
+    need(cfg.eval_samples >= 1 or (cfg.eval_samples == 0 and cfg.eval_greedy), "eval_samples",
+         "must be at least 1, or 0 with --eval_greedy (a greedy evaluation only)")
     for option in ("eval_interval", "threads", "lr_decay_iterations", "value_clip", "target_kl", "tool_call_cost",
                    "temperature", "time_limit_minutes"):
         need(getattr(cfg, option) >= 0, option, "must be 0 or more")

@@ -411,11 +411,11 @@ def heldout_metrics(generate_actions: GenerateActions, tokenizer, org: Organisat
                     grader: Grader, cfg: Config, greedy_only: bool = False,
                     top_p: float = 1.0) -> tuple[dict, Rollout | None, Rollout | None]:
     """(metrics, sampled rollout or None, greedy rollout or None) of the current policies: P problems ×
-    k = cfg.eval_samples episodes (b on problem b mod P, noise re-seeded from cfg.seed; none if `greedy_only`),
+    k = cfg.eval_samples episodes (b on problem b mod P, noise re-seeded from cfg.seed; none if `greedy_only` or k = 0),
     c_p solved on problem p: eval/accuracy = mean_p c_p / k (pass@1), eval/pass@k = mean_p 1 − C(k − c_p, k) / C(k, k),
     eval/maj@k = mean_p [majority answer right]; then (cfg.eval_greedy) one greedy episode per problem."""
     metrics, sampled, greedy_rollout = {}, None, None
-    if not (greedy_only and cfg.eval_greedy):
+    if cfg.eval_samples and not (greedy_only and cfg.eval_greedy):
         samples = cfg.eval_samples
         torch.manual_seed(cfg.seed + 424242)
         sampled = run_episodes(generate_actions, tokenizer, org, problems * samples, grader,

@@ -253,7 +253,8 @@ def log_and_checkpoint(job: Job, done_iterations: int, metrics: dict, progress) 
     if job.run.writes:  # every rank holds the same weights and optimiser states
         save_checkpoint(job.run.dir, done_iterations, job.model, job.value_heads, job.optimisers, elapsed,
                         job.run.cfg.keep_checkpoints)
-    accuracy = job.run.summary.get("final", job.run.summary.get("initial", {})).get("eval/accuracy", float("nan"))
+    last = job.run.summary.get("final", job.run.summary.get("initial", {}))
+    accuracy = last.get("eval/accuracy", last.get("eval/accuracy_greedy", float("nan")))  # greedy with --eval_samples 0
     progress.set_postfix(reward=f"{metrics['charts/reward']:.2f}", acc=f"{accuracy:.2f}")
 
 
@@ -324,7 +325,7 @@ class Run:
         self.metrics.write(iteration, metrics)
         if iteration == 0:
             self.summary["initial"] = metrics
-        elif "eval/accuracy" in metrics:
+        elif "eval/accuracy" in metrics or (not self.cfg.eval_samples and "eval/accuracy_greedy" in metrics):
             self.summary["final"] = {k: v for k, v in metrics.items() if k.startswith("eval/")}
             self.summary["final_iteration"] = iteration
         else:

@@ -62,6 +62,8 @@ def test_help_documents_every_option(capsys):
     (["--group_baseline", "batch"], "--group_baseline"),  # critic + GAE by default: the critic is the baseline
     (["--advantage", "group", "--group_size", "4", "--credit", "shared", "--group_baseline", "global"], "--group_baseline"),
     (["--decision_unit", "sentence"], "--decision_unit"),
+    (["--eval_samples", "0", "--no-eval_greedy"], "--eval_samples"),  # nothing left to evaluate
+    (["--eval_samples", "-1"], "--eval_samples"),
 ])
 def test_bad_option_values_fail_at_start_naming_the_option(argv, option):
     with pytest.raises(SystemExit) as err:
