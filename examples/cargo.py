@@ -19,20 +19,15 @@ Grading and pay as examples/stock.py's (its `Env`): part A holds when one of the
 expressions (the pair's first role's only one) is worth a·b, part B likewise for a·k (the second
 role's); reward (A + B) / 2, correct when both; 0.5 · A to whoever writes part A, 0.5 · B to part B's.
 """
-import hashlib
 import importlib.util
-import random
 from pathlib import Path
 
-from envs import Problem
 from tasks import Task
 
 _spec = importlib.util.spec_from_file_location("marft_task_stock_for_cargo", Path(__file__).with_name("stock.py"))
 stock = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stock)  # Env, metrics: design 4's grading, read off the answer "A|B"
+_spec.loader.exec_module(stock)  # make (the draw), Env and metrics (design 4's grading, read off the answer "A|B")
 
-ITEMS = [("pens", "boxes"), ("bolts", "crates"), ("cards", "cases"), ("bricks", "pallets"), ("cans", "trays"),
-         ("nails", "bags")]
 TEMPLATES = [  # {n} name, {i} items, {u} units, {a} items per unit, {b} units now, {k} units arriving later
     "{n} has {b} {u} with {a} {i} in each. Later {k} more {u} of {a} {i} arrive. How many {i} are there now, and how many {i} do the new {u} bring?",
     "A shop fills {b} {u} with {a} {i} each. Then {k} more {u} come, also with {a} {i} each. How many {i} did it fill, and how many {i} came?",
@@ -45,37 +40,17 @@ TEMPLATES = [  # {n} name, {i} items, {u} units, {a} items per unit, {b} units n
 TRAIN_TEMPLATES, HELD_OUT_TEMPLATES = TEMPLATES[:4], TEMPLATES[4:]
 
 
-def held_out_operands(a, b, k):
-    return int.from_bytes(hashlib.blake2b(f"cargo {a},{b},{k}".encode(), digest_size=8).digest(), "big") % 4 == 0
-
-
-def make(split, seed, count):
-    rng, rows, seen = random.Random(f"cargo-{seed}-{split}"), [], set()
-    templates = HELD_OUT_TEMPLATES + TRAIN_TEMPLATES if split == "test" else TRAIN_TEMPLATES
-    while len(rows) < count:
-        a, b, k = rng.randrange(100, 1000), rng.randrange(11, 100), rng.randrange(11, 100)
-        if (a, b, k) in seen or b == k or held_out_operands(a, b, k) != (split == "test"):
-            continue
-        seen.add((a, b, k))
-        template = templates[len(rows) % len(templates)]  # test: the held-out wordings first, alternating
-        items, units = rng.choice(ITEMS)
-        text = template.format(n=rng.choice(stock.NAMES), i=items, u=units, a=a, b=b, k=k)
-        kind = "held_out_template" if template in HELD_OUT_TEMPLATES else "train_template"
-        rows.append(Problem(problem=text, answer=f"{a * b}|{a * k}", level=kind, type=kind))
-    return rows
-
-
 def load(cfg):
-    return make("train", cfg.seed, 400), make("test", cfg.seed, 48)
+    make = lambda split, count: stock.make(split, cfg.seed, count, "cargo", TRAIN_TEMPLATES, HELD_OUT_TEMPLATES,
+                                           answer=lambda a, b, k: (a * b, a * k))
+    return make("train", 400), make("test", 48)
 
 
-# Worked examples that are not cargo stories: products only, so the operation is given and the operands are learned
-EXAMPLES = [{"user": "Problem: A train has 12 cars with 40 seats in each. How many seats are there?",
-             "assistant": "\\calc{12*40}"},
-            {"user": "Problem: A farm has 23 pens with 9 hens in each. How many hens are there?",
-             "assistant": "\\calc{23*9}"}]
-PROMPT = ("You are a stock clerk with a calculator. Write the number of {} as one arithmetic expression in "
-          "\\calc{{...}}. Do not compute it yourself.")
+# Worked examples that are not cargo stories: products only, so the operation is given and the operands are
+# learned (design 5's train, and a product in place of its sum); design 5's prompt
+EXAMPLES = [stock.PAIR_EXAMPLES[0], {"user": "Problem: A farm has 23 pens with 9 hens in each. How many hens are there?",
+                                     "assistant": "\\calc{23*9}"}]
+PROMPT = stock.PAIR_PROMPT
 PART_A, PART_B = "items there now", "items the later containers bring"
 CLERK = {"role": "clerk", "graded": True, "system_prompt": "You are a stock clerk with a calculator. Write the number "
          f"of {PART_A} and the number of {PART_B}, in that order, each as one arithmetic expression in \\calc{{...}}. "

@@ -44,23 +44,26 @@ TEMPLATES = [  # {n} name, {i} items, {u} units, {a} items per unit, {b} units, 
 TRAIN_TEMPLATES, HELD_OUT_TEMPLATES = TEMPLATES[:4], TEMPLATES[4:]
 
 
-def held_out_operands(a, b, k):
-    return int.from_bytes(hashlib.blake2b(f"{a},{b},{k}".encode(), digest_size=8).digest(), "big") % 4 == 0
+def held_out_operands(a, b, k, salt=""):
+    return int.from_bytes(hashlib.blake2b(f"{salt}{a},{b},{k}".encode(), digest_size=8).digest(), "big") % 4 == 0
 
 
-def make(split, seed, count):
-    rng, rows, seen = random.Random(f"stock-{seed}-{split}"), [], set()
-    templates = HELD_OUT_TEMPLATES + TRAIN_TEMPLATES if split == "test" else TRAIN_TEMPLATES
+def make(split, seed, count, name="stock", train=TRAIN_TEMPLATES, held_out=HELD_OUT_TEMPLATES, answer=lambda a, b, k: (a * b, b + k)):
+    """`count` problems of `split` (test: the held-out operands, wordings `held_out` first, alternating with
+    `train`'s); each answer "A|B" from `answer(a, b, k)`. `name` seeds the draw (examples/cargo.py's too)."""
+    rng, rows, seen = random.Random(f"{name}-{seed}-{split}"), [], set()
+    templates = held_out + train if split == "test" else train
+    salt = "" if name == "stock" else f"{name} "
     while len(rows) < count:
         a, b, k = rng.randrange(100, 1000), rng.randrange(11, 100), rng.randrange(11, 100)
-        if (a, b, k) in seen or b == k or held_out_operands(a, b, k) != (split == "test"):
+        if (a, b, k) in seen or b == k or held_out_operands(a, b, k, salt) != (split == "test"):
             continue
         seen.add((a, b, k))
         template = templates[len(rows) % len(templates)]  # test: the held-out wordings first, alternating
         items, units = rng.choice(ITEMS)
         text = template.format(n=rng.choice(NAMES), i=items, u=units, a=a, b=b, k=k)
-        kind = "held_out_template" if template in HELD_OUT_TEMPLATES else "train_template"
-        rows.append(Problem(problem=text, answer=f"{a * b}|{b + k}", level=kind, type=kind))
+        kind = "held_out_template" if template in held_out else "train_template"
+        rows.append(Problem(problem=text, answer="{}|{}".format(*answer(a, b, k)), level=kind, type=kind))
     return rows
 
 

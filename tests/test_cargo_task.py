@@ -9,9 +9,9 @@ _spec = importlib.util.spec_from_file_location("cargo_task", ROOT / "examples" /
 cargo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cargo)
 # a = 345 pens per box, b = 12 boxes now, k = 30 boxes later: part A 345·12 = 4140, part B 345·30 = 10350
-PROBLEM = cargo.Problem(problem="Tom has 12 boxes with 345 pens in each. Later 30 more boxes of 345 pens arrive. How many "
-                        "pens are there now, and how many pens do the new boxes bring?", answer="4140|10350",
-                        level="train_template", type="train_template")
+PROBLEM = cargo.stock.Problem(problem="Tom has 12 boxes with 345 pens in each. Later 30 more boxes of 345 pens arrive. How many "
+                              "pens are there now, and how many pens do the new boxes bring?", answer="4140|10350",
+                              level="train_template", type="train_template")
 
 
 def numbers(problem):
