@@ -22,7 +22,7 @@ LR="${LR:-2e-4}"
 SEED="${SEED:-1}"
 OUTPUT_DIR="${OUTPUT_DIR:-runs}"
 # The job is sized to stay within 10 minutes on 2 cores of the slowest VM it ran on (an AMD EPYC,
-# 9.x min; 12 iterations took 10.8 there). The held-out evaluation changes nothing the agents learn
+# 8.7–9.4 min; 12 iterations took 10.0–10.8 there). The held-out evaluation changes nothing the agents learn
 # (every iteration is seeded from (seed, k)): one sample per problem for pass@1, and a greedy
 # evaluation at the start, halfway and at the end.
 EVAL_SAMPLES="${EVAL_SAMPLES:-1}"
