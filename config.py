@@ -139,7 +139,7 @@ class Config:
     eval_problems: int = 50
     """number of held-out problems evaluated"""
     eval_interval: int = 3
-    """also evaluate every this many iterations, greedily only when eval_greedy (0: only at the start and the end, which also sample)"""
+    """also evaluate every this many iterations, greedily only when eval_greedy (0: only at the start and the end, which also sample unless eval_samples is 0)"""
     eval_samples: int = 2
     """samples per held-out problem for eval/accuracy (pass@1 averaged over samples); 0: greedy only"""
     eval_greedy: bool = True

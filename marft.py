@@ -605,7 +605,7 @@ def held_out_evaluation(job: Job, grader: Grader, cfg: Config, done_iterations: 
     if not full and not (cfg.eval_interval and done_iterations % cfg.eval_interval == 0):
         return {}
     if done_iterations == 0:
-        what = " + ".join([f"{cfg.eval_samples} samples"] * bool(cfg.eval_samples) + ["greedy"] * cfg.eval_greedy)
+        what = " + ".join(([f"{cfg.eval_samples} samples"] if cfg.eval_samples else []) + (["greedy"] if cfg.eval_greedy else []))
         print_main(f"held-out evaluation before training: {len(job.held_out)} problems × {what} …", flush=True)
     return heldout_metrics(job.backend.generate, job.tokenizer, job.org, job.held_out, grader, cfg, not full)[0]
 

@@ -41,7 +41,7 @@ TRAIN_TEMPLATES, HELD_OUT_TEMPLATES = TEMPLATES[:4], TEMPLATES[4:]
 
 
 def load(cfg):
-    make = lambda split, count: stock.make(split, cfg.seed, count, "cargo", TRAIN_TEMPLATES, HELD_OUT_TEMPLATES,
+    make = lambda split, count: stock.make(split, cfg.seed, count, "cargo", "cargo ", TRAIN_TEMPLATES, HELD_OUT_TEMPLATES,
                                            answer=lambda a, b, k: (a * b, a * k))
     return make("train", 400), make("test", 48)
 

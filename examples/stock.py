@@ -48,12 +48,13 @@ def held_out_operands(a, b, k, salt=""):
     return int.from_bytes(hashlib.blake2b(f"{salt}{a},{b},{k}".encode(), digest_size=8).digest(), "big") % 4 == 0
 
 
-def make(split, seed, count, name="stock", train=TRAIN_TEMPLATES, held_out=HELD_OUT_TEMPLATES, answer=lambda a, b, k: (a * b, b + k)):
+def make(split, seed, count, name="stock", salt="", train=TRAIN_TEMPLATES, held_out=HELD_OUT_TEMPLATES,
+         answer=lambda a, b, k: (a * b, b + k)):
     """`count` problems of `split` (test: the held-out operands, wordings `held_out` first, alternating with
-    `train`'s); each answer "A|B" from `answer(a, b, k)`. `name` seeds the draw (examples/cargo.py's too)."""
+    `train`'s); each answer "A|B" from `answer(a, b, k)`. `name` seeds the draw and `salt` the held-out
+    split of the operands (examples/cargo.py draws its own with both)."""
     rng, rows, seen = random.Random(f"{name}-{seed}-{split}"), [], set()
     templates = held_out + train if split == "test" else train
-    salt = "" if name == "stock" else f"{name} "
     while len(rows) < count:
         a, b, k = rng.randrange(100, 1000), rng.randrange(11, 100), rng.randrange(11, 100)
         if (a, b, k) in seen or b == k or held_out_operands(a, b, k, salt) != (split == "test"):
