@@ -42,6 +42,7 @@ TEMPLATES = [  # {n} name, {i} items, {u} units, {a} items per unit, {b} units, 
     "After {k} more {u} come, how many {u} does {n} have, if {n} now has {b} {u} of {a} {i}? And how many {i} is that now?",
 ]
 TRAIN_TEMPLATES, HELD_OUT_TEMPLATES = TEMPLATES[:4], TEMPLATES[4:]
+PART_NAMES = ["part_a", "part_b", "part_c"]
 
 
 def held_out_operands(a, b, k, salt=""):
@@ -64,7 +65,7 @@ def make(split, seed, count, name="stock", salt="", train=TRAIN_TEMPLATES, held_
         items, units = rng.choice(ITEMS)
         text = template.format(n=rng.choice(NAMES), i=items, u=units, a=a, b=b, k=k)
         kind = "held_out_template" if template in held_out else "train_template"
-        rows.append(Problem(problem=text, answer="{}|{}".format(*answer(a, b, k)), level=kind, type=kind))
+        rows.append(Problem(problem=text, answer="|".join(str(x) for x in answer(a, b, k)), level=kind, type=kind))
     return rows
 
 
@@ -91,21 +92,23 @@ class Env:
         return self.problem.problem
 
     def step(self, joint):
-        want_a, want_b = (int(x) for x in self.problem.answer.split("|"))
-        if "clerk" in self.roles:
-            written = {"clerk": values(joint.get("clerk", ""), 2)}
-            writer_a = writer_b = "clerk"
-        else:  # a team: the first role writes part A, the second part B
-            writer_a, writer_b = self.roles
+        wanted = [int(x) for x in self.problem.answer.split("|")]  # one value per part: A, B (and C)
+        if "clerk" in self.roles:  # one clerk writes every part, among its first len(wanted) expressions
+            written = {"clerk": values(joint.get("clerk", ""), len(wanted))}
+            writers = ["clerk"] * len(wanted)
+        else:  # a team: role i writes part i, in its first expression
+            writers = self.roles
             written = {role: values(joint.get(role, ""), 1) for role in self.roles}
-        part_a, part_b = want_a in written[writer_a], want_b in written[writer_b]
-        role_rewards = {writer_a: 0.5 * part_a}
-        role_rewards[writer_b] = role_rewards.get(writer_b, 0.0) + 0.5 * part_b
-        outcome = "unparseable" if not any(written.values()) else "correct" if part_a and part_b else "wrong"
+        parts = [want in written[writer] for want, writer in zip(wanted, writers)]
+        role_rewards = {}
+        for holds, writer in zip(parts, writers):  # 1/n of a point to whoever writes each of the n parts
+            role_rewards[writer] = role_rewards.get(writer, 0.0) + holds / len(parts)
+        outcome = "unparseable" if not any(written.values()) else "correct" if all(parts) else "wrong"
         answers = {role: ",".join(str(v) for v in found if v is not None) or None for role, found in written.items()}  # maj@k's votes
-        return "", (part_a + part_b) / 2, True, {"correct": part_a and part_b, "outcomes": {r: outcome for r in self.roles},
-                                                 "part_a": part_a, "part_b": part_b, "role_rewards": role_rewards,
-                                                 "answers": answers, "level": self.problem.level}
+        info = {"correct": all(parts), "outcomes": {r: outcome for r in self.roles}, "role_rewards": role_rewards,
+                "answers": answers, "level": self.problem.level}
+        info.update({name: holds for name, holds in zip(PART_NAMES, parts)})
+        return "", sum(parts) / len(parts), True, info
 
 
 def make_env(problem, cfg, context):
@@ -113,7 +116,7 @@ def make_env(problem, cfg, context):
 
 
 def metrics(infos):
-    out = {"part_a": sum(i["part_a"] for i in infos) / len(infos), "part_b": sum(i["part_b"] for i in infos) / len(infos)}
+    out = {name: sum(i[name] for i in infos) / len(infos) for name in PART_NAMES if name in infos[0]}
     held = [i for i in infos if i["level"] == "held_out_template"]
     if held:
         out["held_out_template"] = sum(i["correct"] for i in held) / len(held)
