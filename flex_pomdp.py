@@ -221,6 +221,20 @@ def parse_decision(text: str, executors: tuple[str, ...]) -> Decision:
     return Decision("error", error=f"unknown role {name!r}")
 
 
+# --- Observations: o^j_t, each agent's own, and o_t, what the centralised critic reads ---
+
+def own_observation(observation: str | dict[str, str], role: str) -> str:
+    """o^j_t: one text every agent reads, or (an environment that gives each agent its own view) role → text."""
+    return observation[role] if isinstance(observation, dict) else observation
+
+
+def joint_observation(org: Organisation, observation: str | dict[str, str]) -> str:
+    """o_t for the critic: the one text, or every agent's own o^j_t in σ order, each tagged by its role."""
+    if not isinstance(observation, dict):
+        return observation
+    return "\n\n".join(f"{role.capitalize()} reads: {observation[role].strip()}" for role in org.order if role in observation)
+
+
 # --- The unrolled observation ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1} ---
 
 def unrolled_user_text(observation: str, dependency_actions: list[tuple[str, str]]) -> str:

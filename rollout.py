@@ -33,8 +33,8 @@ import tasks
 import tools
 from envs import Grader, Problem, extract_boxed
 from envs.grader import CORRECT
-from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, parse_decision, realised_messages,
-                        unrolled_messages)
+from flex_pomdp import (FINISH, TEAM_ANSWER, Organisation, critic_messages, joint_observation, own_observation,
+                        parse_decision, realised_messages, unrolled_messages)
 from config import Config, role_temperatures
 
 # (prompt ids, adapter name or None for the base model, sampling) → Actions
@@ -128,14 +128,16 @@ def play_episodes(generate_actions: GenerateActions, tokenizer, org: Organisatio
         if org.profile(role).tool:
             return play_tool(org, role, [transcripts[b] for b in episodes])
         if org.orchestrator:  # ô = o_t ⊕ every earlier action of the step (the realised D_t)
-            messages = [realised_messages(org, role, observations[b], transcripts[b]) for b in episodes]
+            messages = [realised_messages(org, role, own_observation(observations[b], role), transcripts[b]) for b in episodes]
         else:  # ô^j_t = o^j_t ⊕ {a^i_t : D(a^i, a^j) = 1}
-            messages = [unrolled_messages(org, role, observations[b], dict(transcripts[b])) for b in episodes]
+            messages = [unrolled_messages(org, role, own_observation(observations[b], role), dict(transcripts[b]))
+                        for b in episodes]
         prompt_ids, truncated = agents_lib.tokenize_prompts(tokenizer, messages, cfg.max_prompt_tokens)
         critic_ids, critic_truncated = [None] * len(episodes), 0  # None: the critic reads ô (or there is no critic)
-        if cfg.advantage == "gae" and not org.reads_every_earlier_action(role):  # its own input o_t ⊕ a_{t,<k}
+        own_views = any(isinstance(observations[b], dict) for b in episodes)  # o^j_t ≠ o_t: the critic reads o_t
+        if cfg.advantage == "gae" and (own_views or not org.reads_every_earlier_action(role)):  # its own input o_t ⊕ a_{t,<k}
             critic_ids, critic_truncated = agents_lib.tokenize_prompts(tokenizer, [critic_messages(
-                org, role, observations[b], transcripts[b]) for b in episodes], cfg.max_prompt_tokens)
+                org, role, joint_observation(org, observations[b]), transcripts[b]) for b in episodes], cfg.max_prompt_tokens)
         started = time.perf_counter()
         own = sampling if sampling.temperature == 0 or role not in temperatures else replace(sampling, temperature=temperatures[role])
         actions = generate_actions(prompt_ids, agents_lib.policy_adapter_name(role, cfg.shared_adapter), own)  # own: its T
@@ -228,7 +230,11 @@ def check_environment(cfg: Config, org: Organisation, problems: dict[str, tuple[
         context = episode_context(org, grader)
         for split, (index, problem) in problems.items():
             env = tasks.make_env(task, problem, cfg, context)
-            env.reset()
+            views = env.reset()
+            unseen = [a.role for a in org.agents if not a.tool and isinstance(views, dict) and a.role not in views]
+            if unseen:
+                raise ValueError(f"task {task.name}: its environment's reset() gives each role its own observation, "
+                                 f"but none to {', '.join(unseen)}: give every agent of the organisation one")
             env_step(env, task, org, [(role, "") for role in org.order],
                      f"{split} {problem_label(index, problem)}, step 0 (a trial step with empty actions, before the run folder)")
 

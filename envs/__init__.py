@@ -5,7 +5,8 @@ The protocol is gymnasium-like, with text observations and text actions:
     observation = env.reset(seed)
     observation, reward, done, info = env.step(joint_action)
 
-* `reset(seed) -> str`: start an episode; returns the first observation.
+* `reset(seed) -> str | dict`: start an episode; returns the first observation, one text every agent reads or
+  role → that agent's own o^j (the critic then reads them all, each tagged by its role). `step` may do the same.
 * `step(joint_action) -> (str, float, bool, dict)`: `joint_action` maps each agent's role name to its response
   text for this step. The environment returns the next observation (e.g. the problem plus feedback), the team
   reward R(s_t, a_t), whether the episode ended, and an info dict. The trainer reads `correct` (the episode is
