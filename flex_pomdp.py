@@ -14,11 +14,13 @@ A LaMAS is modelled as the tuple ⟨V, N, S, O, A, T, R, γ, D⟩. This module o
           ô^j_t = o^j_t ⊕ { a^i_t : D(a^i, a^j) = 1 }                                  (Flex-POMDP)
 
       agent j's prompt is its own observation followed by the actions it depends on, in σ
-      order, each tagged by the acting agent's role.
+      order, each tagged by the acting agent's role. o^j_t is one text every agent reads, or one
+      per agent where the environment gives each its own (`own_observation`).
   V   the centralised critic's input (`critic_messages`): D decides what a *policy* reads, not
       what the critic reads. The value of the k-th action of step t reads
 
-          V_{t,k} = V_φ(o_t ⊕ a_{t,<k})        (a_{t,<k}: the step's actions before the k-th, in σ order)
+          V_{t,k} = V_φ(o_t ⊕ a_{t,<k})        (a_{t,<k}: the step's actions before the k-th, in σ order;
+                                               o_t: every agent's o^j_t, each tagged by its role, `joint_observation`)
 
       because the multi-agent advantage decomposition
       A(o, a^{i_1:N}) = Σ_m A^{i_m}(o, a^{i_1:m−1}, a^{i_m}) conditions agent i_m's advantage on
