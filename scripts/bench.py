@@ -58,7 +58,10 @@ new organisation added to an earlier comparison: same machine, same `--learning_
 Writes <out>/bench.json and <out>/bench.md (+ figures); `--update_page` (old name:
 `--update_readme`) puts bench.md between the `<!-- bench:start -->` and `<!-- bench:end -->`
 lines of docs/benchmark.md; `--render_only` rewrites bench.md (and, with `--update_page`, the
-page's block) from an existing bench.json. `--model` measures another base model in every section
+page's block) from an existing bench.json. `--learning_from FOLDER` measures nothing either: it compares
+runs made with marft.py outside the bench (`imported_learning`: e.g. two side by side, a thread each), one
+folder per run in FOLDER, at equal `--learning_minutes`, against the bar of FOLDER's untrained-*.json
+evaluate.py reports, into FOLDER's bench.json, bench.md and learning/. `--model` measures another base model in every section
 (marft.py's option: a local folder, or `random:models/qwen2.5-0.5b.json`, that shape with random
 weights, whose seconds and bytes are real and whose accuracies mean nothing). `--quick`
 is a smoke test of every section in a few minutes (prompts cut to 64 tokens, and the learning
@@ -502,13 +505,13 @@ def with_cpu_column(lines: list[str]) -> list[str]:
     return lines[:-2] + [lines[-2] + " CPU |", lines[-1] + " --- |"]
 
 
-def comparison(runs: dict, baseline: dict) -> dict:
+def comparison(runs: dict, baseline: dict, within_minutes: float | None = None) -> dict:
     """Per configuration (its runs over seeds; runs of older reports without `evaluations` are left
     out): held-out greedy accuracy at equal wall time (every run had the same time limit: its last
-    evaluation) and at equal training tokens (the last evaluation within `token_budget`, the
+    evaluation; with `within_minutes`, its last evaluation made within them) and at equal training tokens (the last evaluation within `token_budget`, the
     smallest final token count among the runs of the same task), pass@1 at the end, tokens per
-    held-out episode; each as `spread` over seeds. On the default task, `bar`: the untrained single
-    agent's maj@k (`baseline`, per seed) with k the largest of its table whose k samples cost no
+    held-out episode; each as `spread` over seeds. On the baseline's task (its "task", else the default
+    task), `bar`: the untrained organisation's maj@k (`baseline`, per seed: the single agent's on the default task) with k the largest of its table whose k samples cost no
     more tokens than one episode of the configuration, and `beats_bar`: the configuration's mean
     greedy accuracy at equal time above the bar's mean."""
     by_config: dict[str, list[list[dict]]] = {}
@@ -525,12 +528,13 @@ def comparison(runs: dict, baseline: dict) -> dict:
     for name, seeds in by_config.items():
         budget = budgets[task_of[name]]
         row = {"task": task_of[name], "token_budget": budget, "cpu": " + ".join(sorted(cpus[name])),
-               "greedy_equal_time": spread([points[-1]["greedy"] for points in seeds]),
+               "greedy_equal_time": spread([(points[-1] if within_minutes is None else
+                                             within_budget(points, "minutes", within_minutes))["greedy"] for points in seeds]),
                "greedy_equal_tokens": spread([within_budget(points, "tokens", budget)["greedy"] for points in seeds]),
                "pass1_end": spread([points[-1]["pass1"] for points in seeds if "pass1" in points[-1]]),
                "tokens_per_episode": spread([points[-1]["tokens_per_episode"] for points in seeds
                                              if "tokens_per_episode" in points[-1]])}
-        if row["task"] == "math" and baseline and row["tokens_per_episode"]:
+        if baseline and row["task"] == next(iter(baseline.values())).get("task", "math") and row["tokens_per_episode"]:
             per_sample = spread([b["tokens_per_episode"] for b in baseline.values()])["mean"]
             ks = sorted(int(k) for k in next(iter(baseline.values()))["maj"])
             k = max([k for k in ks if k * per_sample <= row["tokens_per_episode"]["mean"]], default=1)
@@ -628,6 +632,55 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
             "figures": [str(p.relative_to(out)) for p in drawn]}
 
 
+def imported_learning(folder: Path, minutes: float) -> tuple[dict, str]:
+    """--learning_from: the learning section from runs made with marft.py outside the bench (e.g. two side by
+    side, a thread each), one subfolder per run holding its config.json and metrics.jsonl; each is named as
+    the bench names its runs, <task>:<organisation>[+shared]-seed<k> (the task as its --task). Equal wall
+    time is `minutes` (--learning_minutes): each run's last evaluation made within it. The bar is the
+    untrained organisations' evaluate.py reports in `folder` (untrained-*.json with samples > 1, each naming
+    its organisation, task and seed): the organisation whose mean maj@1 is the highest. A run folder holds no
+    peak memory, and without sampled evaluations (--eval_samples 0) no pass@1: those cells stay empty, and
+    tokens per held-out episode are the greedy episodes'. The figures (scripts/plot.py) go to
+    <folder>/learning/. Returns the section and the runs' --model."""
+    runs, folders, models = {}, {}, set()
+    for run_dir in sorted(p for p in folder.iterdir() if (p / "metrics.jsonl").is_file() and (p / "config.json").is_file()):
+        config = json.loads((run_dir / "config.json").read_text())
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        name = f"{config['task']}:{config['agents']}{'+shared' if config['shared_adapter'] else ''}-seed{config['seed']}"
+        points = evaluations(rows)
+        for point, row in zip(points, [r for r in rows if "eval/accuracy_greedy" in r]):
+            point.setdefault("tokens_per_episode", row.get("eval/greedy/generated_tokens_per_episode"))
+        sampled, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
+        runs[name] = {"estimator": estimator_label(config["advantage"], config["group_baseline"]),
+                      "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
+                      "seconds_per_iteration": sum(r["time/iteration"] - r["time/eval"] for r in trained) / len(trained),
+                      "peak_rss_mib": None, "accuracy_start": sampled[0]["eval/accuracy"] if sampled else None,
+                      "accuracy_end": sampled[-1]["eval/accuracy"] if sampled else None,
+                      "greedy_start": points[0]["greedy"], "greedy_end": points[-1]["greedy"], "evaluations": points}
+        folders[name] = run_dir
+        models.add(config["model"])
+    if not runs:
+        raise SystemExit(f"--learning_from={folder}: no run folders (config.json + metrics.jsonl) in it")
+    if len(models) > 1:
+        raise SystemExit(f"--learning_from={folder}: its runs trained different models ({', '.join(sorted(models))}); "
+                         "compare runs of one --model")
+    untrained: dict[str, dict] = {}  # organisation → seed → its votes
+    for path in sorted(folder.glob("untrained-*.json")):
+        evaluated, metrics = (report := json.loads(path.read_text()))["evaluated"], report["metrics"]
+        if evaluated["samples"] > 1:
+            organisation = evaluated["agents"] + ("+shared" if evaluated["shared_adapter"] else "")
+            untrained.setdefault(organisation, {})[str(evaluated["seed"])] = {
+                "samples": evaluated["samples"], "tokens_per_episode": metrics["eval/generated_tokens_per_episode"],
+                "maj": {key.removeprefix("eval/maj@"): value for key, value in metrics.items() if key.startswith("eval/maj@")},
+                "greedy": evaluated["greedy"], "task": evaluated["task"], "organisation": organisation}
+    baseline = max(untrained.values(), key=lambda seeds: spread([b["maj"]["1"] for b in seeds.values()])["mean"], default={})
+    figures = folder / "learning"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *map(str, folders.values()),
+                    "--labels", ",".join(folders), "--out", str(figures)], check=True, cwd=ROOT)
+    return {"time_limit_minutes": minutes, "equal_time": "within", "runs": runs, "plotted": list(runs), "baseline": baseline,
+            "figures": [str(p.relative_to(folder)) for p in sorted(figures.glob("*.png"))]}, models.pop()
+
+
 def draw_learning_figures(kept: Path, runs: list[str], figures: Path) -> list[Path]:
     """The learning runs' figures (scripts/plot.py) from their kept metrics, one set per task, so
     that no panel overlays two tasks' accuracies: the default task's in `figures`, another task's
@@ -650,6 +703,9 @@ def markdown(report: dict) -> str:
     lines = [f"Measured {m['date']} on {m['cpu_cores']} CPU cores ({m['processor']}), {m['memory_gib']} GiB, GPU: {m['gpu']}; "
              f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}, vllm {m['vllm']}. "
              f"Mode: {report['mode']}; {report['seconds'] / 60:.1f} min in all.", ""]
+    if report["mode"] == "imported":  # --learning_from: nothing measured here
+        lines[0] = (f"Runs made with marft.py outside the bench, compared on {m['date']} from their folders "
+                    f"(`scripts/bench.py --learning_from`); the folder's README names their commit, CPU and commands.")
     # a section --merge measured on another day or CPU names them (the CPU only where it is not the header's)
     other_cpu = {name: cpu for name, cpu in report.get("section_processors", {}).items() if cpu != m["processor"]}
     if later := {name: day for name, day in report.get("section_dates", {}).items() if day != m["date"] or name in other_cpu}:
@@ -773,7 +829,9 @@ def memory_lines(mem: dict) -> list[str]:
 
 def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
     """The learning section of the report (markdown lines)."""
-    lines = [f"| run (equal wall time: {learn['time_limit_minutes']} min, checked after each iteration) | iterations "
+    within = learn["time_limit_minutes"] if learn.get("equal_time") == "within" else None  # --learning_from's runs
+    checked = "each run's last evaluation within it" if within else "checked after each iteration"
+    lines = [f"| run (equal wall time: {learn['time_limit_minutes']} min, {checked}) | iterations "
              f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
              f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
     def label(run: str) -> str:
@@ -801,14 +859,16 @@ def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
         lines[-2:-2] = ["The rows come from more than one CPU (\"not recorded\": rows merged from reports written "
                         "before each row recorded its CPU): compare iterations and accuracies at equal wall time, here and in the "
                         "comparison below, only between rows of one CPU.", ""]
+    def cell(value: float | None, form: str) -> str:  # --learning_from's runs record no peak memory, maybe no pass@1
+        return "-" if value is None else format(value, form)
     lines += [f"| {label(run)} | {r['iterations']} | {r['minutes']:.1f} | {r['seconds_per_iteration']:.1f} "
-              f"| {r['peak_rss_mib']:.0f} | {r['accuracy_start']:.2f} → {r['accuracy_end']:.2f} "
+              f"| {cell(r['peak_rss_mib'], '.0f')} | {cell(r['accuracy_start'], '.2f')} → {cell(r['accuracy_end'], '.2f')} "
               f"| {r['greedy_start']:.2f} → {r['greedy_end']:.2f} |" + (f" {run_cpu(r)} |" if mixed else "")
               for run, r in learn["runs"].items()]
     plotted = learn.get("plotted", list(learn["runs"]))
     if len(plotted) < len(learn["runs"]):
         lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
-    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {})), learn.get("baseline", {}), report_model)
+    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {}), within), learn.get("baseline", {}), report_model)
     def alt(f: str) -> str:  # the default task's figures lie in learning/, another task's in learning/<task>/
         return Path(f).stem if Path(f).parent.name == "learning" else f"{Path(f).stem}, {Path(f).parent.name} task"
     lines += [""] + [f"![{alt(f)}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
@@ -820,12 +880,13 @@ def comparison_lines(table: dict, baseline: dict, report_model: str) -> list[str
         return []
     def figure(s: dict | None) -> str:
         return "-" if s is None else f"{s['mean']:.2f} [{s['min']:.2f}, {s['max']:.2f}]" if s["seeds"] > 1 else f"{s['mean']:.2f}"
+    voter = next(iter(baseline.values())).get("organisation", "single") if baseline else "single"
     lines = ["", "Per configuration, mean [min, max] over seeds: held-out greedy accuracy at equal wall time (the "
              "last evaluation) and at equal training tokens (the last evaluation within the task's smallest final "
              "token count), pass@1 at the end, tokens per held-out episode, and the bar of majority voting: the "
-             "untrained single agent's maj@k with k samples costing at most one episode of the configuration.", "",
+             f"untrained {voter}'s maj@k with k samples costing at most one episode of the configuration.", "",
              "| configuration | seeds | greedy, equal time | greedy, equal tokens (budget) | pass@1, end | tokens / episode "
-             "| untrained single maj@k (k) | above the bar |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| untrained {voter} maj@k (k) | above the bar |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     mixed = len({row["cpu"] for row in table.values()}) > 1
     if mixed:
         lines = with_cpu_column(lines)
@@ -838,7 +899,10 @@ def comparison_lines(table: dict, baseline: dict, report_model: str) -> list[str
     if baseline:
         first = next(iter(baseline.values()))
         model = "" if report_model == DEFAULTS.model else f"--model {report_model} "
-        lines += ["", f"The bar: `python evaluate.py {model}--agents single --samples {first['samples']} --no-greedy --seed <s>` on "
+        task = f"--task {first['task']} " if "task" in first else ""  # --learning_from's bar names its task
+        lines += ["", f"The bar: `python evaluate.py {model}{task}--agents {voter.removesuffix('+shared')}"
+                  f"{' --shared_adapter' if voter.endswith('+shared') else ''} --samples {first['samples']}"
+                  f"{'' if first.get('greedy') else ' --no-greedy'} --seed <s>` on "
                   f"each seed's held-out set, {first['tokens_per_episode']:.1f} tokens per episode (seed {next(iter(baseline))}); "
                   "maj@k: " + ", ".join(f"k = {k}: {figure(spread([b['maj'][k] for b in baseline.values()]))}" for k in first["maj"]) + "."]
     return lines
@@ -868,6 +932,12 @@ def main(argv: list[str] | None = None) -> dict:
         if not (out / "bench.json").is_file():
             raise SystemExit(f"--render_only: no {out / 'bench.json'}; run the suite first")
         return publish(json.loads((out / "bench.json").read_text()), out, args.update_page)
+    if args.learning_from:  # measure nothing: the comparison of runs made outside the bench, in their folder
+        folder = Path(args.learning_from)
+        learning_section, model = imported_learning(folder, minutes)
+        report = {"mode": "imported", "model": model, "machine": machine(), "seconds": 0.0, "learning": learning_section}
+        (folder / "bench.json").write_text(json.dumps(report, indent=2))
+        return publish(report, folder, False)
     earlier = earlier_report(out, args.quick, sizes["model"]) if args.merge else {}
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
@@ -925,6 +995,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep the sections and learning runs of the existing <out>/bench.json that this invocation does not measure")
     parser.add_argument("--update_page", "--update_readme", dest="update_page", action="store_true",
                         help="write bench.md into docs/benchmark.md's marked block (--update_readme: its old name)")
+    parser.add_argument("--learning_from", default=None,
+                        help="measure nothing: the learning comparison of the marft.py run folders in this folder (one "
+                             "per run, at equal --learning_minutes; its untrained-*.json evaluate.py reports the bar), "
+                             "written to its bench.json, bench.md and learning/")
     parser.add_argument("--render_only", action="store_true",
                         help="measure nothing: rewrite <out>/bench.md (and the page's block) from <out>/bench.json")
     return parser
@@ -934,6 +1008,11 @@ def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, li
     """(sections to skip, the mode's sizes with --learning_seeds and --model, minutes per learning run, learning
     runs), each checked: a value that cannot work stops here, naming the option."""
     skip = {s for s in args.skip.split(",") if s}
+    if args.learning_from and not Path(args.learning_from).is_dir():
+        raise SystemExit(f"--learning_from={args.learning_from}: no such folder; give the folder holding the run folders")
+    if args.learning_from and (args.merge or args.render_only or args.update_page):
+        raise SystemExit("--learning_from writes its folder's own bench.json and bench.md: leave out --merge, --render_only "
+                         "and --update_page")
     if unknown := skip - set(SECTIONS):
         raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     model = args.model

@@ -583,3 +583,59 @@ def test_merging_a_phases_run_keeps_the_earlier_memory_section(tmp_path, monkeyp
     assert report["memory"] == earlier["memory"] and report["phases"]["iteration_seconds_without_eval"] == 12.5
     assert report["grading"] == earlier["grading"]  # a section left out keeps the earlier report's
     assert report["section_dates"]["memory"] == earlier["section_dates"]["memory"]
+
+
+def test_runs_made_outside_the_bench_are_compared_from_their_folders(tmp_path, monkeypatch):
+    """--learning_from: two runs of one task (a trio, one adapter per role, and one agent), seed 1, and the
+    untrained organisations' evaluate.py reports; the comparison by hand: equal time is each run's last
+    evaluation within 30 min, equal tokens the last within the smaller final token count (trio 300, solo 250:
+    250), the bar the untrained trio's (its maj@1 0.10 beats the solo's 0.00) maj@k with k · 20 tokens at
+    most the configuration's greedy episode (trio 41 tokens: k = 2, solo 30: k = 1)."""
+    monkeypatch.setattr(bench.subprocess, "run", lambda command, check, cwd: None)  # no figures drawn
+
+    def run(name, agents, shared, evals):  # evals: (iteration, seconds, greedy, greedy tokens per episode)
+        folder = tmp_path / name
+        folder.mkdir()
+        config = {"task": "examples/desks.py", "agents": agents, "shared_adapter": shared, "seed": 1,
+                  "advantage": "gae", "group_baseline": "group", "model": "smollm2"}
+        (folder / "config.json").write_text(json.dumps(config))
+        rows = []
+        for iteration, seconds, greedy, tokens in evals:
+            row = {"iteration": iteration, "time/elapsed": seconds}
+            if iteration:
+                row |= {"charts/generated_tokens": 50, "time/iteration": 100.0, "time/eval": 10.0}
+            if greedy is not None:
+                row |= {"eval/accuracy_greedy": greedy, "eval/greedy/generated_tokens_per_episode": tokens}
+            rows.append(row)
+        (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+
+    # the trio: 6 iterations of 50 tokens (300); its evaluation at 1900 s is past 30 minutes
+    run("trio-separate-seed1", "trio", False, [(0, 0, 0.1, 40.0), (1, 300, None, 0), (2, 600, 0.2, 42.0), (3, 900, None, 0),
+                                               (4, 1200, 0.4, 41.0), (5, 1500, None, 0), (6, 1900, 0.6, 41.0)])
+    # one agent: 5 iterations (250 tokens)
+    run("solo-seed1", "solo", False, [(0, 0, 0.0, 30.0), (1, 300, None, 0), (2, 600, 0.0, 30.0), (3, 900, None, 0),
+                                      (4, 1200, 0.05, 30.0), (5, 1700, 0.1, 30.0)])
+    for agents, maj in (("trio", {"1": 0.1, "2": 0.15, "4": 0.2}), ("solo", {"1": 0.0, "2": 0.0, "4": 0.0})):
+        report = {"evaluated": {"agents": agents, "shared_adapter": False, "seed": 1, "samples": 4, "greedy": True,
+                                "task": "examples/desks.py"},
+                  "metrics": {"eval/generated_tokens_per_episode": 20.0, **{f"eval/maj@{k}": v for k, v in maj.items()}}}
+        (tmp_path / f"untrained-{agents}.json").write_text(json.dumps(report))
+    result = bench.main(["--learning_from", str(tmp_path), "--learning_minutes", "30"])
+    learn = result["learning"]
+    assert set(learn["runs"]) == {"examples/desks.py:trio-seed1", "examples/desks.py:solo-seed1"}
+    trio = learn["runs"]["examples/desks.py:trio-seed1"]
+    assert (trio["iterations"], trio["seconds_per_iteration"], trio["greedy_start"], trio["greedy_end"]) == (6, 90.0, 0.1, 0.6)
+    table = bench.comparison(learn["runs"], learn["baseline"], 30)
+    trio, solo = table["examples/desks.py:trio"], table["examples/desks.py:solo"]
+    assert trio["greedy_equal_time"]["mean"] == 0.4 and solo["greedy_equal_time"]["mean"] == 0.1
+    assert trio["token_budget"] == 250 and trio["greedy_equal_tokens"]["mean"] == 0.4  # its iteration 4 (200 tokens)
+    assert solo["greedy_equal_tokens"]["mean"] == 0.1
+    assert trio["bar"]["k"] == 2 and trio["bar"]["maj"]["mean"] == 0.15 and trio["beats_bar"]
+    assert solo["bar"]["k"] == 1 and solo["bar"]["maj"]["mean"] == 0.1 and not solo["beats_bar"]  # 0.1 is not above 0.1
+    text = (tmp_path / "bench.md").read_text()
+    assert "| examples/desks.py task, trio, critic + GAE, seed 1 | 6 | 31.7 | 90.0 | - | - → - | 0.10 → 0.60 |" in text
+    assert "`python evaluate.py --task examples/desks.py --agents trio --samples 4 --seed <s>`" in text
+    with pytest.raises(SystemExit, match="leave out --merge"):
+        bench.main(["--learning_from", str(tmp_path), "--merge"])
+    with pytest.raises(SystemExit, match="no such folder"):
+        bench.main(["--learning_from", str(tmp_path / "nowhere")])
