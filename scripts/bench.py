@@ -644,8 +644,14 @@ def imported_learning(folder: Path, minutes: float) -> tuple[dict, str]:
     <folder>/learning/. Returns the section and the runs' --model."""
     runs, folders, models = {}, {}, set()
     for run_dir in sorted(p for p in folder.iterdir() if (p / "metrics.jsonl").is_file() and (p / "config.json").is_file()):
-        config = json.loads((run_dir / "config.json").read_text())
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        try:
+            config = json.loads((run_dir / "config.json").read_text())
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        except ValueError as err:
+            raise SystemExit(f"--learning_from: {run_dir} is not a marft.py run folder ({err}); move it out of {folder}") from None
+        if not any("eval/accuracy_greedy" in r for r in rows) or not any(r.get("iteration", 0) > 0 for r in rows):
+            raise SystemExit(f"--learning_from: {run_dir} has no held-out evaluation or no trained iteration in its "
+                             f"metrics.jsonl; compare runs that trained and evaluated greedily (the default), or move it out of {folder}")
         name = f"{config['task']}:{config['agents']}{'+shared' if config['shared_adapter'] else ''}-seed{config['seed']}"
         points = evaluations(rows)
         for point, row in zip(points, [r for r in rows if "eval/accuracy_greedy" in r]):

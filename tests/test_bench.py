@@ -639,3 +639,6 @@ def test_runs_made_outside_the_bench_are_compared_from_their_folders(tmp_path, m
         bench.main(["--learning_from", str(tmp_path), "--merge"])
     with pytest.raises(SystemExit, match="no such folder"):
         bench.main(["--learning_from", str(tmp_path / "nowhere")])
+    (tmp_path / "solo-seed1" / "metrics.jsonl").write_text('{"iteration": 0, "eval/accuracy_greedy": 0.0}\n')
+    with pytest.raises(SystemExit, match="solo-seed1 has no held-out evaluation or no trained iteration"):
+        bench.main(["--learning_from", str(tmp_path)])  # a run stopped before its first iteration
