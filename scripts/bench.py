@@ -508,7 +508,7 @@ def with_cpu_column(lines: list[str]) -> list[str]:
 def comparison(runs: dict, baseline: dict, within_minutes: float | None = None) -> dict:
     """Per configuration (its runs over seeds; runs of older reports without `evaluations` are left
     out): held-out greedy accuracy at equal wall time (every run had the same time limit: its last
-    evaluation; with `within_minutes`, its last evaluation made within them) and at equal training tokens (the last evaluation within `token_budget`, the
+    evaluation, "the end"; with `within_minutes`, its last evaluation made within them) and at equal training tokens (the last evaluation within `token_budget`, the
     smallest final token count among the runs of the same task), pass@1 at the end, tokens per
     held-out episode; each as `spread` over seeds. On the baseline's task (its "task", else the default
     task), `bar`: the untrained organisation's maj@k (`baseline`, per seed: the single agent's on the default task) with k the largest of its table whose k samples cost no
@@ -527,13 +527,12 @@ def comparison(runs: dict, baseline: dict, within_minutes: float | None = None) 
     table = {}
     for name, seeds in by_config.items():
         budget = budgets[task_of[name]]
+        ends = [points[-1] if within_minutes is None else within_budget(points, "minutes", within_minutes) for points in seeds]
         row = {"task": task_of[name], "token_budget": budget, "cpu": " + ".join(sorted(cpus[name])),
-               "greedy_equal_time": spread([(points[-1] if within_minutes is None else
-                                             within_budget(points, "minutes", within_minutes))["greedy"] for points in seeds]),
+               "greedy_equal_time": spread([end["greedy"] for end in ends]),
                "greedy_equal_tokens": spread([within_budget(points, "tokens", budget)["greedy"] for points in seeds]),
-               "pass1_end": spread([points[-1]["pass1"] for points in seeds if "pass1" in points[-1]]),
-               "tokens_per_episode": spread([points[-1]["tokens_per_episode"] for points in seeds
-                                             if "tokens_per_episode" in points[-1]])}
+               "pass1_end": spread([end["pass1"] for end in ends if "pass1" in end]),
+               "tokens_per_episode": spread([end["tokens_per_episode"] for end in ends if "tokens_per_episode" in end])}
         if baseline and row["task"] == next(iter(baseline.values())).get("task", "math") and row["tokens_per_episode"]:
             per_sample = spread([b["tokens_per_episode"] for b in baseline.values()])["mean"]
             ks = sorted(int(k) for k in next(iter(baseline.values()))["maj"])
@@ -635,10 +634,10 @@ def learning(sizes: dict, threads: int, out: Path, minutes: float, quick: bool, 
 def imported_learning(folder: Path, minutes: float) -> tuple[dict, str]:
     """--learning_from: the learning section from runs made with marft.py outside the bench (e.g. two side by
     side, a thread each), one subfolder per run holding its config.json and metrics.jsonl; each is named as
-    the bench names its runs, <task>:<organisation>[+shared]-seed<k> (the task as its --task). Equal wall
-    time is `minutes` (--learning_minutes): each run's last evaluation made within it. The bar is the
-    untrained organisations' evaluate.py reports in `folder` (untrained-*.json with samples > 1, each naming
-    its organisation, task and seed): the organisation whose mean maj@1 is the highest. A run folder holds no
+    the bench names its runs, <task>:<organisation>[-group][+shared]-seed<k> (the task as its --task). Equal
+    wall time is `minutes` (--learning_minutes): each run's last evaluation made within it. The bar is the
+    untrained organisations' evaluate.py reports in `folder` (untrained-*.json with samples > 1 on a task of
+    the runs, each naming its organisation and seed): the organisation whose mean maj@1 is the highest. A run folder holds no
     peak memory, and without sampled evaluations (--eval_samples 0) no pass@1: those cells stay empty, and
     tokens per held-out episode are the greedy episodes'. The figures (scripts/plot.py) go to
     <folder>/learning/. Returns the section and the runs' --model."""
@@ -652,10 +651,14 @@ def imported_learning(folder: Path, minutes: float) -> tuple[dict, str]:
         if not any("eval/accuracy_greedy" in r for r in rows) or not any(r.get("iteration", 0) > 0 for r in rows):
             raise SystemExit(f"--learning_from: {run_dir} has no held-out evaluation or no trained iteration in its "
                              f"metrics.jsonl; compare runs that trained and evaluated greedily (the default), or move it out of {folder}")
-        name = f"{config['task']}:{config['agents']}{'+shared' if config['shared_adapter'] else ''}-seed{config['seed']}"
+        estimator = "-group" if config["advantage"] == "group" else ""
+        name = f"{config['task']}:{config['agents']}{estimator}{'+shared' if config['shared_adapter'] else ''}-seed{config['seed']}"
+        if name in folders:
+            raise SystemExit(f"--learning_from: {folders[name]} and {run_dir} are both {name}; keep one of them in {folder}")
         points = evaluations(rows)
         for point, row in zip(points, [r for r in rows if "eval/accuracy_greedy" in r]):
-            point.setdefault("tokens_per_episode", row.get("eval/greedy/generated_tokens_per_episode"))
+            if "tokens_per_episode" not in point and "eval/greedy/generated_tokens_per_episode" in row:
+                point["tokens_per_episode"] = row["eval/greedy/generated_tokens_per_episode"]
         sampled, trained = [r for r in rows if "eval/accuracy" in r], [r for r in rows if r["iteration"] > 0]
         runs[name] = {"estimator": estimator_label(config["advantage"], config["group_baseline"]),
                       "iterations": rows[-1]["iteration"], "minutes": rows[-1]["time/elapsed"] / 60,
@@ -670,10 +673,15 @@ def imported_learning(folder: Path, minutes: float) -> tuple[dict, str]:
     if len(models) > 1:
         raise SystemExit(f"--learning_from={folder}: its runs trained different models ({', '.join(sorted(models))}); "
                          "compare runs of one --model")
+    tasks_run = {name.rpartition(":")[0] for name in runs}
     untrained: dict[str, dict] = {}  # organisation → seed → its votes
     for path in sorted(folder.glob("untrained-*.json")):
-        evaluated, metrics = (report := json.loads(path.read_text()))["evaluated"], report["metrics"]
-        if evaluated["samples"] > 1:
+        try:
+            evaluated, metrics = (report := json.loads(path.read_text()))["evaluated"], report["metrics"]
+            evaluated["samples"], evaluated["task"], evaluated["seed"], metrics["eval/generated_tokens_per_episode"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"--learning_from: {path} is not an evaluate.py report ({err!r}); move it out of {folder}") from None
+        if evaluated["samples"] > 1 and evaluated["task"] in tasks_run:
             organisation = evaluated["agents"] + ("+shared" if evaluated["shared_adapter"] else "")
             untrained.setdefault(organisation, {})[str(evaluated["seed"])] = {
                 "samples": evaluated["samples"], "tokens_per_episode": metrics["eval/generated_tokens_per_episode"],
@@ -836,7 +844,8 @@ def memory_lines(mem: dict) -> list[str]:
 def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
     """The learning section of the report (markdown lines)."""
     within = learn["time_limit_minutes"] if learn.get("equal_time") == "within" else None  # --learning_from's runs
-    checked = "each run's last evaluation within it" if within else "checked after each iteration"
+    checked = ("the comparison below takes each run's last evaluation within it; this table, each whole run" if within
+               else "checked after each iteration")
     lines = [f"| run (equal wall time: {learn['time_limit_minutes']} min, {checked}) | iterations "
              f"| minutes, evaluations included | s / iteration (no eval) | peak RSS (MiB) | held-out pass@1 start → end "
              f"| greedy start → end |", "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -874,23 +883,28 @@ def learning_lines(learn: dict, m: dict, report_model: str) -> list[str]:
     plotted = learn.get("plotted", list(learn["runs"]))
     if len(plotted) < len(learn["runs"]):
         lines += ["", f"The figures show the runs {', '.join(plotted)} (the metrics of the other rows were not kept)."]
-    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {}), within), learn.get("baseline", {}), report_model)
+    lines += comparison_lines(comparison(learn["runs"], learn.get("baseline", {}), within), learn.get("baseline", {}), report_model,
+                              within)
     def alt(f: str) -> str:  # the default task's figures lie in learning/, another task's in learning/<task>/
         return Path(f).stem if Path(f).parent.name == "learning" else f"{Path(f).stem}, {Path(f).parent.name} task"
     lines += [""] + [f"![{alt(f)}]({f})" for f in learn["figures"] if "heldout" in f or "reward" in f] + [""]
     return lines
 
-def comparison_lines(table: dict, baseline: dict, report_model: str) -> list[str]:
+def comparison_lines(table: dict, baseline: dict, report_model: str, within_minutes: float | None = None) -> list[str]:
     """The comparison at equal time and equal tokens, with the majority-vote bar (markdown lines)."""
     if not table:
         return []
     def figure(s: dict | None) -> str:
         return "-" if s is None else f"{s['mean']:.2f} [{s['min']:.2f}, {s['max']:.2f}]" if s["seeds"] > 1 else f"{s['mean']:.2f}"
     voter = next(iter(baseline.values())).get("organisation", "single") if baseline else "single"
-    lines = ["", "Per configuration, mean [min, max] over seeds: held-out greedy accuracy at equal wall time (the "
-             "last evaluation) and at equal training tokens (the last evaluation within the task's smallest final "
-             "token count), pass@1 at the end, tokens per held-out episode, and the bar of majority voting: the "
-             f"untrained {voter}'s maj@k with k samples costing at most one episode of the configuration.", "",
+    voters = "single agent" if voter == "single" else voter  # the default task's bar: the untrained single agent
+    at_time = ("the last evaluation) and at equal training tokens (the last evaluation within the task's smallest final "
+               "token count), pass@1 at the end, tokens per held-out episode" if within_minutes is None else
+               f"the last evaluation within {within_minutes:g} min) and at equal training tokens (the last evaluation within "
+               "the task's smallest final token count), pass@1 and tokens per held-out episode at that evaluation")
+    lines = ["", f"Per configuration, mean [min, max] over seeds: held-out greedy accuracy at equal wall time ({at_time}, "
+             f"and the bar of majority voting: the untrained {voters}'s maj@k with k samples costing at most one episode "
+             "of the configuration.", "",
              "| configuration | seeds | greedy, equal time | greedy, equal tokens (budget) | pass@1, end | tokens / episode "
              f"| untrained {voter} maj@k (k) | above the bar |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     mixed = len({row["cpu"] for row in table.values()}) > 1
@@ -939,7 +953,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--render_only: no {out / 'bench.json'}; run the suite first")
         return publish(json.loads((out / "bench.json").read_text()), out, args.update_page)
     if args.learning_from:  # measure nothing: the comparison of runs made outside the bench, in their folder
-        folder = Path(args.learning_from)
+        folder = Path(args.learning_from).resolve()  # plot.py runs in ROOT
         learning_section, model = imported_learning(folder, minutes)
         report = {"mode": "imported", "model": model, "machine": machine(), "seconds": 0.0, "learning": learning_section}
         (folder / "bench.json").write_text(json.dumps(report, indent=2))
@@ -1016,9 +1030,11 @@ def checked_options(args: argparse.Namespace) -> tuple[set[str], dict, float, li
     skip = {s for s in args.skip.split(",") if s}
     if args.learning_from and not Path(args.learning_from).is_dir():
         raise SystemExit(f"--learning_from={args.learning_from}: no such folder; give the folder holding the run folders")
-    if args.learning_from and (args.merge or args.render_only or args.update_page):
-        raise SystemExit("--learning_from writes its folder's own bench.json and bench.md: leave out --merge, --render_only "
-                         "and --update_page")
+    if args.learning_from and (args.merge or args.render_only or args.update_page or args.quick or args.learning_runs
+                               or args.learning_seeds or args.skip or args.model != DEFAULTS.model
+                               or Path(args.out).resolve() != (ROOT / "results").resolve()):
+        raise SystemExit("--learning_from measures nothing and writes its folder's own bench.json and bench.md: give it "
+                         "--learning_minutes alone (the runs name their model, seeds and organisations)")
     if unknown := skip - set(SECTIONS):
         raise SystemExit(f"--skip: unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     model = args.model

@@ -615,11 +615,12 @@ def test_runs_made_outside_the_bench_are_compared_from_their_folders(tmp_path, m
     # one agent: 5 iterations (250 tokens)
     run("solo-seed1", "solo", False, [(0, 0, 0.0, 30.0), (1, 300, None, 0), (2, 600, 0.0, 30.0), (3, 900, None, 0),
                                       (4, 1200, 0.05, 30.0), (5, 1700, 0.1, 30.0)])
+    # the trio's report is read first: the bar is the higher maj@1, not the last report read
     for agents, maj in (("trio", {"1": 0.1, "2": 0.15, "4": 0.2}), ("solo", {"1": 0.0, "2": 0.0, "4": 0.0})):
         report = {"evaluated": {"agents": agents, "shared_adapter": False, "seed": 1, "samples": 4, "greedy": True,
                                 "task": "examples/desks.py"},
                   "metrics": {"eval/generated_tokens_per_episode": 20.0, **{f"eval/maj@{k}": v for k, v in maj.items()}}}
-        (tmp_path / f"untrained-{agents}.json").write_text(json.dumps(report))
+        (tmp_path / f"untrained-{'ab'[agents == 'solo']}-{agents}.json").write_text(json.dumps(report))
     result = bench.main(["--learning_from", str(tmp_path), "--learning_minutes", "30"])
     learn = result["learning"]
     assert set(learn["runs"]) == {"examples/desks.py:trio-seed1", "examples/desks.py:solo-seed1"}
@@ -635,10 +636,17 @@ def test_runs_made_outside_the_bench_are_compared_from_their_folders(tmp_path, m
     text = (tmp_path / "bench.md").read_text()
     assert "| examples/desks.py task, trio, critic + GAE, seed 1 | 6 | 31.7 | 90.0 | - | - → - | 0.10 → 0.60 |" in text
     assert "`python evaluate.py --task examples/desks.py --agents trio --samples 4 --seed <s>`" in text
-    with pytest.raises(SystemExit, match="leave out --merge"):
-        bench.main(["--learning_from", str(tmp_path), "--merge"])
+    assert "| examples/desks.py:trio | 1 | 0.40 | 0.40 (250) | - | 41.00 | 0.15 (k = 2) | yes |" in text  # within 30 min
+    assert "equal wall time (the last evaluation within 30 min)" in text
+    for extra in (["--merge"], ["--learning_seeds", "2"], ["--out", str(tmp_path / "elsewhere")]):
+        with pytest.raises(SystemExit, match="give it --learning_minutes alone"):
+            bench.main(["--learning_from", str(tmp_path), *extra])
     with pytest.raises(SystemExit, match="no such folder"):
         bench.main(["--learning_from", str(tmp_path / "nowhere")])
+    shutil.copytree(tmp_path / "solo-seed1", tmp_path / "solo-seed1-again")
+    with pytest.raises(SystemExit, match="are both examples/desks.py:solo-seed1"):
+        bench.main(["--learning_from", str(tmp_path)])
+    shutil.rmtree(tmp_path / "solo-seed1-again")
     (tmp_path / "solo-seed1" / "metrics.jsonl").write_text('{"iteration": 0, "eval/accuracy_greedy": 0.0}\n')
     with pytest.raises(SystemExit, match="solo-seed1 has no held-out evaluation or no trained iteration"):
         bench.main(["--learning_from", str(tmp_path)])  # a run stopped before its first iteration
