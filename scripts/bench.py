@@ -560,11 +560,16 @@ def majority_vote_baseline(sizes: dict, threads: int, out: Path, quick: bool) ->
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if result.returncode != 0:
             raise SystemExit(f"evaluate.py {' '.join(command[2:])} failed:\n{result.stderr[-3000:]}")
-        metrics = json.loads(path.read_text())["metrics"]
-        baseline[str(seed)] = {"samples": samples, "tokens_per_episode": metrics["eval/generated_tokens_per_episode"],
-                               "maj": {key.removeprefix("eval/maj@"): value for key, value in metrics.items()
-                                       if key.startswith("eval/maj@")}}
+        baseline[str(seed)] = votes(json.loads(path.read_text()))
     return baseline
+
+
+def votes(report: dict) -> dict:
+    """An evaluate.py report's majority votes: its samples per problem, tokens per sampled episode and
+    maj@k' by k' (a key "1", "2", "4", …)."""
+    metrics = report["metrics"]
+    return {"samples": report["evaluated"]["samples"], "tokens_per_episode": metrics["eval/generated_tokens_per_episode"],
+            "maj": {key.removeprefix("eval/maj@"): value for key, value in metrics.items() if key.startswith("eval/maj@")}}
 
 
 def estimator_label(advantage: str, group_baseline: str) -> str:
@@ -684,9 +689,7 @@ def imported_learning(folder: Path, minutes: float) -> tuple[dict, str]:
         if evaluated["samples"] > 1 and evaluated["task"] in tasks_run:
             organisation = evaluated["agents"] + ("+shared" if evaluated["shared_adapter"] else "")
             untrained.setdefault(organisation, {})[str(evaluated["seed"])] = {
-                "samples": evaluated["samples"], "tokens_per_episode": metrics["eval/generated_tokens_per_episode"],
-                "maj": {key.removeprefix("eval/maj@"): value for key, value in metrics.items() if key.startswith("eval/maj@")},
-                "greedy": evaluated["greedy"], "task": evaluated["task"], "organisation": organisation}
+                **votes(report), "greedy": evaluated["greedy"], "task": evaluated["task"], "organisation": organisation}
     baseline = max(untrained.values(), key=lambda seeds: spread([b["maj"]["1"] for b in seeds.values()])["mean"], default={})
     figures = folder / "learning"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), *map(str, folders.values()),
